@@ -1,0 +1,594 @@
+"""Pure numpy kernels of GRPO: advantages, KL estimators, clipped surrogate, aggregation.
+
+No I/O, no globals, numpy only. Every convention on which trainers disagree is a
+keyword with a documented default (the defaults follow the seed spec and DeepSeekMath).
+
+Shape legend, used in every docstring of the package:
+
+- ``P`` groups (prompts) of a ``(P, G)`` reward array, ``G`` answers per group;
+- ``N`` answers, ``L`` padded length of an ``(N, L)`` token array;
+- ``T`` valid tokens in all (``T = Σ mask``).
+
+Ragged layout: a token field is a flat ``(T,)`` array holding the valid tokens of answer
+0, then answer 1, ...; ``offsets`` is ``(N+1,)`` int64 with ``offsets[0] == 0`` and
+``offsets[-1] == T``, and answer ``i`` owns ``flat[offsets[i]:offsets[i+1]]``. This is how
+Arrow list columns store the data already, and padding never exists in it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from .errors import InputError, UsageError
+
+__all__ = [
+    "AGGREGATIONS",
+    "Aggregation",
+    "AdvantageEstimator",
+    "KLEstimator",
+    "RatioLevel",
+    "Scale",
+    "Singleton",
+    "TokenTerms",
+    "advantages_by_group",
+    "aggregate",
+    "clipped_surrogate",
+    "flatten_padded",
+    "group_advantages",
+    "grpo_objective",
+    "kl_estimate",
+    "kl_k3",
+    "log_ratio",
+    "segment_mean",
+    "segment_sum",
+    "sequence_log_ratio",
+    "token_terms",
+]
+
+F64 = NDArray[np.float64]
+I64 = NDArray[np.int64]
+
+Scale = Literal["group", "batch", "none"]
+AdvantageEstimator = Literal["grpo", "rloo"]
+Singleton = Literal["zero", "raw"]
+KLEstimator = Literal["k1", "k2", "k3"]
+RatioLevel = Literal["token", "sequence"]
+Aggregation = Literal[
+    "seq-mean-token-mean", "token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
+]
+AGGREGATIONS: tuple[Aggregation, ...] = (
+    "seq-mean-token-mean",
+    "token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-sum-norm",
+)
+
+# exp(x) overflows float64 above this.
+_EXP_MAX = float(np.log(np.finfo(np.float64).max))
+
+
+# --------------------------------------------------------------------------- checks
+def _real_array(name: str, x: ArrayLike) -> F64:
+    """``x`` as a float64 array (a copy when the dtype changes; never written to)."""
+    arr = np.asarray(x)
+    if arr.dtype == np.bool_ or not (
+        np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)
+    ):
+        raise InputError(f"{name}: expected a real-valued array, got dtype {arr.dtype}")
+    return arr.astype(np.float64, copy=False)
+
+
+def _bool_array(name: str, x: ArrayLike) -> NDArray[np.bool_]:
+    arr = np.asarray(x)
+    if arr.dtype == np.bool_:
+        return arr
+    if np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating):
+        if not np.isin(arr, (0, 1)).all():
+            raise InputError(f"{name}: expected booleans or 0/1 values, found other values")
+        return arr.astype(np.bool_)
+    raise InputError(f"{name}: expected a boolean array, got dtype {arr.dtype}")
+
+
+def _same_shape(**arrays: np.ndarray) -> None:
+    shapes = {name: a.shape for name, a in arrays.items()}
+    if len(set(shapes.values())) > 1:
+        listed = ", ".join(f"{n} {s}" for n, s in shapes.items())
+        raise InputError(f"arrays must have the same shape, got {listed}")
+
+
+def _check_rank(name: str, arr: np.ndarray, rank: int, legend: str) -> None:
+    if arr.ndim != rank:
+        raise InputError(f"{name}: expected shape {legend}, got {arr.shape}")
+
+
+def _check_eps(eps: float) -> None:
+    if not (np.isfinite(eps) and eps >= 0):
+        raise UsageError(f"eps must be a finite number >= 0, got {eps}")
+
+
+# ------------------------------------------------------------------- ragged helpers
+def segment_sum(values: F64, offsets: I64) -> F64:
+    """Per-answer sums of a ragged token field: ``out[i] = Σ values[offsets[i]:offsets[i+1]]``.
+
+    Args:
+        values: ``(T,)`` float64.
+        offsets: ``(N+1,)`` int64, non-decreasing, ``offsets[-1] == T``.
+
+    Returns:
+        ``(N,)`` float64; an empty answer sums to 0.
+
+    Example:
+        >>> segment_sum(np.array([1.0, 2.0, 3.0]), np.array([0, 2, 2, 3]))
+        array([3., 0., 3.])
+    """
+    lengths = np.diff(offsets)
+    out = np.zeros(lengths.shape[0], dtype=np.float64)
+    nonempty = lengths > 0
+    if values.shape[0]:
+        out[nonempty] = np.add.reduceat(values, offsets[:-1][nonempty])
+    return out
+
+
+def segment_mean(values: F64, offsets: I64) -> F64:
+    """Per-answer means ``Σ_t values / |o_i|``; every answer must have a token."""
+    return segment_sum(values, offsets) / np.diff(offsets)
+
+
+def flatten_padded(
+    mask: NDArray[np.bool_], *fields: F64
+) -> tuple[I64, list[F64]]:
+    """Drop padding: ``(N, L)`` fields plus mask to ragged ``(T,)`` fields and offsets.
+
+    Row-major selection keeps answer ``i``'s tokens in order, in its own run. The
+    inputs are not modified; padding values are never read into the result.
+
+    Example:
+        >>> off, (x,) = flatten_padded(np.array([[1, 1, 0], [1, 0, 0]], bool),
+        ...                            np.array([[1.0, 2.0, 9.0], [3.0, 9.0, 9.0]]))
+        >>> off.tolist(), x.tolist()
+        ([0, 2, 3], [1.0, 2.0, 3.0])
+    """
+    lengths = mask.sum(axis=1, dtype=np.int64)
+    offsets = np.zeros(mask.shape[0] + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return offsets, [f[mask] for f in fields]
+
+
+# ----------------------------------------------------------------------- advantages
+def advantages_by_group(
+    rewards: ArrayLike,
+    codes: ArrayLike,
+    *,
+    n_groups: int | None = None,
+    scale: Scale = "group",
+    ddof: int = 0,
+    eps: float = 1e-8,
+    estimator: AdvantageEstimator = "grpo",
+    singleton: Singleton = "zero",
+) -> F64:
+    """Group-relative advantages of answers labelled by group: ``A_i = (r_i − b_i) / (s + ε)``.
+
+    - ``estimator="grpo"``: baseline ``b_i = μ_g``, the mean reward of the answer's group
+      (DeepSeekMath, Shao et al. 2024, eq. 3).
+    - ``estimator="rloo"``: ``b_i`` is the mean of the *other* answers of the group,
+      ``(Σ_g r − r_i) / (G − 1)`` (Ahmadian et al. 2024, "Back to Basics"; OpenRLHF ``rloo``).
+    - ``scale="group"``: ``s = σ_g``, the group's standard deviation with ``ddof``;
+      ``"batch"``: ``s`` is the std of all ``N`` rewards (TRL ``scale_rewards="batch"``);
+      ``"none"``: no division and no ε (Dr. GRPO, Liu et al. 2025).
+
+    A group whose rewards are all equal (max == min, decided exactly in float64) gets
+    ``A = 0`` exactly. A group of one answer gets ``A = 0`` with ``singleton="zero"``
+    (seed, TRL) or ``r / (1 + ε)`` with ``singleton="raw"`` (verl: mean 0, std 1).
+
+    Args:
+        rewards: ``(N,)`` real rewards.
+        codes: ``(N,)`` integer group index in ``[0, n_groups)``; answers of a group need
+            not be adjacent.
+        n_groups: number of groups ``P`` (default ``max(codes) + 1``).
+        scale: ``"group" | "batch" | "none"``.
+        ddof: 0 (population std, seed default) or 1 (sample std: TRL, verl, OpenRLHF).
+        eps: ε added to the std, ``>= 0``.
+        estimator: ``"grpo" | "rloo"``.
+        singleton: ``"zero" | "raw"``.
+
+    Returns:
+        ``(N,)`` float64 advantages in the order of ``rewards``.
+
+    Example:
+        >>> advantages_by_group([1.0, 3.0, 5.0, 5.0], [0, 0, 1, 1]).round(6).tolist()
+        [-1.0, 1.0, 0.0, 0.0]
+    """
+    r = _real_array("rewards", rewards)
+    g = np.asarray(codes)
+    _check_rank("rewards", r, 1, "(N,)")
+    if not np.issubdtype(g.dtype, np.integer):
+        raise InputError(f"codes: expected integer group indices, got dtype {g.dtype}")
+    _same_shape(rewards=r, codes=g)
+    _check_eps(eps)
+    if ddof not in (0, 1):
+        raise UsageError(f"ddof must be 0 or 1, got {ddof}")
+    if scale not in ("group", "batch", "none"):
+        raise UsageError(f"scale must be group, batch or none, got {scale!r}")
+    if estimator not in ("grpo", "rloo"):
+        raise UsageError(f"estimator must be grpo or rloo, got {estimator!r}")
+    if singleton not in ("zero", "raw"):
+        raise UsageError(f"singleton must be zero or raw, got {singleton!r}")
+    n = r.shape[0]
+    if n == 0:
+        return np.zeros(0, dtype=np.float64)
+    if not np.isfinite(r).all():
+        i = int(np.flatnonzero(~np.isfinite(r))[0])
+        raise InputError(f"rewards: non-finite value {r[i]} at answer {i}")
+    P = int(g.max()) + 1 if n_groups is None else int(n_groups)
+    if g.min() < 0 or g.max() >= P:
+        raise InputError(f"codes: group indices must lie in [0, {P})")
+
+    count = np.bincount(g, minlength=P)
+    total = np.bincount(g, weights=r, minlength=P)
+    mean = np.divide(total, count, out=np.zeros(P), where=count > 0)
+    lo = np.full(P, np.inf)
+    hi = np.full(P, -np.inf)
+    np.minimum.at(lo, g, r)
+    np.maximum.at(hi, g, r)
+    constant = (lo == hi)[g]
+    size = count[g]
+
+    if estimator == "grpo":
+        centred = r - mean[g]
+    else:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            centred = r - (total[g] - r) / (size - 1)
+
+    if scale == "group":
+        dev = r - mean[g]
+        sq = np.bincount(g, weights=dev * dev, minlength=P)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            std = np.sqrt(sq / (count - ddof))
+        adv = centred / (std[g] + eps)
+    elif scale == "batch":
+        std_all = float(np.std(r, ddof=ddof)) if n > ddof else 0.0
+        adv = centred / (std_all + eps)
+    else:
+        adv = centred.copy()
+
+    adv[constant] = 0.0
+    if singleton == "raw":
+        one = size == 1
+        adv[one] = r[one] if scale == "none" else r[one] / (1.0 + eps)
+    return adv
+
+
+def group_advantages(rewards: ArrayLike, eps: float = 1e-8) -> F64:
+    """GRPO group-relative advantages of a ``(P, G)`` reward array, one group per row.
+
+    ``A_{p,i} = (r_{p,i} − μ_p) / (σ_p + ε)`` with the population std (divide by G).
+    See DeepSeekMath (Shao et al. 2024), outcome supervision. A row of equal rewards
+    gives zeros exactly. This is the seed spec's function; the general, ragged version
+    with every trainer's convention is :func:`advantages_by_group`.
+
+    Args:
+        rewards: ``(P, G)`` real rewards.
+        eps: ε added to the std.
+
+    Returns:
+        ``(P, G)`` float64; each row sums to ~0 (exactly 0 for a constant row).
+
+    Example:
+        >>> group_advantages(np.array([[1.0, 0.0, 0.0, 1.0], [0.0, 0.0, 1.0, 0.0]])).round(8)
+        array([[ 0.99999998, -0.99999998, -0.99999998,  0.99999998],
+               [-0.57735026, -0.57735026,  1.73205077, -0.57735026]])
+    """
+    r = _real_array("rewards", rewards)
+    _check_rank("rewards", r, 2, "(P, G)")
+    P, G = r.shape
+    codes = np.repeat(np.arange(P, dtype=np.int64), G)
+    flat = advantages_by_group(r.reshape(-1), codes, n_groups=P, eps=eps)
+    return flat.reshape(P, G)
+
+
+# ------------------------------------------------------------------------------- KL
+def kl_estimate(
+    logp: ArrayLike,
+    ref_logp: ArrayLike,
+    *,
+    estimator: KLEstimator = "k3",
+    clamp: float | None = None,
+    log_ratio_clamp: float | None = None,
+) -> F64:
+    """Per-token estimate of KL(π_θ ‖ π_ref) from log-probs of sampled tokens.
+
+    With ``x = logp − ref_logp`` and ``d = −x = ref_logp − logp`` (Schulman 2020,
+    "Approximating KL divergence"):
+
+    - ``k1 = x`` (unbiased, can be negative);
+    - ``k2 = x² / 2``;
+    - ``k3 = exp(d) − d − 1`` (unbiased, ``>= 0``; DeepSeekMath eq. 4, the seed's form).
+
+    ``log_ratio_clamp`` clamps ``d`` to ``[−c, c]`` before the exponential of k3 (verl
+    ``low_var_kl`` uses 20); ``clamp`` clamps the estimate to ``[−c, c]`` (verl, OpenRLHF: 10).
+
+    Args:
+        logp, ref_logp: real arrays of equal shape.
+
+    Returns:
+        float64 array of the inputs' shape.
+
+    Example:
+        >>> kl_estimate([-1.0, -2.0], [-1.5, -1.0], estimator="k1").tolist()
+        [0.5, -1.0]
+    """
+    a = _real_array("logp", logp)
+    b = _real_array("ref_logp", ref_logp)
+    _same_shape(logp=a, ref_logp=b)
+    if estimator == "k3":
+        d = b - a
+        if log_ratio_clamp is not None:
+            d = np.clip(d, -log_ratio_clamp, log_ratio_clamp)
+        with np.errstate(over="ignore"):
+            k = np.exp(d) - d - 1.0
+    elif estimator == "k2":
+        x = a - b
+        k = 0.5 * x * x
+    elif estimator == "k1":
+        k = a - b
+    else:
+        raise UsageError(f"KL estimator must be k1, k2 or k3, got {estimator!r}")
+    if clamp is not None:
+        k = np.clip(k, -clamp, clamp)
+    return k
+
+
+def kl_k3(logp: ArrayLike, ref_logp: ArrayLike) -> F64:
+    """k3 estimate of KL(π_θ ‖ π_ref) per token: ``π_ref/π_θ − log(π_ref/π_θ) − 1``.
+
+    Computed in log space as ``exp(d) − d − 1`` with ``d = ref_logp − logp``, so it never
+    divides probabilities. Always ``>= 0``, and 0 exactly where the log-probs agree.
+    See DeepSeekMath (Shao et al. 2024) eq. 4; Schulman (2020).
+
+    Args:
+        logp: log π_θ of the sampled tokens, any shape.
+        ref_logp: log π_ref, the same shape.
+
+    Returns:
+        float64 array of the inputs' shape.
+
+    Example:
+        >>> kl_k3(np.array([-1.0, -2.0, -0.5]), np.array([-1.0, -1.5, -1.0]))
+        array([0.        , 0.14872127, 0.10653066])
+    """
+    return kl_estimate(logp, ref_logp, estimator="k3")
+
+
+# ------------------------------------------------------------------- ratio and clip
+def log_ratio(logp: F64, old_logp: F64, *, clamp: float | None = None) -> F64:
+    """Per-token log importance ratio ``Δ = logp − old_logp``, optionally clamped to ``[−c, c]``.
+
+    verl and OpenRLHF clamp at 20 before ``exp``; TRL does not clamp.
+    """
+    d = logp - old_logp
+    if clamp is not None:
+        d = np.clip(d, -clamp, clamp)
+    return d
+
+
+def sequence_log_ratio(delta: F64, offsets: I64) -> F64:
+    """GSPO sequence-level log-ratio, broadcast to tokens: ``log s_i = mean_t Δ_{i,t}``.
+
+    See Zheng et al. 2025, "Group Sequence Policy Optimization", eq. 7: the ratio of an
+    answer is the geometric mean of its token ratios, applied to each of its tokens.
+
+    Returns:
+        ``(T,)``: answer ``i``'s mean log-ratio repeated over its tokens.
+    """
+    return np.repeat(segment_mean(delta, offsets), np.diff(offsets))
+
+
+def clipped_surrogate(
+    ratio: F64,
+    adv: F64,
+    *,
+    clip_eps: float = 0.2,
+    clip_eps_high: float | None = None,
+    dual_clip: float | None = None,
+) -> F64:
+    """PPO clipped surrogate per token (maximised): ``min(ρA, clip(ρ, 1−ε_low, 1+ε_high)·A)``.
+
+    See Schulman et al. 2017 (PPO) eq. 7; decoupled ``ε_high`` is DAPO's clip-higher
+    (Yu et al. 2025); with ``dual_clip = c`` the term of a token with ``A < 0`` is bounded
+    below by ``c·A`` (Ye et al. 2020, dual-clip PPO; verl ``clip_ratio_c``).
+
+    A token with ``A = 0`` contributes exactly 0, even where ``ρ`` overflowed to inf.
+
+    Args:
+        ratio: ``(T,)`` importance ratios ``ρ >= 0`` (may hold inf).
+        adv: ``(T,)`` advantages.
+        clip_eps: ε_low (and ε_high unless given), ``>= 0``.
+        clip_eps_high: ε_high.
+        dual_clip: ``c > 1`` or None.
+
+    Returns:
+        ``(T,)`` float64 per-token policy term.
+
+    Example:
+        >>> clipped_surrogate(np.array([1.5, 0.5, 1.5]), np.array([1.0, -1.0, -1.0])).tolist()
+        [1.2, -0.8, -1.5]
+    """
+    lo = clip_eps
+    hi = clip_eps if clip_eps_high is None else clip_eps_high
+    with np.errstate(invalid="ignore", over="ignore"):
+        term = np.minimum(ratio * adv, np.clip(ratio, 1.0 - lo, 1.0 + hi) * adv)
+        if dual_clip is not None:
+            term = np.where(adv < 0, np.maximum(term, dual_clip * adv), term)
+    if np.isnan(term).any():  # only inf * 0: ratio overflowed on a token with A == 0
+        term[np.isnan(term) & (adv == 0)] = 0.0
+    return term
+
+
+# ----------------------------------------------------------------------- aggregation
+def aggregate(
+    values: F64,
+    offsets: I64,
+    *,
+    agg: Aggregation = "seq-mean-token-mean",
+    max_len: int | None = None,
+) -> float:
+    """Reduce per-token values to one number (REFERENCE.md, "Aggregation").
+
+    - ``seq-mean-token-mean``: ``(1/N) Σ_i (1/|o_i|) Σ_t v`` (DeepSeekMath, seed 001);
+    - ``token-mean``: ``Σ v / T`` (DAPO, seed 000);
+    - ``seq-mean-token-sum``: ``(1/N) Σ_i Σ_t v`` (verl);
+    - ``seq-mean-token-sum-norm``: ``Σ v / (N · L_max)`` (Dr. GRPO, TRL ``dr_grpo``),
+      ``L_max = max_len`` or the longest answer.
+
+    Example:
+        >>> off = np.array([0, 1, 4])
+        >>> [aggregate(np.ones(4), off, agg=a) for a in AGGREGATIONS]
+        [1.0, 1.0, 2.0, 0.5]
+    """
+    lengths = np.diff(offsets)
+    n = lengths.shape[0]
+    if agg == "seq-mean-token-mean":
+        return float(np.mean(segment_sum(values, offsets) / lengths))
+    if agg == "token-mean":
+        return float(np.sum(values) / values.shape[0])
+    if agg == "seq-mean-token-sum":
+        return float(np.sum(values) / n)
+    if agg == "seq-mean-token-sum-norm":
+        lmax = int(lengths.max()) if max_len is None else int(max_len)
+        return float(np.sum(values) / (n * lmax))
+    raise UsageError(f"unknown aggregation {agg!r}; choose one of {', '.join(AGGREGATIONS)}")
+
+
+# ------------------------------------------------------------------- per-token terms
+@dataclass(frozen=True)
+class TokenTerms:
+    """Every per-token quantity of the GRPO objective, ragged ``(T,)`` arrays.
+
+    ``term = policy − β·kl`` is the per-token objective; ``delta`` is the token log-ratio
+    (after any clamp), ``ratio`` the ratio used by the surrogate (token or sequence level).
+    ``kl`` is None when there is no reference policy.
+    """
+
+    delta: F64
+    ratio: F64
+    adv: F64
+    policy: F64
+    kl: F64 | None
+    term: F64
+
+
+def token_terms(
+    logp: F64,
+    old_logp: F64 | None,
+    ref_logp: F64 | None,
+    adv: F64,
+    offsets: I64,
+    *,
+    clip_eps: float = 0.2,
+    clip_eps_high: float | None = None,
+    dual_clip: float | None = None,
+    log_ratio_clamp: float | None = None,
+    ratio_level: RatioLevel = "token",
+    beta: float = 0.04,
+    kl_estimator: KLEstimator = "k3",
+    kl_clamp: float | None = None,
+) -> TokenTerms:
+    """Per-token GRPO terms of ragged data: ``policy − β · KL`` (DeepSeekMath eq. 3).
+
+    Args:
+        logp: ``(T,)`` float64 log π_θ.
+        old_logp: ``(T,)`` log π_θold, or None for an on-policy batch (ρ = 1).
+        ref_logp: ``(T,)`` log π_ref, or None (then ``beta`` must be 0).
+        adv: ``(N,)`` one advantage per answer.
+        offsets: ``(N+1,)``.
+
+    Returns:
+        :class:`TokenTerms`.
+    """
+    lengths = np.diff(offsets)
+    delta = (
+        np.zeros_like(logp)
+        if old_logp is None
+        else log_ratio(logp, old_logp, clamp=log_ratio_clamp)
+    )
+    used = sequence_log_ratio(delta, offsets) if ratio_level == "sequence" else delta
+    with np.errstate(over="ignore"):
+        ratio = np.exp(used)
+    adv_tok = np.repeat(adv, lengths)
+    policy = clipped_surrogate(
+        ratio, adv_tok, clip_eps=clip_eps, clip_eps_high=clip_eps_high, dual_clip=dual_clip
+    )
+    kl = None
+    if ref_logp is not None:
+        kl = kl_estimate(
+            logp, ref_logp, estimator=kl_estimator, clamp=kl_clamp, log_ratio_clamp=log_ratio_clamp
+        )
+    if beta != 0.0:
+        if kl is None:
+            raise UsageError("beta > 0 needs ref_logp (the reference policy's log-probs)")
+        term = policy - beta * kl
+    else:
+        term = policy
+    return TokenTerms(delta=delta, ratio=ratio, adv=adv_tok, policy=policy, kl=kl, term=term)
+
+
+def grpo_objective(
+    logp: ArrayLike,
+    old_logp: ArrayLike,
+    ref_logp: ArrayLike,
+    advantages: ArrayLike,
+    mask: ArrayLike,
+    clip_eps: float = 0.2,
+    beta: float = 0.04,
+) -> float:
+    """GRPO objective J (maximised; the loss is −J), DeepSeekMath (Shao et al. 2024) eq. 3.
+
+    ``J = (1/N) Σ_i (1/|o_i|) Σ_{t∈o_i} [min(ρ A_i, clip(ρ, 1−ε, 1+ε) A_i) − β k3]``
+    with ``ρ = exp(logp − old_logp)`` and k3 as in :func:`kl_k3`. Padding (mask False)
+    may hold any finite value and never changes the result; inputs are not modified.
+
+    Args:
+        logp, old_logp, ref_logp: ``(N, L)`` real log-probs.
+        advantages: ``(N,)`` one advantage per answer.
+        mask: ``(N, L)`` bool (or 0/1); every row has at least one True.
+        clip_eps: ε, ``>= 0``.
+        beta: KL weight β, ``>= 0``.
+
+    Returns:
+        J as a Python float.
+
+    Example:
+        >>> logp = np.array([[-1.0, -0.5, -2.0], [-0.3, -1.2, 0.0]])
+        >>> old = np.array([[-1.1, -0.5, -1.0], [-0.6, -1.0, 0.0]])
+        >>> ref = np.array([[-1.2, -0.4, -1.5], [-0.4, -1.1, 0.0]])
+        >>> m = np.array([[True, True, True], [True, True, False]])
+        >>> grpo_objective(logp, old, ref, np.array([1.0, -1.0]), m)
+        -0.13122323326245566
+    """
+    m = _bool_array("mask", mask)
+    a = _real_array("logp", logp)
+    o = _real_array("old_logp", old_logp)
+    r = _real_array("ref_logp", ref_logp)
+    adv = _real_array("advantages", advantages)
+    _check_rank("logp", a, 2, "(N, L)")
+    _same_shape(logp=a, old_logp=o, ref_logp=r, mask=m)
+    _check_rank("advantages", adv, 1, "(N,)")
+    if adv.shape[0] != a.shape[0]:
+        raise InputError(f"advantages: expected shape ({a.shape[0]},), got {adv.shape}")
+    if not (np.isfinite(clip_eps) and clip_eps >= 0):
+        raise UsageError(f"clip_eps must be a finite number >= 0, got {clip_eps}")
+    if not (np.isfinite(beta) and beta >= 0):
+        raise UsageError(f"beta must be a finite number >= 0, got {beta}")
+    empty = np.flatnonzero(~m.any(axis=1))
+    if empty.size:
+        raise InputError(f"mask: answer {int(empty[0])} has no valid token")
+    offsets, (lp, olp, rlp) = flatten_padded(m, a, o, r)
+    for name, v in (("logp", lp), ("old_logp", olp), ("ref_logp", rlp)):
+        if not np.isfinite(v).all():
+            raise InputError(f"{name}: non-finite value inside the mask")
+    terms = token_terms(lp, olp, rlp, adv, offsets, clip_eps=clip_eps, beta=beta)
+    return aggregate(terms.term, offsets, agg="seq-mean-token-mean")

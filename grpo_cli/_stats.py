@@ -1,0 +1,258 @@
+"""Mergeable partial statistics: sums, counts, extremes and fixed-bin histograms.
+
+Every class here has ``update(values)`` (fold in a chunk) and ``merge(other)`` (fold in a
+partial computed elsewhere), and merging two partials equals computing on the
+concatenated data. One small file, a stream of record batches and several worker
+processes therefore share one code path. numpy only.
+
+Quantiles: a :class:`Sketch` keeps the values themselves while it holds at most
+``exact_cap`` of them, and answers exact quantiles (numpy's default "linear" method);
+beyond that it answers from a fixed-bin histogram kept all along. With bin width ``w``,
+every in-range value is represented by its bin centre, at most ``w/2`` away, and so is
+every reported quantile (an order statistic of perturbed values moves by at most the
+largest perturbation). Values outside ``[lo, hi)`` fall into two open bins represented
+by the exact minimum and maximum, so quantiles landing there are bounded, not resolved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+from numpy.typing import NDArray
+
+F64 = NDArray[np.float64]
+
+EXACT_CAP = 1 << 20
+
+
+class Moments:
+    """Count, sum, mean, population std (Chan et al. merge), min and max of real values.
+
+    Non-finite values (an overflowed ratio or KL) are counted in ``n_inf``; they make
+    ``total`` and ``mean`` infinite and ``std`` undefined (None), never NaN silently.
+    """
+
+    __slots__ = ("hi", "lo", "m2", "mean_f", "n", "n_inf", "total")
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.n_inf = 0
+        self.total = 0.0
+        self.mean_f = 0.0  # mean of the finite values
+        self.m2 = 0.0  # Σ (x − mean_f)² over finite values
+        self.lo = np.inf
+        self.hi = -np.inf
+
+    def update(self, x: F64) -> Moments:
+        if x.shape[0] == 0:
+            return self
+        finite = np.isfinite(x)
+        xf = x if finite.all() else x[finite]
+        other = Moments()
+        other.n = int(x.shape[0])
+        other.n_inf = int(x.shape[0] - xf.shape[0])
+        with np.errstate(invalid="ignore"):
+            other.total = float(np.sum(x))
+        if xf.shape[0]:
+            other.mean_f = float(np.mean(xf))
+            dev = xf - other.mean_f
+            other.m2 = float(np.dot(dev, dev))
+        other.lo = float(np.min(x))
+        other.hi = float(np.max(x))
+        return self.merge(other)
+
+    def merge(self, o: Moments) -> Moments:
+        na, nb = self.n - self.n_inf, o.n - o.n_inf
+        nf = na + nb
+        if nf:
+            d = o.mean_f - self.mean_f
+            self.mean_f += d * nb / nf
+            self.m2 += o.m2 + d * d * na * nb / nf
+        self.n += o.n
+        self.n_inf += o.n_inf
+        self.total += o.total
+        self.lo = min(self.lo, o.lo)
+        self.hi = max(self.hi, o.hi)
+        return self
+
+    @property
+    def mean(self) -> float | None:
+        if self.n == 0:
+            return None
+        return self.total / self.n if self.n_inf else self.mean_f
+
+    @property
+    def std(self) -> float | None:
+        if self.n == 0 or self.n_inf:
+            return None
+        return float(np.sqrt(self.m2 / self.n))
+
+    @property
+    def min(self) -> float | None:
+        return self.lo if self.n else None
+
+    @property
+    def max(self) -> float | None:
+        return self.hi if self.n else None
+
+
+def quantiles_from_counts(values: F64, counts: NDArray[np.int64], qs: F64) -> F64:
+    """Quantiles of a multiset given as sorted distinct ``values`` with ``counts``.
+
+    Uses numpy's default "linear" rule: position ``h = q (n − 1)`` between order
+    statistics ``x_⌊h⌋`` and ``x_⌈h⌉``. Equals ``np.quantile(np.repeat(values, counts), q)``.
+    """
+    keep = counts > 0
+    v, c = values[keep], counts[keep]
+    n = int(c.sum())
+    cum = np.cumsum(c)  # order statistic k (0-based) is v[searchsorted(cum, k, 'right')]
+    h = qs * (n - 1)
+    k0 = np.floor(h).astype(np.int64)
+    k1 = np.minimum(k0 + 1, n - 1)
+    x0 = v[np.searchsorted(cum, k0, side="right")]
+    x1 = v[np.searchsorted(cum, k1, side="right")]
+    frac = h - k0
+    return x0 + (x1 - x0) * frac
+
+
+class Histogram:
+    """Fixed-bin histogram of ``nbins`` equal bins on ``[lo, hi)`` plus two open end bins.
+
+    Tracks the exact min and max; bin ``j`` is represented by its centre, clamped into
+    ``[min, max]``, and the end bins by min and max.
+    """
+
+    __slots__ = ("counts", "hi", "inv_width", "lo", "nbins", "vmax", "vmin")
+
+    def __init__(self, lo: float, hi: float, nbins: int) -> None:
+        self.lo, self.hi, self.nbins = float(lo), float(hi), int(nbins)
+        self.inv_width = self.nbins / (self.hi - self.lo)
+        self.counts = np.zeros(self.nbins + 2, dtype=np.int64)
+        self.vmin, self.vmax = np.inf, -np.inf
+
+    @property
+    def width(self) -> float:
+        return (self.hi - self.lo) / self.nbins
+
+    def update(self, x: F64) -> Histogram:
+        if x.shape[0] == 0:
+            return self
+        pos = (x - self.lo) * self.inv_width
+        np.clip(pos, -1.0, float(self.nbins), out=pos)
+        idx = pos.astype(np.int64)  # truncation; -1 < pos < 0 truncates to 0, fixed below
+        idx[pos < 0] = -1
+        self.counts += np.bincount(idx + 1, minlength=self.nbins + 2)
+        self.vmin = min(self.vmin, float(np.min(x)))
+        self.vmax = max(self.vmax, float(np.max(x)))
+        return self
+
+    def merge(self, o: Histogram) -> Histogram:
+        self.counts += o.counts
+        self.vmin = min(self.vmin, o.vmin)
+        self.vmax = max(self.vmax, o.vmax)
+        return self
+
+    def representatives(self) -> F64:
+        centres = self.lo + (np.arange(self.nbins) + 0.5) * self.width
+        rep = np.concatenate(([self.vmin], centres, [self.vmax]))
+        return np.clip(rep, self.vmin, self.vmax)
+
+
+class Sketch:
+    """Quantiles of a stream: exact up to ``exact_cap`` values, then from a :class:`Histogram`.
+
+    ``quantiles(qs, f)`` returns quantiles of ``f(x)`` for any elementwise ``f`` (the
+    ratio is ``exp`` of the histogrammed log-ratio; KL is a function of ``logp − ref_logp``),
+    so one histogram of the log-ratio serves every derived distribution.
+    """
+
+    __slots__ = ("exact", "exact_cap", "hist", "n")
+
+    def __init__(self, lo: float, hi: float, nbins: int, exact_cap: int = EXACT_CAP) -> None:
+        self.hist = Histogram(lo, hi, nbins)
+        self.exact_cap = exact_cap
+        self.exact: list[F64] | None = []
+        self.n = 0
+
+    @property
+    def is_exact(self) -> bool:
+        return self.exact is not None
+
+    def update(self, x: F64) -> Sketch:
+        self.hist.update(x)
+        self.n += int(x.shape[0])
+        if self.exact is not None:
+            if self.n <= self.exact_cap:
+                self.exact.append(np.array(x, dtype=np.float64, copy=True))
+            else:
+                self.exact = None
+        return self
+
+    def merge(self, o: Sketch) -> Sketch:
+        self.hist.merge(o.hist)
+        self.n += o.n
+        if self.exact is not None and o.exact is not None and self.n <= self.exact_cap:
+            self.exact.extend(o.exact)
+        else:
+            self.exact = None
+        return self
+
+    def quantiles(
+        self, qs: F64, f: Callable[[F64], F64] | None = None
+    ) -> F64 | None:
+        if self.n == 0:
+            return None
+        if self.exact is not None:
+            x = np.concatenate(self.exact)
+            return np.quantile(x if f is None else f(x), qs)
+        rep = self.hist.representatives()
+        vals = rep if f is None else f(rep)
+        order = np.argsort(vals, kind="stable")
+        return quantiles_from_counts(vals[order], self.hist.counts[order], qs)
+
+
+class IntCounts:
+    """Exact counts of small non-negative integers (answer lengths): a growing bincount."""
+
+    __slots__ = ("counts",)
+
+    def __init__(self) -> None:
+        self.counts = np.zeros(0, dtype=np.int64)
+
+    def update(self, x: NDArray[np.int64]) -> IntCounts:
+        if x.shape[0]:
+            self._add(np.bincount(x))
+        return self
+
+    def merge(self, o: IntCounts) -> IntCounts:
+        self._add(o.counts)
+        return self
+
+    def _add(self, c: NDArray[np.int64]) -> None:
+        if c.shape[0] > self.counts.shape[0]:
+            c = c.copy()
+            c[: self.counts.shape[0]] += self.counts
+            self.counts = c
+        else:
+            self.counts[: c.shape[0]] += c
+
+    @property
+    def n(self) -> int:
+        return int(self.counts.sum())
+
+    def quantiles(self, qs: F64) -> F64 | None:
+        if self.n == 0:
+            return None
+        return quantiles_from_counts(
+            np.arange(self.counts.shape[0], dtype=np.float64), self.counts, qs
+        )
+
+    def moments(self) -> tuple[float, float, int, int]:
+        """(mean, population std, min, max) of the counted integers."""
+        v = np.arange(self.counts.shape[0], dtype=np.float64)
+        n = self.n
+        mean = float(np.dot(v, self.counts) / n)
+        var = float(np.dot((v - mean) ** 2, self.counts) / n)
+        nz = np.flatnonzero(self.counts)
+        return mean, float(np.sqrt(var)), int(nz[0]), int(nz[-1])
