@@ -33,12 +33,14 @@ __all__ = [
     "RatioLevel",
     "Scale",
     "Singleton",
+    "GroupStats",
     "TokenTerms",
     "advantages_by_group",
     "aggregate",
     "clipped_surrogate",
     "flatten_padded",
     "group_advantages",
+    "group_stats",
     "grpo_objective",
     "kl_estimate",
     "kl_k3",
@@ -159,6 +161,44 @@ def flatten_padded(
 
 
 # ----------------------------------------------------------------------- advantages
+@dataclass(frozen=True)
+class GroupStats:
+    """Per-group reward statistics, ``(P,)`` arrays: count, total, mean, std (with ddof), min, max.
+
+    ``std`` is NaN for a group with ``count <= ddof``; ``min == max`` marks zero variance.
+    """
+
+    count: I64
+    total: F64
+    mean: F64
+    std: F64
+    min: F64
+    max: F64
+
+
+def group_stats(rewards: F64, codes: I64, *, n_groups: int, ddof: int = 0) -> GroupStats:
+    """Group statistics of rewards labelled by integer group codes (two-pass, float64).
+
+    Example:
+        >>> s = group_stats(np.array([1.0, 3.0, 5.0]), np.array([0, 0, 1]), n_groups=2)
+        >>> s.mean.tolist(), s.std.tolist()
+        ([2.0, 5.0], [1.0, 0.0])
+    """
+    P = n_groups
+    count = np.bincount(codes, minlength=P)
+    total = np.bincount(codes, weights=rewards, minlength=P)
+    mean = np.divide(total, count, out=np.zeros(P), where=count > 0)
+    dev = rewards - mean[codes]
+    sq = np.bincount(codes, weights=dev * dev, minlength=P)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        std = np.sqrt(sq / (count - ddof))
+    lo = np.full(P, np.inf)
+    hi = np.full(P, -np.inf)
+    np.minimum.at(lo, codes, rewards)
+    np.maximum.at(hi, codes, rewards)
+    return GroupStats(count=count, total=total, mean=mean, std=std, min=lo, max=hi)
+
+
 def advantages_by_group(
     rewards: ArrayLike,
     codes: ArrayLike,
@@ -227,15 +267,10 @@ def advantages_by_group(
     if g.min() < 0 or g.max() >= P:
         raise InputError(f"codes: group indices must lie in [0, {P})")
 
-    count = np.bincount(g, minlength=P)
-    total = np.bincount(g, weights=r, minlength=P)
-    mean = np.divide(total, count, out=np.zeros(P), where=count > 0)
-    lo = np.full(P, np.inf)
-    hi = np.full(P, -np.inf)
-    np.minimum.at(lo, g, r)
-    np.maximum.at(hi, g, r)
-    constant = (lo == hi)[g]
-    size = count[g]
+    stats = group_stats(r, g, n_groups=P, ddof=ddof)
+    total, mean, std = stats.total, stats.mean, stats.std
+    constant = (stats.min == stats.max)[g]
+    size = stats.count[g]
 
     if estimator == "grpo":
         centred = r - mean[g]
@@ -243,17 +278,14 @@ def advantages_by_group(
         with np.errstate(divide="ignore", invalid="ignore"):
             centred = r - (total[g] - r) / (size - 1)
 
-    if scale == "group":
-        dev = r - mean[g]
-        sq = np.bincount(g, weights=dev * dev, minlength=P)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            std = np.sqrt(sq / (count - ddof))
-        adv = centred / (std[g] + eps)
-    elif scale == "batch":
-        std_all = float(np.std(r, ddof=ddof)) if n > ddof else 0.0
-        adv = centred / (std_all + eps)
-    else:
-        adv = centred.copy()
+    with np.errstate(divide="ignore", invalid="ignore"):  # 0/0 of constant groups, reset below
+        if scale == "group":
+            adv = centred / (std[g] + eps)
+        elif scale == "batch":
+            std_all = float(np.std(r, ddof=ddof)) if n > ddof else 0.0
+            adv = centred / (std_all + eps)
+        else:
+            adv = centred.copy()
 
     adv[constant] = 0.0
     if singleton == "raw":

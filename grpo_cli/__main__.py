@@ -1,0 +1,5 @@
+"""``python -m grpo_cli``."""
+
+from .cli import main
+
+main()

@@ -1,0 +1,677 @@
+"""Reading rollout logs (npz, parquet) into canonical answer fields and ragged token batches.
+
+The forgiving boundary: whatever a file holds (float32, int rewards, int or float 0/1
+masks, list columns, a framework's own names) becomes canonical float64 arrays here,
+and anything that cannot is an :class:`InputError` naming the file, the array or column
+and what is wrong. Padding is dropped at load time, so it never reaches a result.
+
+Two passes, as the design says: :func:`load_answers` reads the answer-level columns
+(group, reward, advantage: small), :func:`iter_batches` streams the token columns.
+"""
+
+from __future__ import annotations
+
+import glob as globlib
+import os
+import queue
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from numpy.typing import NDArray
+
+from .errors import InputError, UsageError
+
+__all__ = [
+    "ALIASES",
+    "Answers",
+    "Batch",
+    "Source",
+    "iter_batches",
+    "load_answers",
+    "open_source",
+    "parse_column_map",
+]
+
+F64 = NDArray[np.float64]
+I64 = NDArray[np.int64]
+
+ANSWER_FIELDS = ("group", "reward", "advantage")
+TOKEN_FIELDS = ("logp", "old_logp", "ref_logp", "mask")
+FIELDS = ANSWER_FIELDS + TOKEN_FIELDS
+
+# Canonical name first; then the names trainers use for the same thing (DESIGN.md).
+ALIASES: dict[str, tuple[str, ...]] = {
+    "group": ("group", "groups", "group_id", "prompt_id", "uid", "index"),
+    "reward": ("reward", "rewards", "score", "scores", "token_level_scores"),
+    "advantage": ("advantage", "advantages"),
+    "logp": ("logp", "log_prob", "log_probs", "per_token_logps", "logprobs"),
+    "old_logp": ("old_logp", "old_log_probs", "old_per_token_logps", "action_log_probs"),
+    "ref_logp": ("ref_logp", "ref_log_prob", "ref_per_token_logps", "base_action_log_probs"),
+    "mask": ("mask", "response_mask", "completion_mask", "action_mask", "loss_mask"),
+}
+
+# Tokens per streamed record batch: bounds memory (a few float64 temporaries of this size).
+BATCH_TOKENS = 1 << 21
+
+
+def parse_column_map(items: Sequence[str] | None) -> dict[str, str]:
+    """``["logp=lp", ...]`` from ``--column`` into ``{"logp": "lp"}``, validated."""
+    out: dict[str, str] = {}
+    for item in items or ():
+        field, sep, name = item.partition("=")
+        field, name = field.strip(), name.strip()
+        if not sep or not field or not name:
+            raise UsageError(f"--column {item!r}: expected FIELD=NAME, e.g. logp=log_probs")
+        if field not in FIELDS:
+            raise UsageError(f"--column {item!r}: unknown field {field!r}; fields: {', '.join(FIELDS)}")
+        out[field] = name
+    return out
+
+
+# ----------------------------------------------------------------------------- source
+@dataclass(frozen=True)
+class Source:
+    """Resolved input: files of one format and which column/array holds each field."""
+
+    paths: tuple[Path, ...]
+    kind: str  # "npz" | "parquet"
+    columns: dict[str, str | None]
+    label: str  # how errors name the input
+    present: tuple[str, ...] = ()  # every column/array name the input has
+
+    def name(self, field: str) -> str:
+        col = self.columns.get(field)
+        return col if col is not None else field
+
+    def has(self, field: str) -> bool:
+        return self.columns.get(field) is not None
+
+
+def _expand(spec: str) -> list[Path]:
+    p = Path(spec)
+    if p.is_dir():
+        files = sorted(q for q in p.iterdir() if q.suffix in (".parquet", ".npz") and q.is_file())
+        if not files:
+            raise InputError(f"{spec}: directory holds no .parquet or .npz file")
+        return files
+    if any(ch in spec for ch in "*?["):
+        files = sorted(Path(f) for f in globlib.glob(spec, recursive=True) if Path(f).is_file())
+        if not files:
+            raise InputError(f"{spec}: no file matches this pattern")
+        return files
+    if not p.exists():
+        raise InputError(f"{spec}: no such file")
+    if not p.is_file():
+        raise InputError(f"{spec}: not a regular file")
+    return [p]
+
+
+def open_source(specs: Sequence[str], column_map: dict[str, str] | None = None) -> Source:
+    """Resolve paths (files, directories, globs) and map every field to a column or array."""
+    if not specs:
+        raise UsageError("no input file given")
+    paths: list[Path] = []
+    for s in specs:
+        paths.extend(_expand(s))
+    kinds = {_kind(p) for p in paths}
+    if len(kinds) > 1:
+        raise InputError("inputs mix .npz and .parquet files; give one format at a time")
+    kind = kinds.pop()
+    label = str(paths[0]) if len(paths) == 1 else f"{paths[0].parent}/ ({len(paths)} files)"
+    if kind == "npz":
+        if len(paths) > 1:
+            raise InputError(
+                f"{len(paths)} .npz files given: one .npz at a time (use parquet for datasets)"
+            )
+        names = _npz_names(paths[0])
+    else:
+        names = _parquet_names(paths)
+    columns = _map_columns(names, column_map or {}, label, "array" if kind == "npz" else "column")
+    return Source(paths=tuple(paths), kind=kind, columns=columns, label=label, present=tuple(names))
+
+
+def _kind(p: Path) -> str:
+    suffix = p.suffix.lower()
+    if suffix == ".npz":
+        return "npz"
+    if suffix in (".parquet", ".pq"):
+        return "parquet"
+    raise InputError(f"{p}: unknown file type {suffix or '(none)'!r}; expected .npz or .parquet")
+
+
+def _map_columns(
+    names: Sequence[str], explicit: dict[str, str], label: str, what: str
+) -> dict[str, str | None]:
+    present = set(names)
+    out: dict[str, str | None] = {}
+    for field in FIELDS:
+        if field in explicit:
+            if explicit[field] not in present:
+                raise InputError(
+                    f"{label}: {what} {explicit[field]!r} (given for {field} with --column) "
+                    f"not found; the file has: {', '.join(names)}"
+                )
+            out[field] = explicit[field]
+            continue
+        out[field] = next((a for a in ALIASES[field] if a in present), None)
+    return out
+
+
+def _npz_names(path: Path) -> list[str]:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return list(z.files)
+    except Exception as exc:  # zipfile/OSError/ValueError: all mean the same to a user
+        raise InputError(f"{path}: cannot read as .npz ({_why(exc)})") from None
+
+
+def _parquet_names(paths: Sequence[Path]) -> list[str]:
+    first: list[str] | None = None
+    for p in paths:
+        names = _parquet_file(p).schema_arrow.names
+        if first is None:
+            first = names
+        elif set(names) != set(first):
+            raise InputError(
+                f"{p}: columns differ from {paths[0]}: {sorted(set(names) ^ set(first))}"
+            )
+    assert first is not None
+    return first
+
+
+def _parquet_file(p: Path) -> pq.ParquetFile:
+    try:
+        return pq.ParquetFile(p)
+    except Exception as exc:
+        raise InputError(f"{p}: cannot read as parquet ({_why(exc)})") from None
+
+
+def _why(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+# ---------------------------------------------------------------------------- answers
+@dataclass(frozen=True)
+class Answers:
+    """Answer-level fields of the whole dataset, in row order.
+
+    ``codes`` index ``labels`` (group ids in first-seen order). ``shape`` is ``(P, G)``
+    when the rewards came as a 2-D array, else None.
+    """
+
+    n: int
+    codes: I64 | None
+    labels: list[Any] | None
+    reward: F64 | None
+    advantage: F64 | None
+    shape: tuple[int, int] | None
+
+
+def _real(label: str, what: str, arr: np.ndarray) -> F64:
+    if arr.dtype == np.bool_:
+        return arr.astype(np.float64)
+    if np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer):
+        return arr.astype(np.float64, copy=False)
+    raise InputError(f"{label}: {what} has dtype {arr.dtype}, expected numbers")
+
+
+def _encode_groups(values: pa.Array | np.ndarray, label: str, what: str) -> tuple[I64, list[Any]]:
+    arr = values if isinstance(values, pa.Array | pa.ChunkedArray) else pa.array(values)
+    if arr.null_count:
+        row = int(np.flatnonzero(np.asarray(arr.is_null()))[0])
+        raise InputError(f"{label}: {what} is null at row {row}")
+    t = arr.type
+    if not (pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t)):
+        raise InputError(f"{label}: {what} has type {t}, expected integers or strings")
+    enc = arr.dictionary_encode()
+    if isinstance(enc, pa.ChunkedArray):
+        enc = enc.unify_dictionaries().combine_chunks()
+    codes = np.asarray(enc.indices, dtype=np.int64)
+    return codes, enc.dictionary.to_pylist()
+
+
+def load_answers(src: Source, *, need_rewards: bool) -> Answers:
+    """Pass 1: group ids, rewards and advantages of every answer (small columns only)."""
+    if src.kind == "npz":
+        return _npz_answers(src, need_rewards)
+    return _parquet_answers(src, need_rewards)
+
+
+def _npz_answers(src: Source, need_rewards: bool) -> Answers:
+    path = src.paths[0]
+    with np.load(path, allow_pickle=False) as z:
+        get = _npz_getter(z, src)
+        reward = get("reward")
+        group = get("group")
+        adv = get("advantage")
+        n_tok = get("logp")
+    n_tokens = n_tok.shape[0] if n_tok is not None and n_tok.ndim >= 1 else None
+    rname, gname, aname = src.name("reward"), src.name("group"), src.name("advantage")
+    shape: tuple[int, int] | None = None
+    codes = labels = r = None
+    if reward is not None:
+        r2 = _real(f"{path}", f"array {rname!r}", reward)
+        if r2.ndim == 2:
+            if group is not None:
+                raise InputError(
+                    f"{path}: array {rname!r} is 2-D (P, G), so array {gname!r} must not be given"
+                )
+            P, G = r2.shape
+            shape = (P, G)
+            r = r2.reshape(-1)
+            codes = np.repeat(np.arange(P, dtype=np.int64), G)
+            labels = list(range(P))
+        elif r2.ndim == 1:
+            r = r2
+            if group is None:
+                raise InputError(
+                    f"{path}: array {rname!r} is 1-D, so an array {gname!r} (N,) of group ids "
+                    f"is required (or give {rname!r} as (P, G))"
+                )
+            if group.ndim != 1 or group.shape[0] != r.shape[0]:
+                raise InputError(
+                    f"{path}: array {gname!r} has shape {group.shape}, expected ({r.shape[0]},) "
+                    f"like {rname!r}"
+                )
+            codes, labels = _encode_groups(group, str(path), f"array {gname!r}")
+        else:
+            raise InputError(
+                f"{path}: array {rname!r} has shape {reward.shape}, expected (P, G) or (N,)"
+            )
+        bad = np.flatnonzero(~np.isfinite(r))
+        if bad.size:
+            raise InputError(f"{path}: array {rname!r} has non-finite value {r[bad[0]]} "
+                             f"at answer {int(bad[0])}")
+    n = r.shape[0] if r is not None else n_tokens
+    a = None
+    if adv is not None:
+        a = _real(str(path), f"array {aname!r}", adv)
+        if a.ndim == 2 and shape is not None and a.shape == shape:
+            a = a.reshape(-1)
+        if a.ndim != 1 or (n is not None and a.shape[0] != n):
+            raise InputError(f"{path}: array {aname!r} has shape {adv.shape}, expected ({n},)")
+        bad = np.flatnonzero(~np.isfinite(a))
+        if bad.size:
+            raise InputError(f"{path}: array {aname!r} has non-finite value at answer {int(bad[0])}")
+        n = a.shape[0]
+    if need_rewards and r is None:
+        raise InputError(f"{path}: array {rname!r} is missing "
+                         f"(the file has: {', '.join(src.present)})")
+    if n is None:
+        raise InputError(f"{path}: no {rname!r}, {aname!r} or {src.name('logp')!r} array found")
+    if n_tokens is not None and n_tokens != n:
+        raise InputError(
+            f"{path}: array {src.name('logp')!r} has {n_tokens} rows but there are {n} answers"
+        )
+    return Answers(n=n, codes=codes, labels=labels, reward=r, advantage=a, shape=shape)
+
+
+def _npz_getter(z: Any, src: Source) -> Any:
+    def get(field: str) -> np.ndarray | None:
+        if not src.has(field):
+            return None
+        name = src.name(field)
+        try:
+            return np.asarray(z[name])
+        except ValueError as exc:  # object arrays need pickle: refuse
+            raise InputError(f"{src.paths[0]}: array {name!r} cannot be loaded ({_why(exc)})") from None
+        except Exception as exc:
+            raise InputError(f"{src.paths[0]}: array {name!r} is unreadable ({_why(exc)})") from None
+
+    return get
+
+
+def _parquet_answers(src: Source, need_rewards: bool) -> Answers:
+    fields = [f for f in ("group", "reward", "advantage") if src.has(f)]
+    cols = [src.name(f) for f in fields]
+    tables = []
+    n_rows = 0
+    for p in src.paths:
+        pf = _parquet_file(p)
+        n_rows += pf.metadata.num_rows
+        if cols:
+            try:
+                tables.append(pf.read(columns=cols))
+            except Exception as exc:
+                raise InputError(f"{p}: cannot read columns {cols} ({_why(exc)})") from None
+    if need_rewards and not src.has("reward"):
+        raise InputError(f"{src.label}: column {src.name('reward')!r} is missing "
+                         f"(the file has: {', '.join(src.present)})")
+    table = pa.concat_tables(tables) if tables else None
+    codes = labels = r = a = None
+    if table is not None and src.has("reward"):
+        name = src.name("reward")
+        r = _float_column(table.column(name), src.label, name)
+        if not src.has("group"):
+            raise InputError(f"{src.label}: column {src.name('group')!r} is missing "
+                             f"(every answer needs its group id)")
+        codes, labels = _encode_groups(table.column(src.name("group")), src.label,
+                                       f"column {src.name('group')!r}")
+    if table is not None and src.has("advantage"):
+        a = _float_column(table.column(src.name("advantage")), src.label, src.name("advantage"))
+    return Answers(n=n_rows, codes=codes, labels=labels, reward=r, advantage=a, shape=None)
+
+
+def _float_column(col: pa.ChunkedArray, label: str, name: str) -> F64:
+    t = col.type
+    if not (pa.types.is_floating(t) or pa.types.is_integer(t) or pa.types.is_boolean(t)):
+        raise InputError(f"{label}: column {name!r} has type {t}, expected numbers")
+    if col.null_count:
+        row = int(np.flatnonzero(np.asarray(col.is_null()))[0])
+        raise InputError(f"{label}: column {name!r} is null at row {row}")
+    x = np.asarray(col.to_numpy(), dtype=np.float64)
+    bad = np.flatnonzero(~np.isfinite(x))
+    if bad.size:
+        raise InputError(f"{label}: column {name!r} has non-finite value {x[bad[0]]} at row {int(bad[0])}")
+    return x
+
+
+# ---------------------------------------------------------------------------- tokens
+@dataclass(frozen=True)
+class Batch:
+    """A run of consecutive answers, valid tokens only.
+
+    ``start`` is the dataset index of the first answer; ``offsets`` ``(n+1,)`` delimit the
+    answers in every flat ``(T_b,)`` token field of ``fields`` (float64); ``width`` ``(n,)``
+    is each answer's token-run length before the mask (the padded width for npz).
+    """
+
+    start: int
+    offsets: I64
+    fields: dict[str, F64]
+    width: I64
+
+    @property
+    def n(self) -> int:
+        return int(self.offsets.shape[0] - 1)
+
+    @property
+    def lengths(self) -> I64:
+        return np.diff(self.offsets)
+
+
+def iter_batches(
+    src: Source, fields: Sequence[str], *, batch_tokens: int = BATCH_TOKENS
+) -> Iterator[Batch]:
+    """Pass 2: stream the requested token fields (of ``logp``, ``old_logp``, ``ref_logp``).
+
+    Every answer must have at least one valid token; NaN/inf inside the mask, lists of
+    unequal lengths across fields, nulls: each is an :class:`InputError` naming where.
+    """
+    wanted = [f for f in fields if src.has(f)]
+    if src.kind == "npz":
+        yield from _npz_batches(src, wanted)
+    else:
+        yield from prefetch(_parquet_batches(src, wanted, batch_tokens))
+
+
+def _npz_batches(src: Source, wanted: list[str]) -> Iterator[Batch]:
+    path = src.paths[0]
+    with np.load(path, allow_pickle=False) as z:
+        get = _npz_getter(z, src)
+        raw = {f: get(f) for f in wanted}
+        mask_raw = get("mask")
+    ref_name = src.name(wanted[0])
+    ref_shape = raw[wanted[0]].shape
+    for f, arr in raw.items():
+        assert arr is not None
+        if arr.ndim != 2:
+            raise InputError(f"{path}: array {src.name(f)!r} has shape {arr.shape}, expected (N, L)")
+        if arr.shape != ref_shape:
+            raise InputError(
+                f"{path}: array {src.name(f)!r} has shape {arr.shape}, "
+                f"but {ref_name!r} has {ref_shape}"
+            )
+        if arr.dtype == np.bool_ or not (
+            np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)
+        ):
+            raise InputError(f"{path}: array {src.name(f)!r} has dtype {arr.dtype}, expected floats")
+    N, L = ref_shape
+    if mask_raw is None:
+        mask = np.ones(ref_shape, dtype=np.bool_)
+    else:
+        mname = src.name("mask")
+        if mask_raw.shape != ref_shape:
+            raise InputError(
+                f"{path}: array {mname!r} has shape {mask_raw.shape}, but {ref_name!r} has {ref_shape}"
+            )
+        mask = _mask_values(mask_raw, str(path), f"array {mname!r}")
+    empty = np.flatnonzero(~mask.any(axis=1))
+    if empty.size:
+        raise InputError(
+            f"{path}: answer {int(empty[0])} has no valid token (its {src.name('mask')!r} row "
+            f"is all False; {empty.size} such answer(s))"
+        )
+    lengths = mask.sum(axis=1, dtype=np.int64)
+    offsets = np.zeros(N + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    flat: dict[str, F64] = {}
+    for f, arr in raw.items():
+        assert arr is not None
+        v = arr[mask].astype(np.float64, copy=False)
+        _check_finite(v, offsets, 0, str(path), f"array {src.name(f)!r}", positions=mask)
+        flat[f] = v
+    yield Batch(start=0, offsets=offsets, fields=flat, width=np.full(N, L, dtype=np.int64))
+
+
+def _mask_values(m: np.ndarray, label: str, what: str) -> NDArray[np.bool_]:
+    if m.dtype == np.bool_:
+        return m
+    if np.issubdtype(m.dtype, np.integer) or np.issubdtype(m.dtype, np.floating):
+        ok = (m == 0) | (m == 1)
+        if not ok.all():
+            bad = np.argwhere(~ok)[0]
+            raise InputError(f"{label}: {what} holds {m[tuple(bad)]} at {tuple(int(i) for i in bad)}; "
+                             f"expected booleans or 0/1")
+        return m.astype(np.bool_)
+    raise InputError(f"{label}: {what} has dtype {m.dtype}, expected booleans or 0/1")
+
+
+def _check_finite(
+    v: F64, offsets: I64, start: int, label: str, what: str, positions: Any = None
+) -> None:
+    finite = np.isfinite(v)
+    if finite.all():
+        return
+    k = int(np.flatnonzero(~finite)[0])
+    i = int(np.searchsorted(offsets, k, side="right") - 1)
+    if positions is not None:  # padded (N, L): report the column in the padded array
+        t = int(np.flatnonzero(positions[i])[k - offsets[i]])
+    else:
+        t = k - int(offsets[i])
+    raise InputError(
+        f"{label}: {what} has {v[k]} inside the mask at answer {start + i}, token {t} "
+        f"({int((~finite).sum())} non-finite valid token(s) in all)"
+    )
+
+
+def _rows_per_batch(pf: pq.ParquetFile, col: str, batch_tokens: int) -> int:
+    md = pf.metadata
+    rows = max(md.num_rows, 1)
+    idx = pf.schema_arrow.get_field_index(col)
+    values = 0
+    try:
+        for rg in range(md.num_row_groups):
+            rgm = md.row_group(rg)
+            for c in range(rgm.num_columns):
+                cc = rgm.column(c)
+                if cc.path_in_schema.split(".")[0] == col:
+                    values += cc.num_values
+    except Exception:
+        values = 0
+    per_row = values / rows if values else 256.0
+    del idx
+    return int(max(16, min(rows, batch_tokens / max(per_row, 1.0))))
+
+
+def _parquet_batches(src: Source, wanted: list[str], batch_tokens: int) -> Iterator[Batch]:
+    names = [src.name(f) for f in wanted]
+    mname = src.name("mask") if src.has("mask") else None
+    cols = names + ([mname] if mname else [])
+    start = 0
+    for p in src.paths:
+        pf = _parquet_file(p)
+        rows = _rows_per_batch(pf, names[0], batch_tokens)
+        try:
+            it = pf.iter_batches(batch_size=rows, columns=cols, use_threads=True)
+            for rb in it:
+                yield _record_batch(rb, wanted, names, mname, start, str(p))
+                start += rb.num_rows
+        except InputError:
+            raise
+        except Exception as exc:
+            raise InputError(f"{p}: cannot read token columns {cols} ({_why(exc)})") from None
+
+
+def _list_column(arr: pa.Array, label: str, name: str, row0: int, *, boolean: bool = False
+                 ) -> tuple[I64, np.ndarray]:
+    t = arr.type
+    if not (pa.types.is_list(t) or pa.types.is_large_list(t)):
+        raise InputError(f"{label}: column {name!r} has type {t}, expected a list column "
+                         f"(one list of per-token values per answer)")
+    vt = t.value_type
+    ok = pa.types.is_boolean(vt) or pa.types.is_integer(vt) or (
+        not boolean and pa.types.is_floating(vt)) or (boolean and pa.types.is_floating(vt))
+    if not ok:
+        raise InputError(f"{label}: column {name!r} holds {vt} values, expected numbers")
+    if not boolean and pa.types.is_boolean(vt):
+        raise InputError(f"{label}: column {name!r} holds booleans, expected log-probs")
+    if arr.null_count:
+        row = int(np.flatnonzero(np.asarray(arr.is_null()))[0])
+        raise InputError(f"{label}: column {name!r} is null at row {row0 + row}")
+    off = np.asarray(arr.offsets, dtype=np.int64)
+    values = arr.values.slice(int(off[0]), int(off[-1] - off[0]))
+    if values.null_count:
+        k = int(np.flatnonzero(np.asarray(values.is_null()))[0])
+        i = int(np.searchsorted(off - off[0], k, side="right") - 1)
+        raise InputError(f"{label}: column {name!r} has a null value at row {row0 + i}, "
+                         f"token {k - int(off[i] - off[0])}")
+    off = off - off[0]
+    if pa.types.is_boolean(vt):
+        vals = np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.bool_)
+    else:
+        vals = values.to_numpy()
+    return off, vals
+
+
+def _record_batch(
+    rb: pa.RecordBatch,
+    wanted: list[str],
+    names: list[str],
+    mname: str | None,
+    start: int,
+    label: str,
+) -> Batch:
+    flats: dict[str, np.ndarray] = {}
+    offsets: I64 | None = None
+    for f, name in zip(wanted, names, strict=True):
+        off, vals = _list_column(rb.column(name), label, name, start)
+        if offsets is None:
+            offsets = off
+        elif not np.array_equal(off, offsets):
+            _raise_length_mismatch(off, offsets, label, name, names[0], start)
+        flats[f] = vals
+    assert offsets is not None
+    width = np.diff(offsets)
+    if mname is not None:
+        moff, mvals = _list_column(rb.column(mname), label, mname, start, boolean=True)
+        if not np.array_equal(moff, offsets):
+            _raise_length_mismatch(moff, offsets, label, mname, names[0], start)
+        m = _mask_values(mvals, label, f"column {mname!r}") if mvals.dtype != np.bool_ else mvals
+        counts = np.zeros(offsets.shape[0], dtype=np.int64)
+        np.cumsum(m, out=counts[1:])
+        new_offsets = counts[offsets]
+    else:
+        m = None
+        new_offsets = offsets
+    lengths = np.diff(new_offsets)
+    empty = np.flatnonzero(lengths == 0)
+    if empty.size:
+        raise InputError(
+            f"{label}: row {start + int(empty[0])} has no valid token (empty list or mask all "
+            f"False; {empty.size} such row(s) in this batch)"
+        )
+    out: dict[str, F64] = {}
+    for f, name in zip(wanted, names, strict=True):
+        v = flats[f] if m is None else flats[f][m]
+        v = v.astype(np.float64, copy=False)
+        if m is None:
+            _check_finite(v, new_offsets, start, label, f"column {name!r}")
+        else:
+            _check_finite_masked(flats[f], m, offsets, start, label, name)
+        out[f] = v
+    return Batch(start=start, offsets=new_offsets, fields=out, width=width)
+
+
+def _check_finite_masked(raw: np.ndarray, m: np.ndarray, offsets: I64, start: int, label: str,
+                         name: str) -> None:
+    bad = ~np.isfinite(raw) & m
+    if bad.any():
+        k = int(np.flatnonzero(bad)[0])
+        i = int(np.searchsorted(offsets, k, side="right") - 1)
+        raise InputError(
+            f"{label}: column {name!r} has {raw[k]} inside the mask at row {start + i}, "
+            f"token {k - int(offsets[i])} ({int(bad.sum())} non-finite valid token(s) in this batch)"
+        )
+
+
+def _raise_length_mismatch(off: I64, ref: I64, label: str, name: str, ref_name: str, start: int
+                           ) -> None:
+    a, b = np.diff(off), np.diff(ref)
+    i = int(np.flatnonzero(a != b)[0])
+    raise InputError(
+        f"{label}: row {start + i}: column {name!r} has {a[i]} tokens but {ref_name!r} has {b[i]}"
+    )
+
+
+# --------------------------------------------------------------------------- prefetch
+T = TypeVar("T")
+_DONE = object()
+
+
+def prefetch(items: Iterable[T], depth: int = 2) -> Iterator[T]:
+    """Produce ``items`` in a background thread, ``depth`` ahead of the consumer.
+
+    Decoding (pyarrow, GIL released) then overlaps with the numpy computation of the
+    previous batch on the other core. Exceptions are re-raised in the consumer.
+    """
+    if os.environ.get("GRPO_CLI_NO_PREFETCH"):
+        yield from items
+        return
+    q: queue.Queue[Any] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def run() -> None:
+        try:
+            for item in items:
+                if stop.is_set():
+                    return
+                q.put(item)
+            q.put(_DONE)
+        except BaseException as exc:
+            q.put(exc)
+
+    th = threading.Thread(target=run, daemon=True, name="grpo-cli-prefetch")
+    th.start()
+    try:
+        while True:
+            item = q.get()
+            if item is _DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        while th.is_alive():  # unblock a producer waiting on a full queue
+            try:
+                q.get_nowait()
+            except queue.Empty:
+                th.join(timeout=0.05)

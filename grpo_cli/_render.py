@@ -1,0 +1,342 @@
+"""Two views of every report record: rich renderables (tables) and JSON documents.
+
+Render functions return renderables and never print; nothing is computed here beyond
+formatting and picking which rows to show.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import numpy as np
+from rich import box
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from ._core import AGGREGATIONS
+from ._report import (
+    QUANTILES,
+    AdvantagesReport,
+    Distribution,
+    GroupSummary,
+    KLReport,
+    ObjectiveReport,
+)
+
+__all__ = [
+    "advantages_json",
+    "dumps",
+    "kl_json",
+    "objective_json",
+    "render_advantages",
+    "render_kl",
+    "render_objective",
+]
+
+SCHEMA_VERSION = 1
+
+
+# ------------------------------------------------------------------------------ JSON
+def _clean(x: Any) -> Any:
+    """JSON-safe copy: numpy scalars to Python, non-finite floats to None."""
+    if isinstance(x, dict):
+        return {str(k): _clean(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_clean(v) for v in x]
+    if isinstance(x, np.ndarray):
+        return _clean(x.tolist())
+    if isinstance(x, np.generic):
+        x = x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def dumps(doc: dict[str, Any]) -> str:
+    """One JSON document; NaN/inf become null (the report's warnings say why)."""
+    return json.dumps(_clean(doc), indent=2, allow_nan=False)
+
+
+def _finite_list(a: np.ndarray) -> list[Any]:
+    out: list[Any] = a.tolist()
+    if not np.isfinite(a).all():
+        out = _clean(out)
+    return out
+
+
+def advantages_json(r: AdvantagesReport) -> dict[str, Any]:
+    adv = r.advantages.reshape(r.shape) if r.shape is not None else r.advantages
+    st = r.stats
+    groups = [
+        {"id": gid, "size": int(c), "mean": float(m), "std": float(s), "min": float(lo),
+         "max": float(hi), "zero_variance": bool(lo == hi)}
+        for gid, c, m, s, lo, hi in zip(r.labels, st.count.tolist(), st.mean.tolist(),
+                                         st.std.tolist(), st.min.tolist(), st.max.tolist(),
+                                         strict=True)
+    ]
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "command": "advantages",
+        "source": r.source,
+        "settings": r.settings.to_json(),
+        "summary": r.summary.to_json(),
+        "reward": r.reward.to_json(),
+        "advantage": r.advantage.to_json(),
+        "logged_advantages_max_abs_diff": r.logged_max_abs_diff,
+        "groups": groups,
+        "advantages": _finite_list(adv),
+    }
+
+
+def kl_json(r: KLReport) -> dict[str, Any]:
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "command": "kl",
+        "source": r.source,
+        "settings": {k: r.settings.to_json()[k]
+                     for k in ("kl_estimator", "kl_clamp", "log_ratio_clamp")},
+        "counts": {"answers": r.answers, "tokens": r.tokens},
+        "kl": r.token.to_json(),
+        "kl_per_answer": r.per_answer.to_json(),
+        "lengths": r.lengths.to_json(),
+    }
+
+
+def objective_json(r: ObjectiveReport) -> dict[str, Any]:
+    ratio = r.ratio.to_json()
+    ratio.update({"overflow_tokens": r.overflow_tokens, "extreme_tokens": r.extreme_tokens})
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "command": "objective",
+        "source": r.source,
+        "objective": r.objective,
+        "loss": r.loss,
+        "policy_term": r.policy_term,
+        "kl_term": r.kl_term,
+        "aggregation": r.settings.agg,
+        "aggregations": r.aggregations,
+        "counts": {"groups": r.groups, "answers": r.answers, "tokens": r.tokens},
+        "max_len": r.max_len,
+        "on_policy": r.on_policy,
+        "advantages_source": r.advantages_source,
+        "clip_fraction": r.clip.to_json(),
+        "ratio": ratio,
+        "ratio_histogram": [{"lo": lo, "hi": hi, "count": c} for lo, hi, c in r.ratio_histogram],
+        "kl": r.kl.to_json() if r.kl is not None else None,
+        "lengths": r.lengths.to_json(),
+        "advantage": r.advantage.to_json(),
+        "groups": r.group_summary.to_json() if r.group_summary is not None else None,
+        "length_weights": r.length_weights,
+        "settings": r.settings.to_json(),
+        "warnings": r.warnings,
+    }
+
+
+# ---------------------------------------------------------------------------- tables
+def fmt(x: float | int | None, digits: int = 6) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, int | np.integer):
+        return f"{int(x):,}"
+    if not math.isfinite(x):
+        return str(x)
+    if x == 0:
+        return "0"
+    return f"{x:.{digits}g}"
+
+
+def pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.2f}%"
+
+
+def _table(title: str, **kw: Any) -> Table:
+    """A table whose title never wraps: at least as wide as its title."""
+    kw.setdefault("box", box.SIMPLE_HEAVY)
+    kw.setdefault("pad_edge", False)
+    kw.setdefault("collapse_padding", True)
+    return Table(title=title, title_justify="left", min_width=len(title) + 1, **kw)
+
+
+def _kv_table(title: str, rows: list[tuple[str, str]], note: str | None = None) -> Table:
+    t = _table(title, show_header=False, caption=note, caption_justify="left")
+    t.add_column("name", style="bold")
+    t.add_column("value", justify="right")
+    for k, v in rows:
+        t.add_row(k, v)
+    return t
+
+
+def _dist_table(title: str, dists: dict[str, Distribution], digits: int = 6) -> Table:
+    """One column per distribution, one row per statistic: narrow enough for 80 columns."""
+    t = _table(title)
+    t.add_column("")
+    for name in dists:
+        t.add_column(name, justify="right")
+    rows = ["mean", "std", "min", *QUANTILES, "max"]
+    for stat in rows:
+        cells = []
+        for d in dists.values():
+            vals = {"mean": d.mean, "std": d.std, "min": d.min, "max": d.max, **d.quantiles}
+            cells.append(fmt(vals.get(stat), digits))
+        t.add_row(stat, *cells)
+    binned = [name for name, d in dists.items() if not d.exact]
+    if binned:
+        t.caption = f"quantiles of {', '.join(binned)}: from a fine histogram (see README)"
+        t.caption_justify = "left"
+    return t
+
+
+def _settings_line(r: Any) -> Text:
+    s = r.settings
+    parts = [f"preset {s.preset or 'default (deepseekmath)'}"]
+    return Text(f"{r.source}  ·  " + ", ".join(parts), style="dim")
+
+
+def _groups_rows(g: GroupSummary) -> list[tuple[str, str]]:
+    return [
+        ("groups", fmt(g.groups)),
+        ("answers", fmt(g.answers)),
+        ("group size", f"{g.min_size}" if g.min_size == g.max_size else f"{g.min_size}-{g.max_size}"),
+        ("zero-variance groups", f"{fmt(g.zero_variance_groups)} ({pct(g.frac_zero_variance_groups)})"),
+        ("answers with zero group std", pct(g.frac_zero_std_answers)),
+        ("singleton groups", fmt(g.singleton_groups)),
+    ]
+
+
+def render_advantages(r: AdvantagesReport, max_groups: int = 20) -> RenderableType:
+    s = r.settings
+    title = (f"Group advantages  (scale {s.scale}, ddof {s.ddof}, eps {s.eps:g}, "
+             f"estimator {s.estimator})")
+    t = _table(title)
+    for c, j in (("group", "left"), ("size", "right"), ("mean", "right"), ("std", "right"),
+                 ("min", "right"), ("max", "right"), ("0-var", "center")):
+        t.add_column(c, justify=j, no_wrap=True, min_width=len(c),  # type: ignore[arg-type]
+                     max_width=20 if c == "group" else None)
+    t.add_column("advantages (row order)", no_wrap=True, overflow="ellipsis", max_width=29)
+    P = len(r.labels)
+    order = np.argsort(r.codes, kind="stable")
+    starts = np.searchsorted(r.codes[order], np.arange(P + 1))
+    shown = min(P, max_groups)
+    for g in range(shown):
+        idx = order[starts[g] : starts[g + 1]]
+        adv = r.advantages[idx]
+        head = " ".join(f"{a:+.2f}" for a in adv[:16]) + (" …" if adv.size > 16 else "")
+        st = r.stats
+        zero = bool(st.min[g] == st.max[g])
+        t.add_row(str(r.labels[g]), str(int(st.count[g])), fmt(st.mean[g], 4), fmt(st.std[g], 4),
+                  fmt(st.min[g], 4), fmt(st.max[g], 4), "yes" if zero else "", head)
+    if shown < P:
+        t.caption = f"{shown} of {P:,} groups shown (--max-groups; --json lists all)"
+        t.caption_justify = "left"
+    rows = _groups_rows(r.summary)
+    if r.logged_max_abs_diff is not None:
+        rows.append(("max |logged − recomputed| advantage", fmt(r.logged_max_abs_diff)))
+    totals = _kv_table("Totals", rows)
+    dist = _dist_table("Distributions", {"reward": r.reward, "advantage": r.advantage})
+    return Group(_settings_line(r), t, totals, dist)
+
+
+def render_kl(r: KLReport) -> RenderableType:
+    s = r.settings
+    title = f"KL estimate {s.kl_estimator} per token" + (
+        f" (clamped to ±{s.kl_clamp:g})" if s.kl_clamp is not None else "")
+    counts = _kv_table("Counts", [("answers", fmt(r.answers)), ("tokens", fmt(r.tokens))])
+    dist = _dist_table(title, {"per token": r.token, "per-answer mean": r.per_answer})
+    lengths = _dist_table("Answer lengths (valid tokens)", {"length": r.lengths}, digits=5)
+    return Group(_settings_line(r), counts, dist, lengths)
+
+
+def _bar(count: int, total: int, width: int = 30) -> str:
+    if total == 0:
+        return ""
+    n = count / total * width
+    full = int(n)
+    return "█" * full + ("▌" if n - full >= 0.5 else "")
+
+
+def render_objective(r: ObjectiveReport, compare: bool = False) -> RenderableType:
+    s = r.settings
+    parts: list[RenderableType] = [_settings_line(r)]
+    kl_part = (f"β·KL = {s.beta:g} × {fmt(r.kl_term / s.beta if s.beta else 0.0)}"
+               if s.beta else "β = 0: no KL term")
+    main = _kv_table(
+        f"GRPO objective  (aggregation {s.agg})",
+        [
+            ("objective J", fmt(r.objective, 10)),
+            ("loss = −J", fmt(r.loss, 10)),
+            ("policy term", fmt(r.policy_term, 10)),
+            ("KL term", fmt(r.kl_term, 10)),
+            ("", kl_part),
+        ],
+    )
+    parts.append(main)
+    parts.append(Text(
+        "J = policy term − KL term. The loss is negative whenever the policy term exceeds the "
+        "KL term, and near 0 on-policy because advantages cancel within a group; its gradient "
+        "still learns.\n", style="dim"))
+    clip_rows = [
+        ("low  (ρ < 1−ε, A < 0)", pct(r.clip.low)),
+        ("high (ρ > 1+ε, A > 0)", pct(r.clip.high)),
+        ("region (low or high)", pct(r.clip.region)),
+        ("outside [1−ε, 1+ε]", pct(r.clip.outside_range)),
+    ]
+    if r.clip.dual_clip_lower is not None:
+        clip_rows.append((f"dual clip (A < 0, ρ > {s.dual_clip:g})", pct(r.clip.dual_clip_lower)))
+    eps_text = f"ε = {s.clip_eps:g}" + (f", ε_high = {s.eps_high:g}" if s.clip_eps_high is not None else "")
+    parts.append(_kv_table(f"Clip fractions ({eps_text}, {s.ratio_level} ratio)", clip_rows))
+    ratio_dist = {"ratio ρ": r.ratio}
+    if r.kl is not None:
+        ratio_dist[f"KL {s.kl_estimator}"] = r.kl
+    parts.append(_dist_table("Importance ratio and KL per token", ratio_dist))
+    h = _table("Ratio histogram", box=box.SIMPLE)
+    h.add_column("ρ range", justify="right")
+    h.add_column("tokens", justify="right")
+    h.add_column("share", justify="right")
+    h.add_column("", justify="left")
+    total = sum(c for _, _, c in r.ratio_histogram)
+    for lo, hi, c in r.ratio_histogram:
+        h.add_row(f"[{lo:.4g}, {hi:.4g})", fmt(c), pct(c / total if total else 0.0), _bar(c, total))
+    parts.append(h)
+    if r.overflow_tokens or r.extreme_tokens:
+        parts.append(Text(f"{r.extreme_tokens:,} token(s) with |log-ratio| > 20; "
+                          f"{r.overflow_tokens:,} overflow to inf", style="bold red"))
+    count_rows = [
+        ("groups", fmt(r.groups)),
+        ("answers", fmt(r.answers)),
+        ("tokens", fmt(r.tokens)),
+        ("advantages from", r.advantages_source),
+        ("on-policy (no old_logp)", "yes" if r.on_policy else "no"),
+    ]
+    if r.group_summary is not None:
+        count_rows += _groups_rows(r.group_summary)[3:5]
+    parts.append(_kv_table("Counts", count_rows))
+    parts.append(_dist_table("Answer lengths and advantages",
+                             {"length": r.lengths, "advantage": r.advantage}, digits=5))
+    if compare:
+        parts.append(_compare_table(r))
+    for w in r.warnings:
+        parts.append(Text(f"note: {w}", style="yellow"))
+    return Group(*parts)
+
+
+def _compare_table(r: ObjectiveReport) -> RenderableType:
+    t = _table("Objective under every aggregation")
+    t.add_column("aggregation")
+    t.add_column("objective J", justify="right")
+    t.add_column("loss", justify="right")
+    for a in AGGREGATIONS:
+        mark = " ◀" if a == r.settings.agg else ""
+        t.add_row(a + mark, fmt(r.aggregations[a], 10), fmt(-r.aggregations[a], 10))
+    w = _table(f"Share of the objective one answer carries, by its length (L_max = {r.max_len})")
+    w.add_column("aggregation", no_wrap=True, min_width=23)
+    for row in r.length_weights:
+        w.add_column(f"{row['length']}={row['tokens']:.4g}", justify="right", no_wrap=True)
+    for a in AGGREGATIONS:
+        w.add_row(a, *(fmt(row[f"{a}/answer"], 3) for row in r.length_weights))
+    w.caption = ("seq-mean-token-mean gives every answer 1/N whatever its length; the others "
+                 "weight an answer in proportion to its length.")
+    w.caption_justify = "left"
+    return Group(t, w)

@@ -1,0 +1,540 @@
+"""Compute reports: load, run the kernels batch by batch into mergeable partials, merge.
+
+Each ``*_report`` function returns a frozen record; tables and JSON are two views of it
+(:mod:`grpo_cli._render`), and nothing is computed in rendering.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ._core import (
+    AGGREGATIONS,
+    GroupStats,
+    advantages_by_group,
+    group_stats,
+    kl_estimate,
+    segment_sum,
+    token_terms,
+)
+from ._io import Answers, Batch, Source, iter_batches, load_answers
+from ._settings import Settings
+from ._stats import IntCounts, Moments, Sketch
+from .errors import InputError, UsageError
+
+__all__ = [
+    "QUANTILES",
+    "AdvantagesReport",
+    "Distribution",
+    "GroupSummary",
+    "KLReport",
+    "ObjectiveReport",
+    "advantages_report",
+    "kl_report",
+    "objective_report",
+]
+
+F64 = NDArray[np.float64]
+I64 = NDArray[np.int64]
+Progress = Callable[[int], None]
+
+QUANTILES: dict[str, float] = {
+    "p01": 0.01, "p05": 0.05, "p25": 0.25, "p50": 0.5, "p75": 0.75, "p95": 0.95, "p99": 0.99,
+}
+_Q = np.array(list(QUANTILES.values()))
+
+# Fine histograms behind streamed quantiles (README "Quantile resolution").
+LOG_RATIO_BINS = (-20.0, 20.0, 400_000)  # width 1e-4 on log-ratios: Δ and logp − ref_logp
+ANSWER_BINS = (-10.0, 10.0, 2_000_000)  # width 1e-5 on per-answer means
+EXTREME_LOG_RATIO = 20.0  # |Δ| beyond this is "extreme" (verl / OpenRLHF clamp here)
+
+
+# ------------------------------------------------------------------------- records
+@dataclass(frozen=True)
+class Distribution:
+    """Summary of a distribution; ``exact`` says whether quantiles are exact or binned."""
+
+    count: int
+    mean: float | None
+    std: float | None
+    min: float | None
+    max: float | None
+    quantiles: dict[str, float]
+    exact: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "count": self.count, "mean": self.mean, "std": self.std,
+            "min": self.min, "max": self.max,
+        }
+        out.update(self.quantiles)
+        out["quantiles_exact"] = self.exact
+        return out
+
+
+def _distribution(m: Moments, s: Sketch | None, f: Callable[[F64], F64] | None = None
+                  ) -> Distribution:
+    qs: dict[str, float] = {}
+    if s is not None and s.n:
+        vals = s.quantiles(_Q, f)
+        assert vals is not None
+        qs = {k: float(v) for k, v in zip(QUANTILES, vals, strict=True)}
+    return Distribution(
+        count=m.n, mean=m.mean, std=m.std, min=m.min, max=m.max, quantiles=qs,
+        exact=True if s is None else s.is_exact,
+    )
+
+
+def _int_distribution(c: IntCounts) -> Distribution:
+    if c.n == 0:
+        return Distribution(0, None, None, None, None, {})
+    mean, std, lo, hi = c.moments()
+    vals = c.quantiles(_Q)
+    assert vals is not None
+    return Distribution(
+        count=c.n, mean=mean, std=std, min=float(lo), max=float(hi),
+        quantiles={k: float(v) for k, v in zip(QUANTILES, vals, strict=True)},
+    )
+
+
+def _values_distribution(x: F64) -> Distribution:
+    m = Moments().update(x)
+    qs = {k: float(v) for k, v in zip(QUANTILES, np.quantile(x, _Q), strict=True)} if x.size else {}
+    return Distribution(count=m.n, mean=m.mean, std=m.std, min=m.min, max=m.max, quantiles=qs)
+
+
+@dataclass(frozen=True)
+class GroupSummary:
+    """Group counts: how many groups carry no learning signal (zero reward variance)."""
+
+    groups: int
+    answers: int
+    zero_variance_groups: int
+    zero_variance_answers: int
+    singleton_groups: int
+    min_size: int
+    max_size: int
+
+    @property
+    def frac_zero_variance_groups(self) -> float:
+        return self.zero_variance_groups / self.groups if self.groups else 0.0
+
+    @property
+    def frac_zero_std_answers(self) -> float:
+        """TRL ``frac_reward_zero_std``: share of answers whose group std is zero."""
+        return self.zero_variance_answers / self.answers if self.answers else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "groups": self.groups,
+            "answers": self.answers,
+            "zero_variance_groups": self.zero_variance_groups,
+            "frac_zero_variance_groups": self.frac_zero_variance_groups,
+            "frac_zero_std_answers": self.frac_zero_std_answers,
+            "singleton_groups": self.singleton_groups,
+            "min_group_size": self.min_size,
+            "max_group_size": self.max_size,
+        }
+
+
+def _group_summary(stats: GroupStats) -> GroupSummary:
+    zero = stats.min == stats.max
+    return GroupSummary(
+        groups=int(stats.count.shape[0]),
+        answers=int(stats.count.sum()),
+        zero_variance_groups=int(zero.sum()),
+        zero_variance_answers=int(stats.count[zero].sum()),
+        singleton_groups=int((stats.count == 1).sum()),
+        min_size=int(stats.count.min()) if stats.count.size else 0,
+        max_size=int(stats.count.max()) if stats.count.size else 0,
+    )
+
+
+@dataclass(frozen=True)
+class AdvantagesReport:
+    """Advantages of every answer, with per-group statistics of the rewards."""
+
+    source: str
+    settings: Settings
+    summary: GroupSummary
+    labels: list[Any]
+    codes: I64
+    stats: GroupStats
+    advantages: F64
+    shape: tuple[int, int] | None
+    reward: Distribution
+    advantage: Distribution
+    logged_max_abs_diff: float | None  # vs the file's own advantages, when it has them
+
+
+@dataclass(frozen=True)
+class KLReport:
+    """Per-token KL estimate statistics and the distribution of per-answer mean KL."""
+
+    source: str
+    settings: Settings
+    answers: int
+    tokens: int
+    token: Distribution
+    per_answer: Distribution
+    lengths: Distribution
+
+
+@dataclass(frozen=True)
+class ClipFractions:
+    """Fractions of valid tokens (TRL / verl definitions, REFERENCE.md)."""
+
+    low: float
+    high: float
+    region: float
+    outside_range: float
+    dual_clip_lower: float | None
+    unit: str = "tokens"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "low": self.low, "high": self.high, "region": self.region,
+            "outside_range": self.outside_range, "dual_clip_lower": self.dual_clip_lower,
+            "unit": self.unit,
+        }
+
+
+@dataclass(frozen=True)
+class ObjectiveReport:
+    """Objective J, loss −J, its parts, and the training-health diagnostics of one batch."""
+
+    source: str
+    settings: Settings
+    objective: float
+    policy_term: float
+    kl_term: float
+    aggregations: dict[str, float]
+    groups: int | None
+    answers: int
+    tokens: int
+    max_len: int
+    on_policy: bool
+    advantages_source: str
+    clip: ClipFractions
+    ratio: Distribution
+    ratio_histogram: list[tuple[float, float, int]]
+    overflow_tokens: int
+    extreme_tokens: int
+    kl: Distribution | None
+    lengths: Distribution
+    advantage: Distribution
+    group_summary: GroupSummary | None
+    length_weights: list[dict[str, float]]
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def loss(self) -> float:
+        return -self.objective
+
+
+# ------------------------------------------------------------------------ advantages
+def _advantages(answers: Answers, settings: Settings, label: str) -> tuple[F64, GroupStats]:
+    if answers.reward is None or answers.codes is None or answers.labels is None:
+        raise InputError(f"{label}: rewards and group ids are needed to compute advantages")
+    P = len(answers.labels)
+    stats = group_stats(answers.reward, answers.codes, n_groups=P, ddof=settings.ddof)
+    adv = advantages_by_group(answers.reward, answers.codes, n_groups=P,
+                              **settings.advantage_kwargs())
+    return adv, stats
+
+
+def advantages_report(src: Source, settings: Settings) -> AdvantagesReport:
+    """Group-relative advantages of every answer of ``src`` (rewards and groups only)."""
+    answers = load_answers(src, need_rewards=True)
+    adv, stats = _advantages(answers, settings, src.label)
+    assert answers.codes is not None and answers.labels is not None and answers.reward is not None
+    diff = None
+    if answers.advantage is not None:
+        diff = float(np.max(np.abs(answers.advantage - adv))) if adv.size else 0.0
+    return AdvantagesReport(
+        source=src.label, settings=settings, summary=_group_summary(stats),
+        labels=answers.labels, codes=answers.codes, stats=stats, advantages=adv,
+        shape=answers.shape, reward=_values_distribution(answers.reward),
+        advantage=_values_distribution(adv), logged_max_abs_diff=diff,
+    )
+
+
+# ------------------------------------------------------------------- token partials
+class TokenPartial:
+    """Mergeable partial statistics of the per-token GRPO terms over a run of answers."""
+
+    def __init__(self, settings: Settings, *, exact_cap: int | None = None) -> None:
+        self.s = settings
+        cap = {} if exact_cap is None else {"exact_cap": exact_cap}
+        self.answers = 0
+        self.tokens = 0
+        self.max_width = 0
+        self.lengths = IntCounts()
+        # Σ_t v and Σ_i mean_t v, for v in term, policy, kl: all four aggregations follow.
+        self.sums = {k: np.zeros(2) for k in ("term", "policy", "kl")}
+        self.clip = np.zeros(5, dtype=np.int64)  # low, high, region, outside, dual_lower
+        self.overflow = 0
+        self.extreme = 0
+        self.ratio = Moments()
+        self.delta = Sketch(*LOG_RATIO_BINS, **cap)
+        self.kl = Moments()
+        self.kl_x = Sketch(*LOG_RATIO_BINS, **cap)  # x = logp − ref_logp; KL is f(x)
+        self.kl_answer = Moments()
+        self.kl_answer_q = Sketch(*ANSWER_BINS, **cap)
+
+    def _sums(self, key: str, v: F64, offsets: I64, lengths: I64) -> None:
+        self.sums[key] += (float(np.sum(v)), float(np.sum(segment_sum(v, offsets) / lengths)))
+
+    def update_kl(self, b: Batch) -> None:
+        """Statistics of the KL estimate alone (``grpo-cli kl``)."""
+        self._count(b)
+        lp, rp = b.fields["logp"], b.fields["ref_logp"]
+        k = kl_estimate(lp, rp, estimator=self.s.kl_estimator, clamp=self.s.kl_clamp,  # type: ignore[arg-type]
+                        log_ratio_clamp=self.s.log_ratio_clamp)
+        self._kl(k, lp - rp, b)
+
+    def _count(self, b: Batch) -> None:
+        self.answers += b.n
+        self.tokens += int(b.offsets[-1])
+        self.max_width = max(self.max_width, int(b.width.max()) if b.n else 0)
+        self.lengths.update(b.lengths)
+
+    def _kl(self, k: F64, x: F64, b: Batch) -> None:
+        lengths = b.lengths
+        self.kl.update(k)
+        self.kl_x.update(x)
+        per_answer = segment_sum(k, b.offsets) / lengths
+        self.kl_answer.update(per_answer)
+        self.kl_answer_q.update(per_answer)
+        self._sums("kl", k, b.offsets, lengths)
+
+    def update(self, b: Batch, adv: F64) -> None:
+        """Fold in a batch of answers with their advantages ``(b.n,)``."""
+        s = self.s
+        self._count(b)
+        lengths = b.lengths
+        terms = token_terms(
+            b.fields["logp"], b.fields.get("old_logp"), b.fields.get("ref_logp"), adv,
+            b.offsets, **s.term_kwargs(),
+        )
+        self._sums("term", terms.term, b.offsets, lengths)
+        self._sums("policy", terms.policy, b.offsets, lengths)
+        if terms.kl is not None:
+            self._kl(terms.kl, b.fields["logp"] - b.fields["ref_logp"], b)
+        # Clip fractions on the ratio the surrogate used.
+        r, a = terms.ratio, terms.adv
+        below, above = r < 1.0 - s.clip_eps, r > 1.0 + s.eps_high
+        low = below & (a < 0)
+        high = above & (a > 0)
+        dual = (a < 0) & (r > s.dual_clip) if s.dual_clip is not None else None
+        self.clip += (
+            int(low.sum()), int(high.sum()), int((low | high).sum()), int((below | above).sum()),
+            int(dual.sum()) if dual is not None else 0,
+        )
+        # Ratio distribution from the raw token log-ratio (before any clamp).
+        d = terms.delta
+        with np.errstate(over="ignore"):
+            self.ratio.update(np.exp(d))
+        self.delta.update(d)
+        self.overflow += int((d > math.log(np.finfo(np.float64).max)).sum())
+        self.extreme += int((np.abs(d) > EXTREME_LOG_RATIO).sum())
+
+    def merge(self, o: TokenPartial) -> TokenPartial:
+        self.answers += o.answers
+        self.tokens += o.tokens
+        self.max_width = max(self.max_width, o.max_width)
+        self.lengths.merge(o.lengths)
+        for k in self.sums:
+            self.sums[k] += o.sums[k]
+        self.clip += o.clip
+        self.overflow += o.overflow
+        self.extreme += o.extreme
+        self.ratio.merge(o.ratio)
+        self.delta.merge(o.delta)
+        self.kl.merge(o.kl)
+        self.kl_x.merge(o.kl_x)
+        self.kl_answer.merge(o.kl_answer)
+        self.kl_answer_q.merge(o.kl_answer_q)
+        return self
+
+    # ---- results
+    def aggregate(self, key: str, agg: str) -> float:
+        token_sum, mean_sum = (float(v) for v in self.sums[key])
+        n, t = self.answers, self.tokens
+        if agg == "seq-mean-token-mean":
+            return mean_sum / n
+        if agg == "token-mean":
+            return token_sum / t
+        if agg == "seq-mean-token-sum":
+            return token_sum / n
+        lmax = self.s.max_len if self.s.max_len is not None else self.max_width
+        return token_sum / lmax if self.s.norm_scale == "verl" else token_sum / (n * lmax)
+
+    def kl_function(self) -> Callable[[F64], F64]:
+        s = self.s
+
+        def f(x: F64) -> F64:
+            return kl_estimate(x, np.zeros_like(x), estimator=s.kl_estimator,  # type: ignore[arg-type]
+                               clamp=s.kl_clamp, log_ratio_clamp=s.log_ratio_clamp)
+
+        return f
+
+    def ratio_histogram(self) -> list[tuple[float, float, int]]:
+        lo, hi = self.s.clip_eps, self.s.eps_high
+        edges = [0.0, 1 - 2 * lo, 1 - lo, 1 - lo / 2, 1.0, 1 + hi / 2, 1 + hi, 1 + 2 * hi, math.inf]
+        edges = sorted({e for e in edges if e >= 0})
+        inner = np.log(np.array(edges[1:-1]))
+        if self.delta.is_exact:
+            x = np.concatenate(self.delta.exact) if self.delta.exact else np.zeros(0)
+            counts = np.bincount(np.searchsorted(inner, x, side="right"), minlength=len(edges) - 1)
+        else:
+            rep = self.delta.hist.representatives()
+            counts = np.bincount(np.searchsorted(inner, rep, side="right"),
+                                 weights=self.delta.hist.counts, minlength=len(edges) - 1)
+        return [(edges[i], edges[i + 1], int(counts[i])) for i in range(len(edges) - 1)]
+
+
+def _length_weights(p: TokenPartial) -> list[dict[str, float]]:
+    """Weight of one token, and of a whole answer, under each aggregation, by length."""
+    n, t = p.answers, p.tokens
+    lmax = p.s.max_len if p.s.max_len is not None else p.max_width
+    q = p.lengths.quantiles(np.array([0.0, 0.25, 0.5, 0.75, 1.0]))
+    assert q is not None
+    rows = []
+    for label, length in zip(("min", "p25", "p50", "p75", "max"), q, strict=True):
+        per_token = {
+            "seq-mean-token-mean": 1.0 / (n * length),
+            "token-mean": 1.0 / t,
+            "seq-mean-token-sum": 1.0 / n,
+            "seq-mean-token-sum-norm": (1.0 / lmax) if p.s.norm_scale == "verl" else 1.0 / (n * lmax),
+        }
+        row: dict[str, Any] = {"length": label, "tokens": float(length)}
+        for agg in AGGREGATIONS:
+            row[f"{agg}/token"] = per_token[agg]
+            row[f"{agg}/answer"] = per_token[agg] * length
+        rows.append(row)
+    return rows
+
+
+# ----------------------------------------------------------------------- KL command
+def kl_report(src: Source, settings: Settings, progress: Progress | None = None,
+              exact_cap: int | None = None) -> KLReport:
+    """Per-token KL estimate statistics of ``src`` (needs ``logp`` and ``ref_logp``)."""
+    for f in ("logp", "ref_logp"):
+        if not src.has(f):
+            raise InputError(f"{src.label}: {src.name(f)!r} is missing (the KL needs logp and "
+                             f"ref_logp; the file has: {', '.join(src.present)})")
+    acc = TokenPartial(settings, exact_cap=exact_cap)
+    for b in iter_batches(src, ["logp", "ref_logp"]):
+        acc.update_kl(b)
+        if progress:
+            progress(b.n)
+    return KLReport(
+        source=src.label, settings=settings, answers=acc.answers, tokens=acc.tokens,
+        token=_distribution(acc.kl, acc.kl_x, acc.kl_function()),
+        per_answer=_distribution(acc.kl_answer, acc.kl_answer_q),
+        lengths=_int_distribution(acc.lengths),
+    )
+
+
+# ---------------------------------------------------------------- objective command
+def objective_report(
+    src: Source,
+    settings: Settings,
+    progress: Progress | None = None,
+    exact_cap: int | None = None,
+    recompute_advantages: bool = False,
+) -> ObjectiveReport:
+    """The GRPO objective of ``src`` and its diagnostics, streamed batch by batch."""
+    warnings: list[str] = []
+    if not src.has("logp"):
+        raise InputError(f"{src.label}: {src.name('logp')!r} is missing "
+                         f"(the file has: {', '.join(src.present)})")
+    if settings.beta > 0 and not src.has("ref_logp"):
+        raise InputError(
+            f"{src.label}: {src.name('ref_logp')!r} is missing, but beta = {settings.beta} > 0 "
+            f"needs the reference log-probs (give them, or pass --beta 0)"
+        )
+    on_policy = not src.has("old_logp")
+    if on_policy:
+        warnings.append(f"no {src.name('old_logp')!r}: treating the batch as on-policy (ratio = 1)")
+
+    answers = load_answers(src, need_rewards=False)
+    stats = None
+    if answers.advantage is not None and not recompute_advantages:
+        adv, adv_source = answers.advantage, "file"
+        if answers.reward is not None and answers.codes is not None and answers.labels is not None:
+            stats = group_stats(answers.reward, answers.codes, n_groups=len(answers.labels),
+                                ddof=settings.ddof)
+    elif answers.reward is not None:
+        adv, stats = _advantages(answers, settings, src.label)
+        adv_source = "rewards"
+    else:
+        raise InputError(
+            f"{src.label}: neither {src.name('advantage')!r} nor {src.name('reward')!r} is present "
+            f"(the file has: {', '.join(src.present)})"
+        )
+
+    acc = TokenPartial(settings, exact_cap=exact_cap)
+    fields = ["logp", "old_logp", "ref_logp"]
+    for b in iter_batches(src, fields):
+        if b.start + b.n > adv.shape[0]:
+            raise InputError(f"{src.label}: more token rows than answers ({adv.shape[0]})")
+        acc.update(b, adv[b.start : b.start + b.n])
+        if progress:
+            progress(b.n)
+    if acc.answers != adv.shape[0]:
+        raise InputError(
+            f"{src.label}: {acc.answers} token rows but {adv.shape[0]} answers (rewards/advantages)"
+        )
+    if settings.agg == "seq-mean-token-sum-norm" and settings.max_len is not None \
+            and settings.max_len < acc.max_width:
+        raise UsageError(f"--max-len {settings.max_len} is shorter than the longest answer "
+                         f"({acc.max_width} tokens)")
+    return _objective_record(src, settings, acc, adv, adv_source, stats, on_policy, warnings)
+
+
+def _objective_record(src: Source, settings: Settings, acc: TokenPartial, adv: F64,
+                      adv_source: str, stats: GroupStats | None, on_policy: bool,
+                      warnings: list[str]) -> ObjectiveReport:
+    agg = settings.agg
+    objective = acc.aggregate("term", agg)
+    policy = acc.aggregate("policy", agg)
+    kl_term = settings.beta * acc.aggregate("kl", agg) if settings.beta else 0.0
+    t = max(acc.tokens, 1)
+    clip = ClipFractions(
+        low=acc.clip[0] / t, high=acc.clip[1] / t, region=acc.clip[2] / t,
+        outside_range=acc.clip[3] / t,
+        dual_clip_lower=acc.clip[4] / t if settings.dual_clip is not None else None,
+    )
+    if acc.overflow:
+        warnings.append(f"{acc.overflow} token(s) have a log-ratio above {math.log(np.finfo(float).max):.1f}: "
+                        f"their ratio overflows to inf")
+    if not math.isfinite(objective):
+        warnings.append("the objective is not finite (overflowing ratio or KL); "
+                        "see ratio.max and kl.max")
+    has_kl = acc.kl.n > 0
+    return ObjectiveReport(
+        source=src.label, settings=settings, objective=objective, policy_term=policy,
+        kl_term=kl_term,
+        aggregations={a: acc.aggregate("term", a) for a in AGGREGATIONS},
+        groups=int(stats.count.shape[0]) if stats is not None else None,
+        answers=acc.answers, tokens=acc.tokens,
+        max_len=settings.max_len if settings.max_len is not None else acc.max_width,
+        on_policy=on_policy, advantages_source=adv_source, clip=clip,
+        ratio=_distribution(acc.ratio, acc.delta, np.exp),
+        ratio_histogram=acc.ratio_histogram(),
+        overflow_tokens=acc.overflow, extreme_tokens=acc.extreme,
+        kl=_distribution(acc.kl, acc.kl_x, acc.kl_function()) if has_kl else None,
+        lengths=_int_distribution(acc.lengths),
+        advantage=_values_distribution(adv),
+        group_summary=_group_summary(stats) if stats is not None else None,
+        length_weights=_length_weights(acc),
+        warnings=warnings,
+    )

@@ -1,0 +1,291 @@
+"""The ``grpo-cli`` command line: parse options, call the library, render. Nothing more.
+
+Every :class:`~grpo_cli.errors.GrpoCliError` becomes one line on stderr and exit code 2
+(``check`` failures are exit code 1); stdout carries only tables or one JSON document.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from . import __version__
+from ._io import open_source, parse_column_map
+from ._render import (
+    advantages_json,
+    dumps,
+    kl_json,
+    objective_json,
+    render_advantages,
+    render_kl,
+    render_objective,
+)
+from ._report import advantages_report, kl_report, objective_report
+from ._sample import SampleSpec, write_sample
+from ._settings import OFF, PRESETS, Settings, resolve_settings
+from .errors import GrpoCliError, UsageError
+
+app = typer.Typer(
+    name="grpo-cli",
+    help="GRPO loss calculator and diagnostics for logged rollouts (npz or parquet).",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+
+
+# ----------------------------------------------------------------------- plumbing
+@contextmanager
+def _errors() -> Iterator[None]:
+    try:
+        yield
+    except GrpoCliError as exc:
+        typer.echo(f"grpo-cli: error: {exc}", err=True)
+        raise typer.Exit(exc.exit_code) from None
+
+
+def _stdout() -> Console:
+    return Console(soft_wrap=False, highlight=False)
+
+
+def _emit_json(doc: dict[str, Any]) -> None:
+    sys.stdout.write(dumps(doc) + "\n")
+
+
+def _note(text: str) -> None:
+    typer.echo(f"grpo-cli: note: {text}", err=True)
+
+
+def _optional(name: str, text: str | None) -> object:
+    """``--dual-clip 3`` → 3.0; ``--dual-clip off`` → OFF; absent → None (keep preset's)."""
+    if text is None:
+        return None
+    if text.strip().lower() in ("off", "none", "no"):
+        return OFF
+    try:
+        value = float(text)
+    except ValueError:
+        raise UsageError(f"--{name}: expected a number or 'off', got {text!r}") from None
+    if not math.isfinite(value):
+        raise UsageError(f"--{name}: expected a finite number, got {text!r}")
+    return value
+
+
+@contextmanager
+def _progress(enabled: bool, total: int | None, what: str) -> Iterator[Callable[[int], None] | None]:
+    if not enabled or not sys.stderr.isatty():
+        yield None
+        return
+    console = Console(stderr=True)
+    with Progress(TextColumn(what), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as prog:
+        task = prog.add_task(what, total=total)
+        yield lambda n: prog.advance(task, n)
+
+
+# ------------------------------------------------------------------------ options
+Files = Annotated[list[str], typer.Argument(help="Input: .npz or .parquet file(s), a directory, or a glob.", show_default=False)]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout instead of tables.")]
+ColumnOpt = Annotated[
+    list[str] | None,
+    typer.Option("--column", "-c", metavar="FIELD=NAME",
+                 help="Read FIELD (group, reward, advantage, logp, old_logp, ref_logp, mask) "
+                      "from the column/array NAME. Repeatable."),
+]
+PresetOpt = Annotated[str | None, typer.Option(help=f"Set every convention to a trainer's defaults: {', '.join(PRESETS)}.")]
+ScaleOpt = Annotated[str | None, typer.Option(help="Advantage scale: group (default), batch, none (Dr. GRPO).", show_default=False)]
+DdofOpt = Annotated[int | None, typer.Option(help="Std of rewards: 0 population (default), 1 sample.", show_default=False)]
+EpsOpt = Annotated[float | None, typer.Option(help="ε added to the reward std (default 1e-8).", show_default=False)]
+EstimatorOpt = Annotated[str | None, typer.Option(help="Advantage baseline: grpo (group mean, default) or rloo (leave-one-out).", show_default=False)]
+SingletonOpt = Annotated[str | None, typer.Option(help="Group of one answer: zero (A = 0, default) or raw (verl: A = r/(1+ε)).", show_default=False)]
+ClipOpt = Annotated[float | None, typer.Option(help="Clip range ε (ε_low), default 0.2.", show_default=False)]
+ClipHighOpt = Annotated[str | None, typer.Option(help="Upper clip ε_high (DAPO clip-higher); 'off' = ε.", show_default=False)]
+DualClipOpt = Annotated[str | None, typer.Option(help="Dual clip c > 1: for A < 0 the term is bounded below by c·A; 'off' to disable.", show_default=False)]
+RatioClampOpt = Annotated[str | None, typer.Option(help="Clamp log-ratios to [−X, X] before exp (verl/OpenRLHF: 20); 'off' to disable.", show_default=False)]
+RatioLevelOpt = Annotated[str | None, typer.Option(help="Importance ratio per token (default) or per sequence (GSPO).", show_default=False)]
+BetaOpt = Annotated[float | None, typer.Option(help="KL weight β, default 0.04.", show_default=False)]
+KLEstOpt = Annotated[str | None, typer.Option(help="KL estimator: k1, k2, k3 (default).", show_default=False)]
+KLClampOpt = Annotated[str | None, typer.Option(help="Clamp the KL estimate to [−X, X] (verl/OpenRLHF: 10); 'off' to disable.", show_default=False)]
+AggOpt = Annotated[str | None, typer.Option(help="Aggregation: seq-mean-token-mean (default), token-mean, seq-mean-token-sum, seq-mean-token-sum-norm.", show_default=False)]
+MaxLenOpt = Annotated[int | None, typer.Option(help="L_max for seq-mean-token-sum-norm (default: the longest answer).", show_default=False)]
+NormScaleOpt = Annotated[str | None, typer.Option(help="seq-mean-token-sum-norm divisor: trl (N·L_max, default) or verl (L_max).", show_default=False)]
+ProgressOpt = Annotated[bool, typer.Option("--progress/--no-progress", help="Progress bar on stderr (only when it is a terminal).")]
+
+
+def _settings(**kw: Any) -> Settings:
+    for name in ("clip_eps_high", "dual_clip", "log_ratio_clamp", "kl_clamp"):
+        kw[name] = _optional(name.replace("_", "-"), kw.get(name))
+    preset = kw.pop("preset", None)
+    return resolve_settings(preset, **kw)
+
+
+# ----------------------------------------------------------------------- commands
+@app.command()
+def advantages(
+    files: Files,
+    json_out: JsonOpt = False,
+    out: Annotated[Path | None, typer.Option(help="Write the advantages to this .npz or .parquet file.")] = None,
+    max_groups: Annotated[int, typer.Option(help="Groups shown in the table.")] = 20,
+    column: ColumnOpt = None,
+    preset: PresetOpt = None,
+    scale: ScaleOpt = None,
+    ddof: DdofOpt = None,
+    eps: EpsOpt = None,
+    estimator: EstimatorOpt = None,
+    singleton: SingletonOpt = None,
+) -> None:
+    """Group-relative advantages from rewards and group ids, with per-group statistics."""
+    with _errors():
+        settings = _settings(preset=preset, scale=scale, ddof=ddof, eps=eps, estimator=estimator,
+                             singleton=singleton)
+        src = open_source(files, parse_column_map(column))
+        report = advantages_report(src, settings)
+        if out is not None:
+            _write_advantages(out, report)
+        if json_out:
+            _emit_json(advantages_json(report))
+        else:
+            _stdout().print(render_advantages(report, max_groups=max_groups))
+
+
+def _write_advantages(out: Path, report: Any) -> None:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    suffix = out.suffix.lower()
+    try:
+        if suffix == ".npz":
+            adv = report.advantages.reshape(report.shape) if report.shape else report.advantages
+            np.savez(out, advantages=adv)
+        elif suffix in (".parquet", ".pq"):
+            labels = [report.labels[c] for c in report.codes.tolist()]
+            pq.write_table(pa.table({"group": labels, "advantage": report.advantages}), out)
+        else:
+            raise UsageError(f"--out {out}: the file must end in .npz or .parquet")
+    except OSError as exc:
+        raise UsageError(f"--out {out}: cannot write ({exc.strerror or exc})") from None
+
+
+@app.command()
+def kl(
+    files: Files,
+    json_out: JsonOpt = False,
+    column: ColumnOpt = None,
+    preset: PresetOpt = None,
+    kl_estimator: KLEstOpt = None,
+    kl_clamp: KLClampOpt = None,
+    log_ratio_clamp: RatioClampOpt = None,
+    progress: ProgressOpt = True,
+) -> None:
+    """KL(π_θ ‖ π_ref) estimate per token: statistics, quantiles, per-answer distribution."""
+    with _errors():
+        settings = _settings(preset=preset, kl_estimator=kl_estimator, kl_clamp=kl_clamp,
+                             log_ratio_clamp=log_ratio_clamp)
+        src = open_source(files, parse_column_map(column))
+        with _progress(progress, None, "kl") as tick:
+            report = kl_report(src, settings, progress=tick)
+        if json_out:
+            _emit_json(kl_json(report))
+        else:
+            _stdout().print(render_kl(report))
+
+
+@app.command()
+def objective(
+    files: Files,
+    json_out: JsonOpt = False,
+    compare: Annotated[bool, typer.Option("--compare", help="Show the objective under every aggregation and each answer's weight by length.")] = False,
+    recompute_advantages: Annotated[bool, typer.Option("--recompute-advantages", help="Ignore the file's advantages; compute them from rewards and groups.")] = False,
+    column: ColumnOpt = None,
+    preset: PresetOpt = None,
+    clip_eps: ClipOpt = None,
+    clip_eps_high: ClipHighOpt = None,
+    dual_clip: DualClipOpt = None,
+    log_ratio_clamp: RatioClampOpt = None,
+    ratio_level: RatioLevelOpt = None,
+    beta: BetaOpt = None,
+    kl_estimator: KLEstOpt = None,
+    kl_clamp: KLClampOpt = None,
+    agg: AggOpt = None,
+    max_len: MaxLenOpt = None,
+    norm_scale: NormScaleOpt = None,
+    scale: ScaleOpt = None,
+    ddof: DdofOpt = None,
+    eps: EpsOpt = None,
+    estimator: EstimatorOpt = None,
+    singleton: SingletonOpt = None,
+    progress: ProgressOpt = True,
+) -> None:
+    """GRPO objective J, loss −J, its policy and KL parts, clip fractions, ratio and KL stats."""
+    with _errors():
+        settings = _settings(
+            preset=preset, clip_eps=clip_eps, clip_eps_high=clip_eps_high, dual_clip=dual_clip,
+            log_ratio_clamp=log_ratio_clamp, ratio_level=ratio_level, beta=beta,
+            kl_estimator=kl_estimator, kl_clamp=kl_clamp, agg=agg, max_len=max_len,
+            norm_scale=norm_scale, scale=scale, ddof=ddof, eps=eps, estimator=estimator,
+            singleton=singleton,
+        )
+        src = open_source(files, parse_column_map(column))
+        with _progress(progress, None, "objective") as tick:
+            report = objective_report(src, settings, progress=tick,
+                                      recompute_advantages=recompute_advantages)
+        for w in report.warnings:
+            _note(w)
+        if json_out:
+            _emit_json(objective_json(report))
+        else:
+            _stdout().print(render_objective(report, compare=compare))
+
+
+@app.command()
+def sample(
+    out: Annotated[Path, typer.Argument(help="Output file, .parquet (streamed, ragged) or .npz (padded).")],
+    groups: Annotated[int, typer.Option(help="Number of groups (prompts).")] = 64,
+    group_size: Annotated[int, typer.Option(help="Answers per group.")] = 8,
+    mean_len: Annotated[int, typer.Option(help="Mean answer length in tokens (log-normal).")] = 200,
+    max_len: Annotated[int | None, typer.Option(help="Longest answer (default 8 × mean).")] = None,
+    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+    rewards_only: Annotated[bool, typer.Option("--rewards-only", help=".npz only: write just rewards (P, G).")] = False,
+) -> None:
+    """Write synthetic GRPO rollouts of any size (for demos, tests and benchmarks)."""
+    with _errors():
+        if rewards_only and out.suffix.lower() != ".npz":
+            raise UsageError("--rewards-only writes .npz files only")
+        spec = SampleSpec(groups=groups, group_size=group_size, mean_len=mean_len,
+                          max_len=max_len, seed=seed, rewards_only=rewards_only)
+        try:
+            n, t = write_sample(out, spec)
+        except OSError as exc:
+            raise UsageError(f"{out}: cannot write ({exc.strerror or exc})") from None
+        typer.echo(f"wrote {out}: {n:,} answers, {t:,} tokens", err=True)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"grpo-cli {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Show the version and exit.")] = False,
+) -> None:
+    """GRPO loss calculator and diagnostics for logged rollouts."""
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        app()
+    except BrokenPipeError:  # `grpo-cli ... | head`
+        sys.stderr.close()
+        sys.exit(0)
