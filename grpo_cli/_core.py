@@ -479,7 +479,7 @@ def aggregate(
     Example:
         >>> off = np.array([0, 1, 4])
         >>> [aggregate(np.ones(4), off, agg=a) for a in AGGREGATIONS]
-        [1.0, 1.0, 2.0, 0.5]
+        [1.0, 1.0, 2.0, 0.6666666666666666]
     """
     lengths = np.diff(offsets)
     n = lengths.shape[0]

@@ -1,0 +1,284 @@
+"""Kernels: hand-worked cases, "reduces to" identities, and properties (hypothesis)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from grpo_cli import (
+    AGGREGATIONS,
+    InputError,
+    advantages_by_group,
+    aggregate,
+    clipped_surrogate,
+    flatten_padded,
+    group_advantages,
+    grpo_objective,
+    kl_estimate,
+    kl_k3,
+    segment_sum,
+    token_terms,
+)
+
+from .conftest import reference_objective
+
+# ------------------------------------------------------------------------ advantages
+
+
+def test_zero_variance_group_is_exactly_zero_even_for_inexact_floats() -> None:
+    # 0.1 * 3 / 3 != 0.1 in float64: a naive std leaves a residual that eps turns into noise.
+    r = np.array([[0.1, 0.1, 0.1], [0.7, 0.7, 0.7]], dtype=np.float32).astype(np.float64)
+    out = group_advantages(r, eps=1e-12)
+    assert (out == 0.0).all()
+
+
+def test_group_advantages_sum_to_zero_and_unit_population_std() -> None:
+    rng = np.random.default_rng(0)
+    r = rng.normal(size=(5, 7))
+    a = group_advantages(r, eps=0.0)
+    np.testing.assert_allclose(a.sum(axis=1), 0.0, atol=1e-12)
+    np.testing.assert_allclose(a.std(axis=1), 1.0, rtol=1e-12)
+
+
+def test_advantages_labels_need_not_be_adjacent() -> None:
+    r = np.array([1.0, 10.0, 3.0, 30.0])
+    codes = np.array([0, 1, 0, 1])
+    a = advantages_by_group(r, codes)
+    # group 0 = {1, 3}: mean 2, std 1; group 1 = {10, 30}: mean 20, std 10.
+    np.testing.assert_allclose(a, [-1 / (1 + 1e-8), -10 / (10 + 1e-8), 1 / (1 + 1e-8),
+                                   10 / (10 + 1e-8)], rtol=1e-15)
+
+
+def test_sample_std_ddof1() -> None:
+    a = advantages_by_group([0.0, 1.0, 2.0], [0, 0, 0], ddof=1, eps=0.0)
+    np.testing.assert_allclose(a, [-1.0, 0.0, 1.0])  # sample std of {0,1,2} is 1
+
+
+def test_batch_scale_uses_std_of_all_rewards_mean_per_group() -> None:
+    r = np.array([0.0, 2.0, 10.0, 14.0])
+    codes = np.array([0, 0, 1, 1])
+    a = advantages_by_group(r, codes, scale="batch", eps=0.0)
+    s = np.std(r)  # population std of all four
+    np.testing.assert_allclose(a, [-1 / s, 1 / s, -2 / s, 2 / s], rtol=1e-15)
+
+
+def test_scale_none_is_dr_grpo_centring_only() -> None:
+    a = advantages_by_group([1.0, 3.0, 8.0], [0, 0, 0], scale="none")
+    np.testing.assert_allclose(a, [-3.0, -1.0, 4.0])
+
+
+def test_rloo_is_g_over_g_minus_1_times_centred() -> None:
+    rng = np.random.default_rng(1)
+    r = rng.normal(size=20)
+    codes = np.repeat(np.arange(4), 5)
+    a = advantages_by_group(r, codes, estimator="rloo", scale="none")
+    centred = r - np.repeat(r.reshape(4, 5).mean(axis=1), 5)
+    np.testing.assert_allclose(a, 5 / 4 * centred, rtol=1e-12, atol=1e-14)
+    # and by its definition: r_i minus the mean of the other four
+    i = 7
+    others = np.delete(r[5:10], 2)
+    assert math.isclose(a[i], r[i] - others.mean(), rel_tol=1e-12)
+
+
+def test_singletons_zero_or_verl_raw() -> None:
+    r, codes = np.array([5.0, 1.0, 2.0]), np.array([0, 1, 1])
+    assert advantages_by_group(r, codes)[0] == 0.0
+    raw = advantages_by_group(r, codes, singleton="raw", ddof=1, eps=1e-6)
+    assert raw[0] == 5.0 / (1 + 1e-6)  # verl: mean 0, std 1
+
+
+@given(
+    hnp.arrays(np.float64, st.tuples(st.integers(1, 4), st.integers(2, 6)),
+               elements=st.floats(-100, 100)),
+    st.floats(-50, 50),
+    st.floats(0.1, 10),
+)
+def test_advantages_shift_and_scale_invariant(r: np.ndarray, shift: float, scale: float) -> None:
+    a = group_advantages(r, eps=0.0)
+    b = group_advantages(r * scale + shift, eps=0.0)
+    # rows whose rewards are all equal stay 0 in both; elsewhere invariance holds up to rounding
+    spread = r.max(axis=1) - r.min(axis=1)
+    ok = spread > 1e-6 * (1 + np.abs(r).max(axis=1))
+    np.testing.assert_allclose(a[ok], b[ok], atol=1e-6)
+
+
+# ------------------------------------------------------------------------------- KL
+def test_kl_estimators_by_hand() -> None:
+    lp, ref = np.array([-1.0, -2.0]), np.array([-1.5, -1.0])  # x = 0.5, -1
+    np.testing.assert_array_equal(kl_estimate(lp, ref, estimator="k1"), [0.5, -1.0])
+    np.testing.assert_array_equal(kl_estimate(lp, ref, estimator="k2"), [0.125, 0.5])
+    np.testing.assert_allclose(kl_estimate(lp, ref, estimator="k3"),
+                               [math.exp(-0.5) + 0.5 - 1, math.exp(1.0) - 1 - 1], rtol=1e-15)
+
+
+def test_kl_clamps() -> None:
+    lp, ref = np.array([-40.0]), np.array([-1.0])  # d = ref - logp = 39
+    assert kl_estimate(lp, ref, clamp=10.0)[0] == 10.0
+    clamped = kl_estimate(lp, ref, log_ratio_clamp=20.0)[0]
+    assert clamped == math.exp(20.0) - 20.0 - 1.0
+
+
+def test_k3_zero_when_policies_agree_and_nonnegative() -> None:
+    x = np.linspace(-5, 0, 11)
+    assert (kl_k3(x, x) == 0).all()
+    assert (kl_k3(x, x[::-1]) >= 0).all()
+
+
+def test_k3_overflow_is_inf_not_nan() -> None:
+    k = kl_k3(np.array([-800.0]), np.array([-1.0]))
+    assert k[0] == np.inf
+
+
+# ---------------------------------------------------------------------- surrogate
+def test_clip_higher_and_dual_clip_by_hand() -> None:
+    r = np.array([1.25, 1.25, 5.0, 5.0, 0.5])
+    a = np.array([1.0, -1.0, -1.0, 1.0, -1.0])
+    # eps_low 0.2, eps_high 0.28: 1.25 < 1.28 is not clipped for A > 0.
+    out = clipped_surrogate(r, a, clip_eps=0.2, clip_eps_high=0.28)
+    np.testing.assert_allclose(out, [1.25, -1.25, -5.0, 1.28, -0.8])
+    dual = clipped_surrogate(r, a, clip_eps=0.2, clip_eps_high=0.28, dual_clip=3.0)
+    np.testing.assert_allclose(dual, [1.25, -1.25, -3.0, 1.28, -0.8])
+
+
+@given(hnp.arrays(np.float64, 20, elements=st.floats(0, 50)),
+       hnp.arrays(np.float64, 20, elements=st.floats(-5, 5)))
+def test_dual_clip_never_changes_nonnegative_advantages(r: np.ndarray, a: np.ndarray) -> None:
+    plain = clipped_surrogate(r, a)
+    dual = clipped_surrogate(r, a, dual_clip=3.0)
+    keep = a >= 0
+    np.testing.assert_array_equal(plain[keep], dual[keep])
+    assert (dual[~keep] >= 3.0 * a[~keep]).all()
+
+
+@given(hnp.arrays(np.float64, 20, elements=st.floats(0, 50)),
+       hnp.arrays(np.float64, 20, elements=st.floats(-5, 5)))
+def test_huge_clip_eps_is_unclipped_surrogate(r: np.ndarray, a: np.ndarray) -> None:
+    np.testing.assert_array_equal(clipped_surrogate(r, a, clip_eps=1e9), r * a)
+
+
+def test_overflowing_ratio_with_zero_advantage_is_zero_not_nan() -> None:
+    out = clipped_surrogate(np.array([np.inf, np.inf, np.inf]), np.array([0.0, 1.0, -1.0]))
+    assert out[0] == 0.0 and out[1] == 1.2 and out[2] == -np.inf
+
+
+def test_sequence_ratio_equals_token_ratio_for_one_token_answers() -> None:
+    rng = np.random.default_rng(3)
+    lp, olp = rng.normal(size=6), rng.normal(size=6)
+    off = np.arange(7)
+    adv = rng.normal(size=6)
+    a = token_terms(lp, olp, None, adv, off, beta=0.0)
+    b = token_terms(lp, olp, None, adv, off, beta=0.0, ratio_level="sequence")
+    np.testing.assert_array_equal(a.term, b.term)
+
+
+def test_sequence_ratio_is_geometric_mean_by_hand() -> None:
+    lp = np.array([-1.0, -1.0])
+    olp = np.array([-1.2, -0.9])  # Δ = 0.2, -0.1 → mean 0.05
+    t = token_terms(lp, olp, None, np.array([1.0]), np.array([0, 2]), beta=0.0,
+                    ratio_level="sequence")
+    np.testing.assert_allclose(t.ratio, [math.exp(0.05)] * 2, rtol=1e-15)
+
+
+# ---------------------------------------------------------------------- aggregation
+def test_aggregations_by_hand() -> None:
+    v = np.array([1.0, 2.0, 3.0, 4.0, 6.0])
+    off = np.array([0, 2, 5])  # answers: [1, 2] and [3, 4, 6]
+    assert aggregate(v, off, agg="seq-mean-token-mean") == (1.5 + 13 / 3) / 2
+    assert aggregate(v, off, agg="token-mean") == 16 / 5
+    assert aggregate(v, off, agg="seq-mean-token-sum") == 16 / 2
+    assert aggregate(v, off, agg="seq-mean-token-sum-norm") == 16 / (2 * 3)
+    assert aggregate(v, off, agg="seq-mean-token-sum-norm", max_len=8) == 16 / 16
+
+
+def test_token_mean_equals_seq_mean_when_lengths_equal() -> None:
+    rng = np.random.default_rng(4)
+    v = rng.normal(size=24)
+    off = np.arange(0, 25, 6)
+    assert math.isclose(aggregate(v, off, agg="token-mean"),
+                        aggregate(v, off, agg="seq-mean-token-mean"), rel_tol=1e-12)
+
+
+def test_segment_sum_handles_empty_segments() -> None:
+    np.testing.assert_array_equal(segment_sum(np.array([1.0, 2.0]), np.array([0, 0, 2, 2])),
+                                  [0.0, 3.0, 0.0])
+
+
+# ------------------------------------------------------------------------ properties
+@st.composite
+def padded_batches(draw: st.DrawFn) -> tuple[np.ndarray, ...]:
+    n = draw(st.integers(1, 6))
+    L = draw(st.integers(1, 8))
+    lengths = draw(hnp.arrays(np.int64, n, elements=st.integers(1, L)))
+    mask = np.arange(L)[None, :] < lengths[:, None]
+    floats = st.floats(-6, 0)
+    lp = draw(hnp.arrays(np.float64, (n, L), elements=floats))
+    olp = draw(hnp.arrays(np.float64, (n, L), elements=floats))
+    rlp = draw(hnp.arrays(np.float64, (n, L), elements=floats))
+    adv = draw(hnp.arrays(np.float64, n, elements=st.floats(-3, 3)))
+    return lp, olp, rlp, adv, mask
+
+
+@settings(max_examples=150, deadline=None)
+@given(padded_batches(), st.floats(-1e6, 1e6), st.floats(0, 0.5), st.floats(0, 0.2))
+def test_objective_matches_reference_and_ignores_padding(
+    b: tuple[np.ndarray, ...], fill: float, clip_eps: float, beta: float
+) -> None:
+    lp, olp, rlp, adv, mask = b
+    copies = [x.copy() for x in b]
+    j = grpo_objective(lp, olp, rlp, adv, mask, clip_eps=clip_eps, beta=beta)
+    # inputs never mutated
+    for x, c in zip(b, copies, strict=True):
+        np.testing.assert_array_equal(x, c)
+    ref = reference_objective(lp, olp, rlp, adv, mask, clip_eps, beta)
+    assert math.isclose(j, ref, rel_tol=1e-12, abs_tol=1e-12)
+    # padding may hold any finite value
+    pads = [np.where(mask, x, fill) for x in (lp, olp, rlp)]
+    assert grpo_objective(*pads, adv, mask, clip_eps=clip_eps, beta=beta) == j
+
+
+@given(padded_batches())
+def test_ragged_equals_padded(b: tuple[np.ndarray, ...]) -> None:
+    lp, olp, rlp, adv, mask = b
+    off, (flp, folp, frlp) = flatten_padded(mask, lp, olp, rlp)
+    t = token_terms(flp, folp, frlp, adv, off)
+    assert aggregate(t.term, off) == grpo_objective(lp, olp, rlp, adv, mask)
+
+
+def test_float32_inputs_accumulate_in_float64() -> None:
+    rng = np.random.default_rng(5)
+    lp = -rng.exponential(size=(4, 5)).astype(np.float32)
+    olp = (lp + rng.normal(0, 0.1, size=(4, 5))).astype(np.float32)
+    mask = np.ones((4, 5), bool)
+    adv = np.array([1.0, -1.0, 0.5, 0.0], dtype=np.float32)
+    j32 = grpo_objective(lp, olp, lp, adv, mask)
+    j64 = grpo_objective(lp.astype(np.float64), olp.astype(np.float64), lp.astype(np.float64),
+                         adv.astype(np.float64), mask)
+    assert j32 == j64
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "msg"),
+    [
+        ({"mask": np.array([[True, False], [False, False]])}, "answer 1 has no valid token"),
+        ({"advantages": np.array([1.0])}, "advantages: expected shape (2,)"),
+        ({"logp": np.zeros((2, 3))}, "same shape"),
+        ({"mask": np.array([[1, 2], [1, 1]])}, "0/1"),
+        ({"logp": np.array([["a", "b"], ["c", "d"]])}, "real-valued"),
+    ],
+)
+def test_library_contract_errors(kwargs: dict[str, np.ndarray], msg: str) -> None:
+    args = {"logp": np.zeros((2, 2)), "old_logp": np.zeros((2, 2)), "ref_logp": np.zeros((2, 2)),
+            "advantages": np.ones(2), "mask": np.ones((2, 2), bool)}
+    args.update(kwargs)
+    with pytest.raises(InputError, match=msg.replace("(", r"\(").replace(")", r"\)")):
+        grpo_objective(**args)
+
+
+def test_every_aggregation_is_listed() -> None:
+    assert AGGREGATIONS == ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum",
+                            "seq-mean-token-sum-norm")
