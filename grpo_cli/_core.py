@@ -27,13 +27,13 @@ from .errors import InputError, UsageError
 
 __all__ = [
     "AGGREGATIONS",
-    "Aggregation",
     "AdvantageEstimator",
+    "Aggregation",
+    "GroupStats",
     "KLEstimator",
     "RatioLevel",
     "Scale",
     "Singleton",
-    "GroupStats",
     "TokenTerms",
     "advantages_by_group",
     "aggregate",
@@ -140,9 +140,7 @@ def segment_mean(values: F64, offsets: I64) -> F64:
     return segment_sum(values, offsets) / np.diff(offsets)
 
 
-def flatten_padded(
-    mask: NDArray[np.bool_], *fields: F64
-) -> tuple[I64, list[F64]]:
+def flatten_padded(mask: NDArray[np.bool_], *fields: F64) -> tuple[I64, list[F64]]:
     """Drop padding: ``(N, L)`` fields plus mask to ragged ``(T,)`` fields and offsets.
 
     Row-major selection keeps answer ``i``'s tokens in order, in its own run. The
@@ -185,8 +183,8 @@ def group_stats(rewards: F64, codes: I64, *, n_groups: int, ddof: int = 0) -> Gr
         ([2.0, 5.0], [1.0, 0.0])
     """
     P = n_groups
-    count = np.bincount(codes, minlength=P)
-    total = np.bincount(codes, weights=rewards, minlength=P)
+    count = np.bincount(codes, minlength=P).astype(np.int64)
+    total = np.bincount(codes, weights=rewards, minlength=P).astype(np.float64)
     mean = np.divide(total, count, out=np.zeros(P), where=count > 0)
     dev = rewards - mean[codes]
     sq = np.bincount(codes, weights=dev * dev, minlength=P)

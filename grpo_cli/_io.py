@@ -69,7 +69,9 @@ def parse_column_map(items: Sequence[str] | None) -> dict[str, str]:
         if not sep or not field or not name:
             raise UsageError(f"--column {item!r}: expected FIELD=NAME, e.g. logp=log_probs")
         if field not in FIELDS:
-            raise UsageError(f"--column {item!r}: unknown field {field!r}; fields: {', '.join(FIELDS)}")
+            raise UsageError(
+                f"--column {item!r}: unknown field {field!r}; fields: {', '.join(FIELDS)}"
+            )
         out[field] = name
     return out
 
@@ -86,8 +88,13 @@ class Source:
     present: tuple[str, ...] = ()  # every column/array name the input has
 
     def name(self, field: str) -> str:
+        """The column/array holding ``field``, or the name it would have by default."""
         col = self.columns.get(field)
-        return col if col is not None else field
+        if col is not None:
+            return col
+        if self.kind == "npz" and field in ("reward", "advantage"):
+            return field + "s"  # npz arrays: rewards (P, G) or (N,), advantages (N,)
+        return field
 
     def has(self, field: str) -> bool:
         return self.columns.get(field) is not None
@@ -287,8 +294,9 @@ def _npz_answers(src: Source, need_rewards: bool) -> Answers:
             )
         bad = np.flatnonzero(~np.isfinite(r))
         if bad.size:
-            raise InputError(f"{path}: array {rname!r} has non-finite value {r[bad[0]]} "
-                             f"at answer {int(bad[0])}")
+            raise InputError(
+                f"{path}: array {rname!r} has non-finite value {r[bad[0]]} at answer {int(bad[0])}"
+            )
     n = r.shape[0] if r is not None else n_tokens
     a = None
     if adv is not None:
@@ -299,11 +307,14 @@ def _npz_answers(src: Source, need_rewards: bool) -> Answers:
             raise InputError(f"{path}: array {aname!r} has shape {adv.shape}, expected ({n},)")
         bad = np.flatnonzero(~np.isfinite(a))
         if bad.size:
-            raise InputError(f"{path}: array {aname!r} has non-finite value at answer {int(bad[0])}")
+            raise InputError(
+                f"{path}: array {aname!r} has non-finite value at answer {int(bad[0])}"
+            )
         n = a.shape[0]
     if need_rewards and r is None:
-        raise InputError(f"{path}: array {rname!r} is missing "
-                         f"(the file has: {', '.join(src.present)})")
+        raise InputError(
+            f"{path}: array {rname!r} is missing (the file has: {', '.join(src.present)})"
+        )
     if n is None:
         raise InputError(f"{path}: no {rname!r}, {aname!r} or {src.name('logp')!r} array found")
     if n_tokens is not None and n_tokens != n:
@@ -321,9 +332,13 @@ def _npz_getter(z: Any, src: Source) -> Any:
         try:
             return np.asarray(z[name])
         except ValueError as exc:  # object arrays need pickle: refuse
-            raise InputError(f"{src.paths[0]}: array {name!r} cannot be loaded ({_why(exc)})") from None
+            raise InputError(
+                f"{src.paths[0]}: array {name!r} cannot be loaded ({_why(exc)})"
+            ) from None
         except Exception as exc:
-            raise InputError(f"{src.paths[0]}: array {name!r} is unreadable ({_why(exc)})") from None
+            raise InputError(
+                f"{src.paths[0]}: array {name!r} is unreadable ({_why(exc)})"
+            ) from None
 
     return get
 
@@ -342,18 +357,23 @@ def _parquet_answers(src: Source, need_rewards: bool) -> Answers:
             except Exception as exc:
                 raise InputError(f"{p}: cannot read columns {cols} ({_why(exc)})") from None
     if need_rewards and not src.has("reward"):
-        raise InputError(f"{src.label}: column {src.name('reward')!r} is missing "
-                         f"(the file has: {', '.join(src.present)})")
+        raise InputError(
+            f"{src.label}: column {src.name('reward')!r} is missing "
+            f"(the file has: {', '.join(src.present)})"
+        )
     table = pa.concat_tables(tables) if tables else None
     codes = labels = r = a = None
     if table is not None and src.has("reward"):
         name = src.name("reward")
         r = _float_column(table.column(name), src.label, name)
         if not src.has("group"):
-            raise InputError(f"{src.label}: column {src.name('group')!r} is missing "
-                             f"(every answer needs its group id)")
-        codes, labels = _encode_groups(table.column(src.name("group")), src.label,
-                                       f"column {src.name('group')!r}")
+            raise InputError(
+                f"{src.label}: column {src.name('group')!r} is missing "
+                f"(every answer needs its group id)"
+            )
+        codes, labels = _encode_groups(
+            table.column(src.name("group")), src.label, f"column {src.name('group')!r}"
+        )
     if table is not None and src.has("advantage"):
         a = _float_column(table.column(src.name("advantage")), src.label, src.name("advantage"))
     return Answers(n=n_rows, codes=codes, labels=labels, reward=r, advantage=a, shape=None)
@@ -369,7 +389,9 @@ def _float_column(col: pa.ChunkedArray, label: str, name: str) -> F64:
     x = np.asarray(col.to_numpy(), dtype=np.float64)
     bad = np.flatnonzero(~np.isfinite(x))
     if bad.size:
-        raise InputError(f"{label}: column {name!r} has non-finite value {x[bad[0]]} at row {int(bad[0])}")
+        raise InputError(
+            f"{label}: column {name!r} has non-finite value {x[bad[0]]} at row {int(bad[0])}"
+        )
     return x
 
 
@@ -423,7 +445,9 @@ def _npz_batches(src: Source, wanted: list[str]) -> Iterator[Batch]:
     for f, arr in raw.items():
         assert arr is not None
         if arr.ndim != 2:
-            raise InputError(f"{path}: array {src.name(f)!r} has shape {arr.shape}, expected (N, L)")
+            raise InputError(
+                f"{path}: array {src.name(f)!r} has shape {arr.shape}, expected (N, L)"
+            )
         if arr.shape != ref_shape:
             raise InputError(
                 f"{path}: array {src.name(f)!r} has shape {arr.shape}, "
@@ -432,7 +456,9 @@ def _npz_batches(src: Source, wanted: list[str]) -> Iterator[Batch]:
         if arr.dtype == np.bool_ or not (
             np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)
         ):
-            raise InputError(f"{path}: array {src.name(f)!r} has dtype {arr.dtype}, expected floats")
+            raise InputError(
+                f"{path}: array {src.name(f)!r} has dtype {arr.dtype}, expected floats"
+            )
     N, L = ref_shape
     if mask_raw is None:
         mask = np.ones(ref_shape, dtype=np.bool_)
@@ -440,7 +466,8 @@ def _npz_batches(src: Source, wanted: list[str]) -> Iterator[Batch]:
         mname = src.name("mask")
         if mask_raw.shape != ref_shape:
             raise InputError(
-                f"{path}: array {mname!r} has shape {mask_raw.shape}, but {ref_name!r} has {ref_shape}"
+                f"{path}: array {mname!r} has shape {mask_raw.shape}, "
+                f"but {ref_name!r} has {ref_shape}"
             )
         mask = _mask_values(mask_raw, str(path), f"array {mname!r}")
     empty = np.flatnonzero(~mask.any(axis=1))
@@ -468,14 +495,22 @@ def _mask_values(m: np.ndarray, label: str, what: str) -> NDArray[np.bool_]:
         ok = (m == 0) | (m == 1)
         if not ok.all():
             bad = np.argwhere(~ok)[0]
-            raise InputError(f"{label}: {what} holds {m[tuple(bad)]} at {tuple(int(i) for i in bad)}; "
-                             f"expected booleans or 0/1")
+            raise InputError(
+                f"{label}: {what} holds {m[tuple(bad)]} at {tuple(int(i) for i in bad)}; "
+                f"expected booleans or 0/1"
+            )
         return m.astype(np.bool_)
     raise InputError(f"{label}: {what} has dtype {m.dtype}, expected booleans or 0/1")
 
 
 def _check_finite(
-    v: F64, offsets: I64, start: int, label: str, what: str, positions: Any = None
+    v: F64,
+    offsets: I64,
+    start: int,
+    label: str,
+    what: str,
+    positions: Any = None,
+    unit: str = "answer",
 ) -> None:
     finite = np.isfinite(v)
     if finite.all():
@@ -487,7 +522,7 @@ def _check_finite(
     else:
         t = k - int(offsets[i])
     raise InputError(
-        f"{label}: {what} has {v[k]} inside the mask at answer {start + i}, token {t} "
+        f"{label}: {what} has {v[k]} inside the mask at {unit} {start + i}, token {t} "
         f"({int((~finite).sum())} non-finite valid token(s) in all)"
     )
 
@@ -530,15 +565,22 @@ def _parquet_batches(src: Source, wanted: list[str], batch_tokens: int) -> Itera
             raise InputError(f"{p}: cannot read token columns {cols} ({_why(exc)})") from None
 
 
-def _list_column(arr: pa.Array, label: str, name: str, row0: int, *, boolean: bool = False
-                 ) -> tuple[I64, np.ndarray]:
+def _list_column(
+    arr: pa.Array, label: str, name: str, row0: int, *, boolean: bool = False
+) -> tuple[I64, np.ndarray]:
     t = arr.type
     if not (pa.types.is_list(t) or pa.types.is_large_list(t)):
-        raise InputError(f"{label}: column {name!r} has type {t}, expected a list column "
-                         f"(one list of per-token values per answer)")
+        raise InputError(
+            f"{label}: column {name!r} has type {t}, expected a list column "
+            f"(one list of per-token values per answer)"
+        )
     vt = t.value_type
-    ok = pa.types.is_boolean(vt) or pa.types.is_integer(vt) or (
-        not boolean and pa.types.is_floating(vt)) or (boolean and pa.types.is_floating(vt))
+    ok = (
+        pa.types.is_boolean(vt)
+        or pa.types.is_integer(vt)
+        or (not boolean and pa.types.is_floating(vt))
+        or (boolean and pa.types.is_floating(vt))
+    )
     if not ok:
         raise InputError(f"{label}: column {name!r} holds {vt} values, expected numbers")
     if not boolean and pa.types.is_boolean(vt):
@@ -551,8 +593,10 @@ def _list_column(arr: pa.Array, label: str, name: str, row0: int, *, boolean: bo
     if values.null_count:
         k = int(np.flatnonzero(np.asarray(values.is_null()))[0])
         i = int(np.searchsorted(off - off[0], k, side="right") - 1)
-        raise InputError(f"{label}: column {name!r} has a null value at row {row0 + i}, "
-                         f"token {k - int(off[i] - off[0])}")
+        raise InputError(
+            f"{label}: column {name!r} has a null value at row {row0 + i}, "
+            f"token {k - int(off[i] - off[0])}"
+        )
     off = off - off[0]
     if pa.types.is_boolean(vt):
         vals = np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.bool_)
@@ -603,27 +647,30 @@ def _record_batch(
         v = flats[f] if m is None else flats[f][m]
         v = v.astype(np.float64, copy=False)
         if m is None:
-            _check_finite(v, new_offsets, start, label, f"column {name!r}")
+            _check_finite(v, new_offsets, start, label, f"column {name!r}", unit="row")
         else:
             _check_finite_masked(flats[f], m, offsets, start, label, name)
         out[f] = v
     return Batch(start=start, offsets=new_offsets, fields=out, width=width)
 
 
-def _check_finite_masked(raw: np.ndarray, m: np.ndarray, offsets: I64, start: int, label: str,
-                         name: str) -> None:
+def _check_finite_masked(
+    raw: np.ndarray, m: np.ndarray, offsets: I64, start: int, label: str, name: str
+) -> None:
     bad = ~np.isfinite(raw) & m
     if bad.any():
         k = int(np.flatnonzero(bad)[0])
         i = int(np.searchsorted(offsets, k, side="right") - 1)
         raise InputError(
             f"{label}: column {name!r} has {raw[k]} inside the mask at row {start + i}, "
-            f"token {k - int(offsets[i])} ({int(bad.sum())} non-finite valid token(s) in this batch)"
+            f"token {k - int(offsets[i])} "
+            f"({int(bad.sum())} non-finite valid token(s) in this batch)"
         )
 
 
-def _raise_length_mismatch(off: I64, ref: I64, label: str, name: str, ref_name: str, start: int
-                           ) -> None:
+def _raise_length_mismatch(
+    off: I64, ref: I64, label: str, name: str, ref_name: str, start: int
+) -> None:
     a, b = np.diff(off), np.diff(ref)
     i = int(np.flatnonzero(a != b)[0])
     raise InputError(

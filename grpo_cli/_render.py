@@ -71,11 +71,24 @@ def advantages_json(r: AdvantagesReport) -> dict[str, Any]:
     adv = r.advantages.reshape(r.shape) if r.shape is not None else r.advantages
     st = r.stats
     groups = [
-        {"id": gid, "size": int(c), "mean": float(m), "std": float(s), "min": float(lo),
-         "max": float(hi), "zero_variance": bool(lo == hi)}
-        for gid, c, m, s, lo, hi in zip(r.labels, st.count.tolist(), st.mean.tolist(),
-                                         st.std.tolist(), st.min.tolist(), st.max.tolist(),
-                                         strict=True)
+        {
+            "id": gid,
+            "size": int(c),
+            "mean": float(m),
+            "std": float(s),
+            "min": float(lo),
+            "max": float(hi),
+            "zero_variance": bool(lo == hi),
+        }
+        for gid, c, m, s, lo, hi in zip(
+            r.labels,
+            st.count.tolist(),
+            st.mean.tolist(),
+            st.std.tolist(),
+            st.min.tolist(),
+            st.max.tolist(),
+            strict=True,
+        )
     ]
     return {
         "schema_version": SCHEMA_VERSION,
@@ -96,8 +109,9 @@ def kl_json(r: KLReport) -> dict[str, Any]:
         "schema_version": SCHEMA_VERSION,
         "command": "kl",
         "source": r.source,
-        "settings": {k: r.settings.to_json()[k]
-                     for k in ("kl_estimator", "kl_clamp", "log_ratio_clamp")},
+        "settings": {
+            k: r.settings.to_json()[k] for k in ("kl_estimator", "kl_clamp", "log_ratio_clamp")
+        },
         "counts": {"answers": r.answers, "tokens": r.tokens},
         "kl": r.token.to_json(),
         "kl_per_answer": r.per_answer.to_json(),
@@ -199,8 +213,14 @@ def _groups_rows(g: GroupSummary) -> list[tuple[str, str]]:
     return [
         ("groups", fmt(g.groups)),
         ("answers", fmt(g.answers)),
-        ("group size", f"{g.min_size}" if g.min_size == g.max_size else f"{g.min_size}-{g.max_size}"),
-        ("zero-variance groups", f"{fmt(g.zero_variance_groups)} ({pct(g.frac_zero_variance_groups)})"),
+        (
+            "group size",
+            f"{g.min_size}" if g.min_size == g.max_size else f"{g.min_size}-{g.max_size}",
+        ),
+        (
+            "zero-variance groups",
+            f"{fmt(g.zero_variance_groups)} ({pct(g.frac_zero_variance_groups)})",
+        ),
         ("answers with zero group std", pct(g.frac_zero_std_answers)),
         ("singleton groups", fmt(g.singleton_groups)),
     ]
@@ -208,13 +228,27 @@ def _groups_rows(g: GroupSummary) -> list[tuple[str, str]]:
 
 def render_advantages(r: AdvantagesReport, max_groups: int = 20) -> RenderableType:
     s = r.settings
-    title = (f"Group advantages  (scale {s.scale}, ddof {s.ddof}, eps {s.eps:g}, "
-             f"estimator {s.estimator})")
+    title = (
+        f"Group advantages  (scale {s.scale}, ddof {s.ddof}, eps {s.eps:g}, "
+        f"estimator {s.estimator})"
+    )
     t = _table(title)
-    for c, j in (("group", "left"), ("size", "right"), ("mean", "right"), ("std", "right"),
-                 ("min", "right"), ("max", "right"), ("0-var", "center")):
-        t.add_column(c, justify=j, no_wrap=True, min_width=len(c),  # type: ignore[arg-type]
-                     max_width=20 if c == "group" else None)
+    for c, j in (
+        ("group", "left"),
+        ("size", "right"),
+        ("mean", "right"),
+        ("std", "right"),
+        ("min", "right"),
+        ("max", "right"),
+        ("0-var", "center"),
+    ):
+        t.add_column(
+            c,
+            justify=j,  # type: ignore[arg-type]
+            no_wrap=True,
+            min_width=len(c),
+            max_width=20 if c == "group" else None,
+        )
     t.add_column("advantages (row order)", no_wrap=True, overflow="ellipsis", max_width=29)
     P = len(r.labels)
     order = np.argsort(r.codes, kind="stable")
@@ -226,8 +260,16 @@ def render_advantages(r: AdvantagesReport, max_groups: int = 20) -> RenderableTy
         head = " ".join(f"{a:+.2f}" for a in adv[:16]) + (" …" if adv.size > 16 else "")
         st = r.stats
         zero = bool(st.min[g] == st.max[g])
-        t.add_row(str(r.labels[g]), str(int(st.count[g])), fmt(st.mean[g], 4), fmt(st.std[g], 4),
-                  fmt(st.min[g], 4), fmt(st.max[g], 4), "yes" if zero else "", head)
+        t.add_row(
+            str(r.labels[g]),
+            str(int(st.count[g])),
+            fmt(st.mean[g], 4),
+            fmt(st.std[g], 4),
+            fmt(st.min[g], 4),
+            fmt(st.max[g], 4),
+            "yes" if zero else "",
+            head,
+        )
     if shown < P:
         t.caption = f"{shown} of {P:,} groups shown (--max-groups; --json lists all)"
         t.caption_justify = "left"
@@ -242,7 +284,8 @@ def render_advantages(r: AdvantagesReport, max_groups: int = 20) -> RenderableTy
 def render_kl(r: KLReport) -> RenderableType:
     s = r.settings
     title = f"KL estimate {s.kl_estimator} per token" + (
-        f" (clamped to ±{s.kl_clamp:g})" if s.kl_clamp is not None else "")
+        f" (clamped to ±{s.kl_clamp:g})" if s.kl_clamp is not None else ""
+    )
     counts = _kv_table("Counts", [("answers", fmt(r.answers)), ("tokens", fmt(r.tokens))])
     dist = _dist_table(title, {"per token": r.token, "per-answer mean": r.per_answer})
     lengths = _dist_table("Answer lengths (valid tokens)", {"length": r.lengths}, digits=5)
@@ -260,8 +303,11 @@ def _bar(count: int, total: int, width: int = 30) -> str:
 def render_objective(r: ObjectiveReport, compare: bool = False) -> RenderableType:
     s = r.settings
     parts: list[RenderableType] = [_settings_line(r)]
-    kl_part = (f"β·KL = {s.beta:g} × {fmt(r.kl_term / s.beta if s.beta else 0.0)}"
-               if s.beta else "β = 0: no KL term")
+    kl_part = (
+        f"β·KL = {s.beta:g} × {fmt(r.kl_term / s.beta if s.beta else 0.0)}"
+        if s.beta
+        else "β = 0: no KL term"
+    )
     main = _kv_table(
         f"GRPO objective  (aggregation {s.agg})",
         [
@@ -273,10 +319,14 @@ def render_objective(r: ObjectiveReport, compare: bool = False) -> RenderableTyp
         ],
     )
     parts.append(main)
-    parts.append(Text(
-        "J = policy term − KL term. The loss is negative whenever the policy term exceeds the "
-        "KL term, and near 0 on-policy because advantages cancel within a group; its gradient "
-        "still learns.\n", style="dim"))
+    parts.append(
+        Text(
+            "J = policy term − KL term. The loss is negative whenever the policy term exceeds the "
+            "KL term, and near 0 on-policy because advantages cancel within a group; its gradient "
+            "still learns.\n",
+            style="dim",
+        )
+    )
     clip_rows = [
         ("low  (ρ < 1−ε, A < 0)", pct(r.clip.low)),
         ("high (ρ > 1+ε, A > 0)", pct(r.clip.high)),
@@ -285,7 +335,9 @@ def render_objective(r: ObjectiveReport, compare: bool = False) -> RenderableTyp
     ]
     if r.clip.dual_clip_lower is not None:
         clip_rows.append((f"dual clip (A < 0, ρ > {s.dual_clip:g})", pct(r.clip.dual_clip_lower)))
-    eps_text = f"ε = {s.clip_eps:g}" + (f", ε_high = {s.eps_high:g}" if s.clip_eps_high is not None else "")
+    eps_text = f"ε = {s.clip_eps:g}" + (
+        f", ε_high = {s.eps_high:g}" if s.clip_eps_high is not None else ""
+    )
     parts.append(_kv_table(f"Clip fractions ({eps_text}, {s.ratio_level} ratio)", clip_rows))
     ratio_dist = {"ratio ρ": r.ratio}
     if r.kl is not None:
@@ -301,8 +353,13 @@ def render_objective(r: ObjectiveReport, compare: bool = False) -> RenderableTyp
         h.add_row(f"[{lo:.4g}, {hi:.4g})", fmt(c), pct(c / total if total else 0.0), _bar(c, total))
     parts.append(h)
     if r.overflow_tokens or r.extreme_tokens:
-        parts.append(Text(f"{r.extreme_tokens:,} token(s) with |log-ratio| > 20; "
-                          f"{r.overflow_tokens:,} overflow to inf", style="bold red"))
+        parts.append(
+            Text(
+                f"{r.extreme_tokens:,} token(s) with |log-ratio| > 20; "
+                f"{r.overflow_tokens:,} overflow to inf",
+                style="bold red",
+            )
+        )
     count_rows = [
         ("groups", fmt(r.groups)),
         ("answers", fmt(r.answers)),
@@ -313,8 +370,13 @@ def render_objective(r: ObjectiveReport, compare: bool = False) -> RenderableTyp
     if r.group_summary is not None:
         count_rows += _groups_rows(r.group_summary)[3:5]
     parts.append(_kv_table("Counts", count_rows))
-    parts.append(_dist_table("Answer lengths and advantages",
-                             {"length": r.lengths, "advantage": r.advantage}, digits=5))
+    parts.append(
+        _dist_table(
+            "Answer lengths and advantages",
+            {"length": r.lengths, "advantage": r.advantage},
+            digits=5,
+        )
+    )
     if compare:
         parts.append(_compare_table(r))
     for w in r.warnings:
@@ -336,7 +398,9 @@ def _compare_table(r: ObjectiveReport) -> RenderableType:
         w.add_column(f"{row['length']}={row['tokens']:.4g}", justify="right", no_wrap=True)
     for a in AGGREGATIONS:
         w.add_row(a, *(fmt(row[f"{a}/answer"], 3) for row in r.length_weights))
-    w.caption = ("seq-mean-token-mean gives every answer 1/N whatever its length; the others "
-                 "weight an answer in proportion to its length.")
+    w.caption = (
+        "seq-mean-token-mean gives every answer 1/N whatever its length; the others "
+        "weight an answer in proportion to its length."
+    )
     w.caption_justify = "left"
     return Group(t, w)

@@ -45,7 +45,13 @@ I64 = NDArray[np.int64]
 Progress = Callable[[int], None]
 
 QUANTILES: dict[str, float] = {
-    "p01": 0.01, "p05": 0.05, "p25": 0.25, "p50": 0.5, "p75": 0.75, "p95": 0.95, "p99": 0.99,
+    "p01": 0.01,
+    "p05": 0.05,
+    "p25": 0.25,
+    "p50": 0.5,
+    "p75": 0.75,
+    "p95": 0.95,
+    "p99": 0.99,
 }
 _Q = np.array(list(QUANTILES.values()))
 
@@ -70,23 +76,32 @@ class Distribution:
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "count": self.count, "mean": self.mean, "std": self.std,
-            "min": self.min, "max": self.max,
+            "count": self.count,
+            "mean": self.mean,
+            "std": self.std,
+            "min": self.min,
+            "max": self.max,
         }
         out.update(self.quantiles)
         out["quantiles_exact"] = self.exact
         return out
 
 
-def _distribution(m: Moments, s: Sketch | None, f: Callable[[F64], F64] | None = None
-                  ) -> Distribution:
+def _distribution(
+    m: Moments, s: Sketch | None, f: Callable[[F64], F64] | None = None
+) -> Distribution:
     qs: dict[str, float] = {}
     if s is not None and s.n:
         vals = s.quantiles(_Q, f)
         assert vals is not None
         qs = {k: float(v) for k, v in zip(QUANTILES, vals, strict=True)}
     return Distribution(
-        count=m.n, mean=m.mean, std=m.std, min=m.min, max=m.max, quantiles=qs,
+        count=m.n,
+        mean=m.mean,
+        std=m.std,
+        min=m.min,
+        max=m.max,
+        quantiles=qs,
         exact=True if s is None else s.is_exact,
     )
 
@@ -98,7 +113,11 @@ def _int_distribution(c: IntCounts) -> Distribution:
     vals = c.quantiles(_Q)
     assert vals is not None
     return Distribution(
-        count=c.n, mean=mean, std=std, min=float(lo), max=float(hi),
+        count=c.n,
+        mean=mean,
+        std=std,
+        min=float(lo),
+        max=float(hi),
         quantiles={k: float(v) for k, v in zip(QUANTILES, vals, strict=True)},
     )
 
@@ -199,8 +218,11 @@ class ClipFractions:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "low": self.low, "high": self.high, "region": self.region,
-            "outside_range": self.outside_range, "dual_clip_lower": self.dual_clip_lower,
+            "low": self.low,
+            "high": self.high,
+            "region": self.region,
+            "outside_range": self.outside_range,
+            "dual_clip_lower": self.dual_clip_lower,
             "unit": self.unit,
         }
 
@@ -244,8 +266,9 @@ def _advantages(answers: Answers, settings: Settings, label: str) -> tuple[F64, 
         raise InputError(f"{label}: rewards and group ids are needed to compute advantages")
     P = len(answers.labels)
     stats = group_stats(answers.reward, answers.codes, n_groups=P, ddof=settings.ddof)
-    adv = advantages_by_group(answers.reward, answers.codes, n_groups=P,
-                              **settings.advantage_kwargs())
+    adv = advantages_by_group(
+        answers.reward, answers.codes, n_groups=P, **settings.advantage_kwargs()
+    )
     return adv, stats
 
 
@@ -258,10 +281,17 @@ def advantages_report(src: Source, settings: Settings) -> AdvantagesReport:
     if answers.advantage is not None:
         diff = float(np.max(np.abs(answers.advantage - adv))) if adv.size else 0.0
     return AdvantagesReport(
-        source=src.label, settings=settings, summary=_group_summary(stats),
-        labels=answers.labels, codes=answers.codes, stats=stats, advantages=adv,
-        shape=answers.shape, reward=_values_distribution(answers.reward),
-        advantage=_values_distribution(adv), logged_max_abs_diff=diff,
+        source=src.label,
+        settings=settings,
+        summary=_group_summary(stats),
+        labels=answers.labels,
+        codes=answers.codes,
+        stats=stats,
+        advantages=adv,
+        shape=answers.shape,
+        reward=_values_distribution(answers.reward),
+        advantage=_values_distribution(adv),
+        logged_max_abs_diff=diff,
     )
 
 
@@ -295,8 +325,13 @@ class TokenPartial:
         """Statistics of the KL estimate alone (``grpo-cli kl``)."""
         self._count(b)
         lp, rp = b.fields["logp"], b.fields["ref_logp"]
-        k = kl_estimate(lp, rp, estimator=self.s.kl_estimator, clamp=self.s.kl_clamp,  # type: ignore[arg-type]
-                        log_ratio_clamp=self.s.log_ratio_clamp)
+        k = kl_estimate(
+            lp,
+            rp,
+            estimator=self.s.kl_estimator,  # type: ignore[arg-type]
+            clamp=self.s.kl_clamp,
+            log_ratio_clamp=self.s.log_ratio_clamp,
+        )
         self._kl(k, lp - rp, b)
 
     def _count(self, b: Batch) -> None:
@@ -320,8 +355,12 @@ class TokenPartial:
         self._count(b)
         lengths = b.lengths
         terms = token_terms(
-            b.fields["logp"], b.fields.get("old_logp"), b.fields.get("ref_logp"), adv,
-            b.offsets, **s.term_kwargs(),
+            b.fields["logp"],
+            b.fields.get("old_logp"),
+            b.fields.get("ref_logp"),
+            adv,
+            b.offsets,
+            **s.term_kwargs(),
         )
         self._sums("term", terms.term, b.offsets, lengths)
         self._sums("policy", terms.policy, b.offsets, lengths)
@@ -334,7 +373,10 @@ class TokenPartial:
         high = above & (a > 0)
         dual = (a < 0) & (r > s.dual_clip) if s.dual_clip is not None else None
         self.clip += (
-            int(low.sum()), int(high.sum()), int((low | high).sum()), int((below | above).sum()),
+            int(low.sum()),
+            int(high.sum()),
+            int((low | high).sum()),
+            int((below | above).sum()),
             int(dual.sum()) if dual is not None else 0,
         )
         # Ratio distribution from the raw token log-ratio (before any clamp).
@@ -380,8 +422,13 @@ class TokenPartial:
         s = self.s
 
         def f(x: F64) -> F64:
-            return kl_estimate(x, np.zeros_like(x), estimator=s.kl_estimator,  # type: ignore[arg-type]
-                               clamp=s.kl_clamp, log_ratio_clamp=s.log_ratio_clamp)
+            return kl_estimate(
+                x,
+                np.zeros_like(x),
+                estimator=s.kl_estimator,  # type: ignore[arg-type]
+                clamp=s.kl_clamp,
+                log_ratio_clamp=s.log_ratio_clamp,
+            )
 
         return f
 
@@ -395,8 +442,11 @@ class TokenPartial:
             counts = np.bincount(np.searchsorted(inner, x, side="right"), minlength=len(edges) - 1)
         else:
             rep = self.delta.hist.representatives()
-            counts = np.bincount(np.searchsorted(inner, rep, side="right"),
-                                 weights=self.delta.hist.counts, minlength=len(edges) - 1)
+            counts = np.bincount(
+                np.searchsorted(inner, rep, side="right"),
+                weights=self.delta.hist.counts,
+                minlength=len(edges) - 1,
+            )
         return [(edges[i], edges[i + 1], int(counts[i])) for i in range(len(edges) - 1)]
 
 
@@ -412,7 +462,9 @@ def _length_weights(p: TokenPartial) -> list[dict[str, float]]:
             "seq-mean-token-mean": 1.0 / (n * length),
             "token-mean": 1.0 / t,
             "seq-mean-token-sum": 1.0 / n,
-            "seq-mean-token-sum-norm": (1.0 / lmax) if p.s.norm_scale == "verl" else 1.0 / (n * lmax),
+            "seq-mean-token-sum-norm": (1.0 / lmax)
+            if p.s.norm_scale == "verl"
+            else 1.0 / (n * lmax),
         }
         row: dict[str, Any] = {"length": label, "tokens": float(length)}
         for agg in AGGREGATIONS:
@@ -423,20 +475,26 @@ def _length_weights(p: TokenPartial) -> list[dict[str, float]]:
 
 
 # ----------------------------------------------------------------------- KL command
-def kl_report(src: Source, settings: Settings, progress: Progress | None = None,
-              exact_cap: int | None = None) -> KLReport:
+def kl_report(
+    src: Source, settings: Settings, progress: Progress | None = None, exact_cap: int | None = None
+) -> KLReport:
     """Per-token KL estimate statistics of ``src`` (needs ``logp`` and ``ref_logp``)."""
     for f in ("logp", "ref_logp"):
         if not src.has(f):
-            raise InputError(f"{src.label}: {src.name(f)!r} is missing (the KL needs logp and "
-                             f"ref_logp; the file has: {', '.join(src.present)})")
+            raise InputError(
+                f"{src.label}: {src.name(f)!r} is missing (the KL needs logp and "
+                f"ref_logp; the file has: {', '.join(src.present)})"
+            )
     acc = TokenPartial(settings, exact_cap=exact_cap)
     for b in iter_batches(src, ["logp", "ref_logp"]):
         acc.update_kl(b)
         if progress:
             progress(b.n)
     return KLReport(
-        source=src.label, settings=settings, answers=acc.answers, tokens=acc.tokens,
+        source=src.label,
+        settings=settings,
+        answers=acc.answers,
+        tokens=acc.tokens,
         token=_distribution(acc.kl, acc.kl_x, acc.kl_function()),
         per_answer=_distribution(acc.kl_answer, acc.kl_answer_q),
         lengths=_int_distribution(acc.lengths),
@@ -454,8 +512,9 @@ def objective_report(
     """The GRPO objective of ``src`` and its diagnostics, streamed batch by batch."""
     warnings: list[str] = []
     if not src.has("logp"):
-        raise InputError(f"{src.label}: {src.name('logp')!r} is missing "
-                         f"(the file has: {', '.join(src.present)})")
+        raise InputError(
+            f"{src.label}: {src.name('logp')!r} is missing (the file has: {', '.join(src.present)})"
+        )
     if settings.beta > 0 and not src.has("ref_logp"):
         raise InputError(
             f"{src.label}: {src.name('ref_logp')!r} is missing, but beta = {settings.beta} > 0 "
@@ -470,8 +529,9 @@ def objective_report(
     if answers.advantage is not None and not recompute_advantages:
         adv, adv_source = answers.advantage, "file"
         if answers.reward is not None and answers.codes is not None and answers.labels is not None:
-            stats = group_stats(answers.reward, answers.codes, n_groups=len(answers.labels),
-                                ddof=settings.ddof)
+            stats = group_stats(
+                answers.reward, answers.codes, n_groups=len(answers.labels), ddof=settings.ddof
+            )
     elif answers.reward is not None:
         adv, stats = _advantages(answers, settings, src.label)
         adv_source = "rewards"
@@ -493,44 +553,68 @@ def objective_report(
         raise InputError(
             f"{src.label}: {acc.answers} token rows but {adv.shape[0]} answers (rewards/advantages)"
         )
-    if settings.agg == "seq-mean-token-sum-norm" and settings.max_len is not None \
-            and settings.max_len < acc.max_width:
-        raise UsageError(f"--max-len {settings.max_len} is shorter than the longest answer "
-                         f"({acc.max_width} tokens)")
+    if (
+        settings.agg == "seq-mean-token-sum-norm"
+        and settings.max_len is not None
+        and settings.max_len < acc.max_width
+    ):
+        raise UsageError(
+            f"--max-len {settings.max_len} is shorter than the longest answer "
+            f"({acc.max_width} tokens)"
+        )
     return _objective_record(src, settings, acc, adv, adv_source, stats, on_policy, warnings)
 
 
-def _objective_record(src: Source, settings: Settings, acc: TokenPartial, adv: F64,
-                      adv_source: str, stats: GroupStats | None, on_policy: bool,
-                      warnings: list[str]) -> ObjectiveReport:
+def _objective_record(
+    src: Source,
+    settings: Settings,
+    acc: TokenPartial,
+    adv: F64,
+    adv_source: str,
+    stats: GroupStats | None,
+    on_policy: bool,
+    warnings: list[str],
+) -> ObjectiveReport:
     agg = settings.agg
     objective = acc.aggregate("term", agg)
     policy = acc.aggregate("policy", agg)
     kl_term = settings.beta * acc.aggregate("kl", agg) if settings.beta else 0.0
     t = max(acc.tokens, 1)
     clip = ClipFractions(
-        low=acc.clip[0] / t, high=acc.clip[1] / t, region=acc.clip[2] / t,
+        low=acc.clip[0] / t,
+        high=acc.clip[1] / t,
+        region=acc.clip[2] / t,
         outside_range=acc.clip[3] / t,
         dual_clip_lower=acc.clip[4] / t if settings.dual_clip is not None else None,
     )
     if acc.overflow:
-        warnings.append(f"{acc.overflow} token(s) have a log-ratio above {math.log(np.finfo(float).max):.1f}: "
-                        f"their ratio overflows to inf")
+        warnings.append(
+            f"{acc.overflow} token(s) have a log-ratio above {math.log(np.finfo(float).max):.1f}: "
+            f"their ratio overflows to inf"
+        )
     if not math.isfinite(objective):
-        warnings.append("the objective is not finite (overflowing ratio or KL); "
-                        "see ratio.max and kl.max")
+        warnings.append(
+            "the objective is not finite (overflowing ratio or KL); see ratio.max and kl.max"
+        )
     has_kl = acc.kl.n > 0
     return ObjectiveReport(
-        source=src.label, settings=settings, objective=objective, policy_term=policy,
+        source=src.label,
+        settings=settings,
+        objective=objective,
+        policy_term=policy,
         kl_term=kl_term,
         aggregations={a: acc.aggregate("term", a) for a in AGGREGATIONS},
         groups=int(stats.count.shape[0]) if stats is not None else None,
-        answers=acc.answers, tokens=acc.tokens,
+        answers=acc.answers,
+        tokens=acc.tokens,
         max_len=settings.max_len if settings.max_len is not None else acc.max_width,
-        on_policy=on_policy, advantages_source=adv_source, clip=clip,
+        on_policy=on_policy,
+        advantages_source=adv_source,
+        clip=clip,
         ratio=_distribution(acc.ratio, acc.delta, np.exp),
         ratio_histogram=acc.ratio_histogram(),
-        overflow_tokens=acc.overflow, extreme_tokens=acc.extreme,
+        overflow_tokens=acc.overflow,
+        extreme_tokens=acc.extreme,
         kl=_distribution(acc.kl, acc.kl_x, acc.kl_function()) if has_kl else None,
         lengths=_int_distribution(acc.lengths),
         advantage=_values_distribution(adv),

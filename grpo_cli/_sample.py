@@ -57,8 +57,9 @@ def generate_chunks(spec: SampleSpec, groups_per_chunk: int = 2048) -> Iterator[
         lengths = np.clip(np.rint(rng.lognormal(mu, sigma, size=n)), 1, max_len).astype(np.int64)
         T = int(lengths.sum())
         # Sampler log-probs: most tokens confident, a heavy tail of unlikely ones.
-        old = -rng.exponential(0.35, size=T) - np.where(rng.random(T) < 0.03,
-                                                        rng.exponential(3.0, size=T), 0.0)
+        old = -rng.exponential(0.35, size=T) - np.where(
+            rng.random(T) < 0.03, rng.exponential(3.0, size=T), 0.0
+        )
         step = rng.normal(0.0, spec.drift, size=T)
         wild = rng.random(T) < 0.004  # a few tokens moved a lot: clipped
         step[wild] = rng.normal(0.0, 0.6, size=int(wild.sum()))
@@ -119,7 +120,8 @@ def write_sample(out: Path, spec: SampleSpec) -> tuple[int, int]:
     # npz: padded (N, L) arrays, rewards (P, G); the whole thing in memory.
     chunks = list(generate_chunks(spec))
     rewards = np.concatenate([np.asarray(c["reward"]) for c in chunks]).reshape(
-        spec.groups, spec.group_size)
+        spec.groups, spec.group_size
+    )
     if spec.rewards_only:
         np.savez_compressed(out, rewards=rewards)
         return rewards.size, 0

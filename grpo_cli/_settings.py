@@ -152,13 +152,23 @@ PRESETS: dict[str, Settings] = {
     "dr-grpo": Settings(preset="dr-grpo", scale="none", agg="seq-mean-token-sum-norm", beta=0.0),
     # DAPO: clip-higher 0.2/0.28, token-mean, no KL (built on verl: sample std, eps 1e-6).
     "dapo": Settings(
-        preset="dapo", ddof=1, eps=1e-6, clip_eps=0.2, clip_eps_high=0.28, agg="token-mean",
+        preset="dapo",
+        ddof=1,
+        eps=1e-6,
+        clip_eps=0.2,
+        clip_eps_high=0.28,
+        agg="token-mean",
         beta=0.0,
     ),
     # GSPO (as TRL runs it): sequence-level ratio, clip 3e-4/4e-4, no KL, seq-mean-token-mean.
     "gspo": Settings(
-        preset="gspo", ddof=1, eps=1e-4, ratio_level="sequence", clip_eps=3e-4,
-        clip_eps_high=4e-4, beta=0.0,
+        preset="gspo",
+        ddof=1,
+        eps=1e-4,
+        ratio_level="sequence",
+        clip_eps=3e-4,
+        clip_eps_high=4e-4,
+        beta=0.0,
     ),
 }
 
@@ -176,5 +186,7 @@ def resolve_settings(preset: str | None = None, **overrides: Any) -> Settings:
     unknown = set(overrides) - _FIELDS
     if unknown:
         raise UsageError(f"unknown setting(s): {', '.join(sorted(unknown))}")
-    given = {k: (None if v is OFF else v) for k, v in overrides.items() if v is not None}
+    given: dict[str, Any] = {
+        k: (None if v is OFF else v) for k, v in overrides.items() if v is not None
+    }
     return replace(base, **given).validate()

@@ -198,9 +198,7 @@ class Sketch:
             self.exact = None
         return self
 
-    def quantiles(
-        self, qs: F64, f: Callable[[F64], F64] | None = None
-    ) -> F64 | None:
+    def quantiles(self, qs: F64, f: Callable[[F64], F64] | None = None) -> F64 | None:
         if self.n == 0:
             return None
         if self.exact is not None:

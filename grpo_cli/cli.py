@@ -80,44 +80,142 @@ def _optional(name: str, text: str | None) -> object:
 
 
 @contextmanager
-def _progress(enabled: bool, total: int | None, what: str) -> Iterator[Callable[[int], None] | None]:
+def _progress(
+    enabled: bool, total: int | None, what: str
+) -> Iterator[Callable[[int], None] | None]:
     if not enabled or not sys.stderr.isatty():
         yield None
         return
     console = Console(stderr=True)
-    with Progress(TextColumn(what), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=True) as prog:
+    with Progress(
+        TextColumn(what),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as prog:
         task = prog.add_task(what, total=total)
         yield lambda n: prog.advance(task, n)
 
 
 # ------------------------------------------------------------------------ options
-Files = Annotated[list[str], typer.Argument(help="Input: .npz or .parquet file(s), a directory, or a glob.", show_default=False)]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout instead of tables.")]
+Files = Annotated[
+    list[str],
+    typer.Argument(
+        help="Input: .npz or .parquet file(s), a directory, or a glob.", show_default=False
+    ),
+]
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="Print one JSON document on stdout instead of tables.")
+]
 ColumnOpt = Annotated[
     list[str] | None,
-    typer.Option("--column", "-c", metavar="FIELD=NAME",
-                 help="Read FIELD (group, reward, advantage, logp, old_logp, ref_logp, mask) "
-                      "from the column/array NAME. Repeatable."),
+    typer.Option(
+        "--column",
+        "-c",
+        metavar="FIELD=NAME",
+        help="Read FIELD (group, reward, advantage, logp, old_logp, ref_logp, mask) "
+        "from the column/array NAME. Repeatable.",
+    ),
 ]
-PresetOpt = Annotated[str | None, typer.Option(help=f"Set every convention to a trainer's defaults: {', '.join(PRESETS)}.")]
-ScaleOpt = Annotated[str | None, typer.Option(help="Advantage scale: group (default), batch, none (Dr. GRPO).", show_default=False)]
-DdofOpt = Annotated[int | None, typer.Option(help="Std of rewards: 0 population (default), 1 sample.", show_default=False)]
-EpsOpt = Annotated[float | None, typer.Option(help="ε added to the reward std (default 1e-8).", show_default=False)]
-EstimatorOpt = Annotated[str | None, typer.Option(help="Advantage baseline: grpo (group mean, default) or rloo (leave-one-out).", show_default=False)]
-SingletonOpt = Annotated[str | None, typer.Option(help="Group of one answer: zero (A = 0, default) or raw (verl: A = r/(1+ε)).", show_default=False)]
-ClipOpt = Annotated[float | None, typer.Option(help="Clip range ε (ε_low), default 0.2.", show_default=False)]
-ClipHighOpt = Annotated[str | None, typer.Option(help="Upper clip ε_high (DAPO clip-higher); 'off' = ε.", show_default=False)]
-DualClipOpt = Annotated[str | None, typer.Option(help="Dual clip c > 1: for A < 0 the term is bounded below by c·A; 'off' to disable.", show_default=False)]
-RatioClampOpt = Annotated[str | None, typer.Option(help="Clamp log-ratios to [−X, X] before exp (verl/OpenRLHF: 20); 'off' to disable.", show_default=False)]
-RatioLevelOpt = Annotated[str | None, typer.Option(help="Importance ratio per token (default) or per sequence (GSPO).", show_default=False)]
-BetaOpt = Annotated[float | None, typer.Option(help="KL weight β, default 0.04.", show_default=False)]
-KLEstOpt = Annotated[str | None, typer.Option(help="KL estimator: k1, k2, k3 (default).", show_default=False)]
-KLClampOpt = Annotated[str | None, typer.Option(help="Clamp the KL estimate to [−X, X] (verl/OpenRLHF: 10); 'off' to disable.", show_default=False)]
-AggOpt = Annotated[str | None, typer.Option(help="Aggregation: seq-mean-token-mean (default), token-mean, seq-mean-token-sum, seq-mean-token-sum-norm.", show_default=False)]
-MaxLenOpt = Annotated[int | None, typer.Option(help="L_max for seq-mean-token-sum-norm (default: the longest answer).", show_default=False)]
-NormScaleOpt = Annotated[str | None, typer.Option(help="seq-mean-token-sum-norm divisor: trl (N·L_max, default) or verl (L_max).", show_default=False)]
-ProgressOpt = Annotated[bool, typer.Option("--progress/--no-progress", help="Progress bar on stderr (only when it is a terminal).")]
+PresetOpt = Annotated[
+    str | None,
+    typer.Option(help=f"Set every convention to a trainer's defaults: {', '.join(PRESETS)}."),
+]
+ScaleOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Advantage scale: group (default), batch, none (Dr. GRPO).", show_default=False
+    ),
+]
+DdofOpt = Annotated[
+    int | None,
+    typer.Option(help="Std of rewards: 0 population (default), 1 sample.", show_default=False),
+]
+EpsOpt = Annotated[
+    float | None, typer.Option(help="ε added to the reward std (default 1e-8).", show_default=False)
+]
+EstimatorOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Advantage baseline: grpo (group mean, default) or rloo (leave-one-out).",
+        show_default=False,
+    ),
+]
+SingletonOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Group of one answer: zero (A = 0, default) or raw (verl: A = r/(1+ε)).",
+        show_default=False,
+    ),
+]
+ClipOpt = Annotated[
+    float | None, typer.Option(help="Clip range ε (ε_low), default 0.2.", show_default=False)
+]
+ClipHighOpt = Annotated[
+    str | None,
+    typer.Option(help="Upper clip ε_high (DAPO clip-higher); 'off' = ε.", show_default=False),
+]
+DualClipOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Dual clip c > 1: for A < 0 the term is bounded below by c·A; 'off' to disable.",
+        show_default=False,
+    ),
+]
+RatioClampOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Clamp log-ratios to [−X, X] before exp (verl/OpenRLHF: 20); 'off' to disable.",
+        show_default=False,
+    ),
+]
+RatioLevelOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Importance ratio per token (default) or per sequence (GSPO).", show_default=False
+    ),
+]
+BetaOpt = Annotated[
+    float | None, typer.Option(help="KL weight β, default 0.04.", show_default=False)
+]
+KLEstOpt = Annotated[
+    str | None, typer.Option(help="KL estimator: k1, k2, k3 (default).", show_default=False)
+]
+KLClampOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Clamp the KL estimate to [−X, X] (verl/OpenRLHF: 10); 'off' to disable.",
+        show_default=False,
+    ),
+]
+AggOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Aggregation: seq-mean-token-mean (default), token-mean, seq-mean-token-sum, seq-mean-token-sum-norm.",
+        show_default=False,
+    ),
+]
+MaxLenOpt = Annotated[
+    int | None,
+    typer.Option(
+        help="L_max for seq-mean-token-sum-norm (default: the longest answer).", show_default=False
+    ),
+]
+NormScaleOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="seq-mean-token-sum-norm divisor: trl (N·L_max, default) or verl (L_max).",
+        show_default=False,
+    ),
+]
+ProgressOpt = Annotated[
+    bool,
+    typer.Option(
+        "--progress/--no-progress", help="Progress bar on stderr (only when it is a terminal)."
+    ),
+]
 
 
 def _settings(**kw: Any) -> Settings:
@@ -132,7 +230,9 @@ def _settings(**kw: Any) -> Settings:
 def advantages(
     files: Files,
     json_out: JsonOpt = False,
-    out: Annotated[Path | None, typer.Option(help="Write the advantages to this .npz or .parquet file.")] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Write the advantages to this .npz or .parquet file.")
+    ] = None,
     max_groups: Annotated[int, typer.Option(help="Groups shown in the table.")] = 20,
     column: ColumnOpt = None,
     preset: PresetOpt = None,
@@ -144,8 +244,9 @@ def advantages(
 ) -> None:
     """Group-relative advantages from rewards and group ids, with per-group statistics."""
     with _errors():
-        settings = _settings(preset=preset, scale=scale, ddof=ddof, eps=eps, estimator=estimator,
-                             singleton=singleton)
+        settings = _settings(
+            preset=preset, scale=scale, ddof=ddof, eps=eps, estimator=estimator, singleton=singleton
+        )
         src = open_source(files, parse_column_map(column))
         report = advantages_report(src, settings)
         if out is not None:
@@ -188,8 +289,12 @@ def kl(
 ) -> None:
     """KL(π_θ ‖ π_ref) estimate per token: statistics, quantiles, per-answer distribution."""
     with _errors():
-        settings = _settings(preset=preset, kl_estimator=kl_estimator, kl_clamp=kl_clamp,
-                             log_ratio_clamp=log_ratio_clamp)
+        settings = _settings(
+            preset=preset,
+            kl_estimator=kl_estimator,
+            kl_clamp=kl_clamp,
+            log_ratio_clamp=log_ratio_clamp,
+        )
         src = open_source(files, parse_column_map(column))
         with _progress(progress, None, "kl") as tick:
             report = kl_report(src, settings, progress=tick)
@@ -203,8 +308,20 @@ def kl(
 def objective(
     files: Files,
     json_out: JsonOpt = False,
-    compare: Annotated[bool, typer.Option("--compare", help="Show the objective under every aggregation and each answer's weight by length.")] = False,
-    recompute_advantages: Annotated[bool, typer.Option("--recompute-advantages", help="Ignore the file's advantages; compute them from rewards and groups.")] = False,
+    compare: Annotated[
+        bool,
+        typer.Option(
+            "--compare",
+            help="Show the objective under every aggregation and each answer's weight by length.",
+        ),
+    ] = False,
+    recompute_advantages: Annotated[
+        bool,
+        typer.Option(
+            "--recompute-advantages",
+            help="Ignore the file's advantages; compute them from rewards and groups.",
+        ),
+    ] = False,
     column: ColumnOpt = None,
     preset: PresetOpt = None,
     clip_eps: ClipOpt = None,
@@ -228,16 +345,29 @@ def objective(
     """GRPO objective J, loss −J, its policy and KL parts, clip fractions, ratio and KL stats."""
     with _errors():
         settings = _settings(
-            preset=preset, clip_eps=clip_eps, clip_eps_high=clip_eps_high, dual_clip=dual_clip,
-            log_ratio_clamp=log_ratio_clamp, ratio_level=ratio_level, beta=beta,
-            kl_estimator=kl_estimator, kl_clamp=kl_clamp, agg=agg, max_len=max_len,
-            norm_scale=norm_scale, scale=scale, ddof=ddof, eps=eps, estimator=estimator,
+            preset=preset,
+            clip_eps=clip_eps,
+            clip_eps_high=clip_eps_high,
+            dual_clip=dual_clip,
+            log_ratio_clamp=log_ratio_clamp,
+            ratio_level=ratio_level,
+            beta=beta,
+            kl_estimator=kl_estimator,
+            kl_clamp=kl_clamp,
+            agg=agg,
+            max_len=max_len,
+            norm_scale=norm_scale,
+            scale=scale,
+            ddof=ddof,
+            eps=eps,
+            estimator=estimator,
             singleton=singleton,
         )
         src = open_source(files, parse_column_map(column))
         with _progress(progress, None, "objective") as tick:
-            report = objective_report(src, settings, progress=tick,
-                                      recompute_advantages=recompute_advantages)
+            report = objective_report(
+                src, settings, progress=tick, recompute_advantages=recompute_advantages
+            )
         for w in report.warnings:
             _note(w)
         if json_out:
@@ -248,20 +378,30 @@ def objective(
 
 @app.command()
 def sample(
-    out: Annotated[Path, typer.Argument(help="Output file, .parquet (streamed, ragged) or .npz (padded).")],
+    out: Annotated[
+        Path, typer.Argument(help="Output file, .parquet (streamed, ragged) or .npz (padded).")
+    ],
     groups: Annotated[int, typer.Option(help="Number of groups (prompts).")] = 64,
     group_size: Annotated[int, typer.Option(help="Answers per group.")] = 8,
     mean_len: Annotated[int, typer.Option(help="Mean answer length in tokens (log-normal).")] = 200,
     max_len: Annotated[int | None, typer.Option(help="Longest answer (default 8 × mean).")] = None,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
-    rewards_only: Annotated[bool, typer.Option("--rewards-only", help=".npz only: write just rewards (P, G).")] = False,
+    rewards_only: Annotated[
+        bool, typer.Option("--rewards-only", help=".npz only: write just rewards (P, G).")
+    ] = False,
 ) -> None:
     """Write synthetic GRPO rollouts of any size (for demos, tests and benchmarks)."""
     with _errors():
         if rewards_only and out.suffix.lower() != ".npz":
             raise UsageError("--rewards-only writes .npz files only")
-        spec = SampleSpec(groups=groups, group_size=group_size, mean_len=mean_len,
-                          max_len=max_len, seed=seed, rewards_only=rewards_only)
+        spec = SampleSpec(
+            groups=groups,
+            group_size=group_size,
+            mean_len=mean_len,
+            max_len=max_len,
+            seed=seed,
+            rewards_only=rewards_only,
+        )
         try:
             n, t = write_sample(out, spec)
         except OSError as exc:
@@ -277,7 +417,12 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _main(
-    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Show the version and exit.")] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Show the version and exit."
+        ),
+    ] = False,
 ) -> None:
     """GRPO loss calculator and diagnostics for logged rollouts."""
 

@@ -43,8 +43,9 @@ def reference_objective(
     return float(np.mean(per_answer))
 
 
-def random_batch(rng: np.random.Generator, n: int = 12, width: int = 9, groups: int = 3
-                 ) -> dict[str, Any]:
+def random_batch(
+    rng: np.random.Generator, n: int = 12, width: int = 9, groups: int = 3
+) -> dict[str, Any]:
     """Ragged random rollouts: lengths 1..width, rewards in groups, as lists per answer."""
     lengths = rng.integers(1, width + 1, size=n)
     old = [-rng.exponential(0.5, size=k) for k in lengths]
@@ -52,8 +53,14 @@ def random_batch(rng: np.random.Generator, n: int = 12, width: int = 9, groups: 
     ref = [o + rng.normal(0, 0.2, size=o.shape[0]) for o in old]
     group = rng.integers(0, groups, size=n)
     reward = rng.integers(0, 3, size=n).astype(float)
-    return {"logp": logp, "old_logp": old, "ref_logp": ref, "group": group, "reward": reward,
-            "lengths": lengths}
+    return {
+        "logp": logp,
+        "old_logp": old,
+        "ref_logp": ref,
+        "group": group,
+        "reward": reward,
+        "lengths": lengths,
+    }
 
 
 def pad(rows: Sequence[np.ndarray], width: int, fill: float = 0.0) -> np.ndarray:
@@ -69,7 +76,7 @@ def write_npz(path: Path, batch: dict[str, Any], fill: float = 0.0, **extra: Any
     arrays = {f: pad(batch[f], width, fill) for f in ("logp", "old_logp", "ref_logp")}
     arrays.update(mask=mask, rewards=np.asarray(batch["reward"]), group=np.asarray(batch["group"]))
     arrays.update(extra)
-    np.savez(path, **arrays)
+    np.savez(path, **arrays)  # type: ignore[arg-type]
     return path
 
 
@@ -79,8 +86,9 @@ def write_parquet(path: Path, batch: dict[str, Any], **extra: Any) -> Path:
         "reward": pa.array(np.asarray(batch["reward"], dtype=float)),
     }
     for f in ("logp", "old_logp", "ref_logp"):
-        cols[f] = pa.array([np.asarray(r, dtype=float).tolist() for r in batch[f]],
-                           type=pa.list_(pa.float64()))
+        cols[f] = pa.array(
+            [np.asarray(r, dtype=float).tolist() for r in batch[f]], type=pa.list_(pa.float64())
+        )
     cols.update(extra)
     pq.write_table(pa.table(cols), path)
     return path

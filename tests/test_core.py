@@ -50,8 +50,9 @@ def test_advantages_labels_need_not_be_adjacent() -> None:
     codes = np.array([0, 1, 0, 1])
     a = advantages_by_group(r, codes)
     # group 0 = {1, 3}: mean 2, std 1; group 1 = {10, 30}: mean 20, std 10.
-    np.testing.assert_allclose(a, [-1 / (1 + 1e-8), -10 / (10 + 1e-8), 1 / (1 + 1e-8),
-                                   10 / (10 + 1e-8)], rtol=1e-15)
+    np.testing.assert_allclose(
+        a, [-1 / (1 + 1e-8), -10 / (10 + 1e-8), 1 / (1 + 1e-8), 10 / (10 + 1e-8)], rtol=1e-15
+    )
 
 
 def test_sample_std_ddof1() -> None:
@@ -93,8 +94,9 @@ def test_singletons_zero_or_verl_raw() -> None:
 
 
 @given(
-    hnp.arrays(np.float64, st.tuples(st.integers(1, 4), st.integers(2, 6)),
-               elements=st.floats(-100, 100)),
+    hnp.arrays(
+        np.float64, st.tuples(st.integers(1, 4), st.integers(2, 6)), elements=st.floats(-100, 100)
+    ),
     st.floats(-50, 50),
     st.floats(0.1, 10),
 )
@@ -112,8 +114,11 @@ def test_kl_estimators_by_hand() -> None:
     lp, ref = np.array([-1.0, -2.0]), np.array([-1.5, -1.0])  # x = 0.5, -1
     np.testing.assert_array_equal(kl_estimate(lp, ref, estimator="k1"), [0.5, -1.0])
     np.testing.assert_array_equal(kl_estimate(lp, ref, estimator="k2"), [0.125, 0.5])
-    np.testing.assert_allclose(kl_estimate(lp, ref, estimator="k3"),
-                               [math.exp(-0.5) + 0.5 - 1, math.exp(1.0) - 1 - 1], rtol=1e-15)
+    np.testing.assert_allclose(
+        kl_estimate(lp, ref, estimator="k3"),
+        [math.exp(-0.5) + 0.5 - 1, math.exp(1.0) - 1 - 1],
+        rtol=1e-15,
+    )
 
 
 def test_kl_clamps() -> None:
@@ -145,8 +150,10 @@ def test_clip_higher_and_dual_clip_by_hand() -> None:
     np.testing.assert_allclose(dual, [1.25, -1.25, -3.0, 1.28, -0.8])
 
 
-@given(hnp.arrays(np.float64, 20, elements=st.floats(0, 50)),
-       hnp.arrays(np.float64, 20, elements=st.floats(-5, 5)))
+@given(
+    hnp.arrays(np.float64, 20, elements=st.floats(0, 50)),
+    hnp.arrays(np.float64, 20, elements=st.floats(-5, 5)),
+)
 def test_dual_clip_never_changes_nonnegative_advantages(r: np.ndarray, a: np.ndarray) -> None:
     plain = clipped_surrogate(r, a)
     dual = clipped_surrogate(r, a, dual_clip=3.0)
@@ -155,8 +162,10 @@ def test_dual_clip_never_changes_nonnegative_advantages(r: np.ndarray, a: np.nda
     assert (dual[~keep] >= 3.0 * a[~keep]).all()
 
 
-@given(hnp.arrays(np.float64, 20, elements=st.floats(0, 50)),
-       hnp.arrays(np.float64, 20, elements=st.floats(-5, 5)))
+@given(
+    hnp.arrays(np.float64, 20, elements=st.floats(0, 50)),
+    hnp.arrays(np.float64, 20, elements=st.floats(-5, 5)),
+)
 def test_huge_clip_eps_is_unclipped_surrogate(r: np.ndarray, a: np.ndarray) -> None:
     np.testing.assert_array_equal(clipped_surrogate(r, a, clip_eps=1e9), r * a)
 
@@ -179,8 +188,9 @@ def test_sequence_ratio_equals_token_ratio_for_one_token_answers() -> None:
 def test_sequence_ratio_is_geometric_mean_by_hand() -> None:
     lp = np.array([-1.0, -1.0])
     olp = np.array([-1.2, -0.9])  # Δ = 0.2, -0.1 → mean 0.05
-    t = token_terms(lp, olp, None, np.array([1.0]), np.array([0, 2]), beta=0.0,
-                    ratio_level="sequence")
+    t = token_terms(
+        lp, olp, None, np.array([1.0]), np.array([0, 2]), beta=0.0, ratio_level="sequence"
+    )
     np.testing.assert_allclose(t.ratio, [math.exp(0.05)] * 2, rtol=1e-15)
 
 
@@ -199,13 +209,17 @@ def test_token_mean_equals_seq_mean_when_lengths_equal() -> None:
     rng = np.random.default_rng(4)
     v = rng.normal(size=24)
     off = np.arange(0, 25, 6)
-    assert math.isclose(aggregate(v, off, agg="token-mean"),
-                        aggregate(v, off, agg="seq-mean-token-mean"), rel_tol=1e-12)
+    assert math.isclose(
+        aggregate(v, off, agg="token-mean"),
+        aggregate(v, off, agg="seq-mean-token-mean"),
+        rel_tol=1e-12,
+    )
 
 
 def test_segment_sum_handles_empty_segments() -> None:
-    np.testing.assert_array_equal(segment_sum(np.array([1.0, 2.0]), np.array([0, 0, 2, 2])),
-                                  [0.0, 3.0, 0.0])
+    np.testing.assert_array_equal(
+        segment_sum(np.array([1.0, 2.0]), np.array([0, 0, 2, 2])), [0.0, 3.0, 0.0]
+    )
 
 
 # ------------------------------------------------------------------------ properties
@@ -237,8 +251,8 @@ def test_objective_matches_reference_and_ignores_padding(
     ref = reference_objective(lp, olp, rlp, adv, mask, clip_eps, beta)
     assert math.isclose(j, ref, rel_tol=1e-12, abs_tol=1e-12)
     # padding may hold any finite value
-    pads = [np.where(mask, x, fill) for x in (lp, olp, rlp)]
-    assert grpo_objective(*pads, adv, mask, clip_eps=clip_eps, beta=beta) == j
+    p_lp, p_olp, p_rlp = (np.where(mask, x, fill) for x in (lp, olp, rlp))
+    assert grpo_objective(p_lp, p_olp, p_rlp, adv, mask, clip_eps=clip_eps, beta=beta) == j
 
 
 @given(padded_batches())
@@ -256,8 +270,13 @@ def test_float32_inputs_accumulate_in_float64() -> None:
     mask = np.ones((4, 5), bool)
     adv = np.array([1.0, -1.0, 0.5, 0.0], dtype=np.float32)
     j32 = grpo_objective(lp, olp, lp, adv, mask)
-    j64 = grpo_objective(lp.astype(np.float64), olp.astype(np.float64), lp.astype(np.float64),
-                         adv.astype(np.float64), mask)
+    j64 = grpo_objective(
+        lp.astype(np.float64),
+        olp.astype(np.float64),
+        lp.astype(np.float64),
+        adv.astype(np.float64),
+        mask,
+    )
     assert j32 == j64
 
 
@@ -272,13 +291,22 @@ def test_float32_inputs_accumulate_in_float64() -> None:
     ],
 )
 def test_library_contract_errors(kwargs: dict[str, np.ndarray], msg: str) -> None:
-    args = {"logp": np.zeros((2, 2)), "old_logp": np.zeros((2, 2)), "ref_logp": np.zeros((2, 2)),
-            "advantages": np.ones(2), "mask": np.ones((2, 2), bool)}
+    args = {
+        "logp": np.zeros((2, 2)),
+        "old_logp": np.zeros((2, 2)),
+        "ref_logp": np.zeros((2, 2)),
+        "advantages": np.ones(2),
+        "mask": np.ones((2, 2), bool),
+    }
     args.update(kwargs)
     with pytest.raises(InputError, match=msg.replace("(", r"\(").replace(")", r"\)")):
-        grpo_objective(**args)
+        grpo_objective(**args)  # type: ignore[arg-type]
 
 
 def test_every_aggregation_is_listed() -> None:
-    assert AGGREGATIONS == ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum",
-                            "seq-mean-token-sum-norm")
+    assert AGGREGATIONS == (
+        "seq-mean-token-mean",
+        "token-mean",
+        "seq-mean-token-sum",
+        "seq-mean-token-sum-norm",
+    )

@@ -17,10 +17,20 @@ MASK = np.array([[True, True, True], [True, True, False]])
 
 
 def test_signatures_match_the_spec() -> None:
-    assert str(inspect.signature(group_advantages)).startswith("(rewards: 'ArrayLike', eps: 'float' = 1e-08)")
+    assert str(inspect.signature(group_advantages)).startswith(
+        "(rewards: 'ArrayLike', eps: 'float' = 1e-08)"
+    )
     assert list(inspect.signature(kl_k3).parameters) == ["logp", "ref_logp"]
     params = inspect.signature(grpo_objective).parameters
-    assert list(params) == ["logp", "old_logp", "ref_logp", "advantages", "mask", "clip_eps", "beta"]
+    assert list(params) == [
+        "logp",
+        "old_logp",
+        "ref_logp",
+        "advantages",
+        "mask",
+        "clip_eps",
+        "beta",
+    ]
     assert params["clip_eps"].default == 0.2 and params["beta"].default == 0.04
 
 
@@ -29,13 +39,20 @@ def test_group_advantages_example() -> None:
     # Row 1: mean 1/2, population std 1/2. Row 2: mean 1/4, std sqrt(3)/4.
     a = 0.5 / (0.5 + 1e-8)
     s2 = math.sqrt(0.1875)
-    expected = np.array([[a, -a, -a, a],
-                         [-0.25 / (s2 + 1e-8), -0.25 / (s2 + 1e-8), 0.75 / (s2 + 1e-8),
-                          -0.25 / (s2 + 1e-8)]])
+    expected = np.array(
+        [
+            [a, -a, -a, a],
+            [-0.25 / (s2 + 1e-8), -0.25 / (s2 + 1e-8), 0.75 / (s2 + 1e-8), -0.25 / (s2 + 1e-8)],
+        ]
+    )
     np.testing.assert_array_equal(out, expected)
     np.testing.assert_array_equal(
-        out.round(8), [[0.99999998, -0.99999998, -0.99999998, 0.99999998],
-                       [-0.57735026, -0.57735026, 1.73205077, -0.57735026]])
+        out.round(8),
+        [
+            [0.99999998, -0.99999998, -0.99999998, 0.99999998],
+            [-0.57735026, -0.57735026, 1.73205077, -0.57735026],
+        ],
+    )
     assert out.dtype == np.float64 and out.shape == (2, 4)
 
 
@@ -64,5 +81,6 @@ def test_grpo_objective_example_by_hand() -> None:
     kl1 = (k3(-0.1) + k3(0.1)) / 2
     expected = ((pol0 - 0.04 * kl0) + (pol1 - 0.04 * kl1)) / 2
     assert math.isclose(grpo_objective(LOGP, OLD, REF, ADV, MASK), expected, rel_tol=1e-14)
-    assert math.isclose(grpo_objective(LOGP, OLD, REF, ADV, MASK, beta=0.0), (pol0 + pol1) / 2,
-                        rel_tol=1e-14)
+    assert math.isclose(
+        grpo_objective(LOGP, OLD, REF, ADV, MASK, beta=0.0), (pol0 + pol1) / 2, rel_tol=1e-14
+    )

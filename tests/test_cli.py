@@ -1,0 +1,254 @@
+"""The command line: JSON documents checked against independent computations, formats agree,
+options and help."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from grpo_cli import group_advantages
+from grpo_cli._report import QUANTILES
+
+from .conftest import SAMPLE, Cli, random_batch, reference_objective, write_npz, write_parquet
+
+
+def test_seed_example_through_the_cli(cli: Cli) -> None:
+    doc = cli.json("objective", SAMPLE / "seed_example.npz")
+    assert doc["objective"] == -0.13122323326245566
+    assert doc["loss"] == 0.13122323326245566
+    assert math.isclose(doc["policy_term"] - doc["kl_term"], doc["objective"], rel_tol=1e-14)
+    assert (
+        cli.json("objective", SAMPLE / "seed_example.npz", "--beta", "0")["objective"]
+        == -0.1299723302889813
+    )
+    assert doc["counts"] == {"groups": None, "answers": 2, "tokens": 5}
+    assert doc["advantages_source"] == "file"
+
+
+def test_objective_json_matches_independent_computation(cli: Cli, tmp_path: Path) -> None:
+    rng = np.random.default_rng(11)
+    b = random_batch(rng, n=40, width=12, groups=5)
+    path = write_npz(tmp_path / "b.npz", b)
+    doc = cli.json("objective", path)
+    # advantages from rewards, per group (population std, eps 1e-8), done by hand
+    r, g = b["reward"], b["group"]
+    adv = np.zeros_like(r)
+    for k in np.unique(g):
+        sel = g == k
+        if r[sel].max() > r[sel].min():
+            adv[sel] = (r[sel] - r[sel].mean()) / (r[sel].std() + 1e-8)
+    width = int(max(b["lengths"]))
+    mask = np.arange(width)[None, :] < b["lengths"][:, None]
+    lp, olp, rlp = (
+        np.where(mask, np.vstack([np.pad(x, (0, width - len(x))) for x in b[f]]), 0)
+        for f in ("logp", "old_logp", "ref_logp")
+    )
+    expected = reference_objective(lp, olp, rlp, adv, mask)
+    assert math.isclose(doc["objective"], expected, rel_tol=1e-12)
+    # clip fractions, TRL definitions, over valid tokens
+    delta = np.concatenate([lp - o for lp, o in zip(b["logp"], b["old_logp"], strict=True)])
+    ratio = np.exp(delta)
+    a_tok = np.repeat(adv, b["lengths"])
+    low = (ratio < 0.8) & (a_tok < 0)
+    high = (ratio > 1.2) & (a_tok > 0)
+    T = delta.size
+    assert doc["counts"]["tokens"] == T and doc["counts"]["answers"] == 40
+    assert doc["clip_fraction"]["low"] == low.sum() / T
+    assert doc["clip_fraction"]["high"] == high.sum() / T
+    assert doc["clip_fraction"]["region"] == (low | high).sum() / T
+    assert doc["clip_fraction"]["outside_range"] == ((ratio < 0.8) | (ratio > 1.2)).sum() / T
+    assert doc["clip_fraction"]["dual_clip_lower"] is None
+    for name, q in QUANTILES.items():
+        assert math.isclose(doc["ratio"][name], float(np.quantile(ratio, q)), rel_tol=1e-12)
+    assert doc["ratio"]["min"] == ratio.min() and doc["ratio"]["max"] == ratio.max()
+    assert math.isclose(doc["ratio"]["mean"], ratio.mean(), rel_tol=1e-12)
+    d = np.concatenate([rf - lp for lp, rf in zip(b["logp"], b["ref_logp"], strict=True)])
+    kl = np.exp(d) - d - 1
+    assert math.isclose(doc["kl"]["mean"], kl.mean(), rel_tol=1e-12)
+    assert doc["kl"]["max"] == kl.max()
+    assert math.isclose(doc["kl"]["p50"], float(np.median(kl)), rel_tol=1e-12)
+    assert doc["lengths"]["max"] == max(b["lengths"]) and doc["lengths"]["min"] == min(b["lengths"])
+    assert sum(h["count"] for h in doc["ratio_histogram"]) == T
+    assert doc["settings"]["clip_eps"] == 0.2 and doc["settings"]["beta"] == 0.04
+
+
+def test_npz_and_parquet_give_identical_json(cli: Cli, tmp_path: Path) -> None:
+    rng = np.random.default_rng(12)
+    b = random_batch(rng, n=30, width=20, groups=6)
+    a = cli.json("objective", write_npz(tmp_path / "b.npz", b, fill=-123.0))
+    p = cli.json("objective", write_parquet(tmp_path / "b.parquet", b))
+    a.pop("source"), p.pop("source")
+    assert a == p
+    for cmd in ("kl", "advantages"):
+        x = cli.json(cmd, tmp_path / "b.npz")
+        y = cli.json(cmd, tmp_path / "b.parquet")
+        x.pop("source"), y.pop("source")
+        assert x == y
+
+
+def test_padding_values_never_change_the_cli_result(cli: Cli, tmp_path: Path) -> None:
+    rng = np.random.default_rng(13)
+    b = random_batch(rng, n=10, width=8)
+    a = cli.json("objective", write_npz(tmp_path / "a.npz", b, fill=0.0))
+    c = cli.json("objective", write_npz(tmp_path / "c.npz", b, fill=1e30))
+    a.pop("source"), c.pop("source")
+    assert a == c
+
+
+def test_nan_in_padding_is_ignored(cli: Cli, tmp_path: Path) -> None:
+    rng = np.random.default_rng(14)
+    b = random_batch(rng, n=6, width=8)
+    a = cli.json("objective", write_npz(tmp_path / "a.npz", b, fill=0.0))
+    c = cli.json("objective", write_npz(tmp_path / "c.npz", b, fill=np.nan))
+    assert a["objective"] == c["objective"]
+
+
+def test_advantages_json_is_nested_for_2d_rewards(cli: Cli, tmp_path: Path) -> None:
+    r = np.array([[1.0, 0.0, 0.0, 1.0], [0.0, 0.0, 1.0, 0.0], [2.0, 2.0, 2.0, 2.0]])
+    np.savez(tmp_path / "r.npz", rewards=r)
+    doc = cli.json("advantages", tmp_path / "r.npz")
+    assert doc["advantages"] == group_advantages(r).tolist()
+    s = doc["summary"]
+    assert (s["groups"], s["answers"], s["zero_variance_groups"]) == (3, 12, 1)
+    assert s["frac_zero_variance_groups"] == 1 / 3
+    assert [g["zero_variance"] for g in doc["groups"]] == [False, False, True]
+    assert doc["groups"][1]["std"] == math.sqrt(0.1875)
+
+
+def test_advantages_json_is_row_order_for_answer_rows(cli: Cli, tmp_path: Path) -> None:
+    b = random_batch(np.random.default_rng(15), n=9, width=4, groups=2)
+    doc = cli.json("advantages", write_parquet(tmp_path / "b.parquet", b))
+    assert len(doc["advantages"]) == 9
+    g, r = b["group"], b["reward"]
+    for i in range(9):
+        sel = g == g[i]
+        if r[sel].max() == r[sel].min():
+            assert doc["advantages"][i] == 0.0
+        else:
+            assert math.isclose(
+                doc["advantages"][i], (r[i] - r[sel].mean()) / (r[sel].std() + 1e-8), rel_tol=1e-12
+            )
+
+
+def test_string_group_ids_and_first_seen_order(cli: Cli, tmp_path: Path) -> None:
+    b = random_batch(np.random.default_rng(16), n=6, width=3)
+    b["group"] = np.array(["q7", "q2", "q7", "q2", "q9", "q9"])
+    doc = cli.json("advantages", write_parquet(tmp_path / "b.parquet", b))
+    assert [g["id"] for g in doc["groups"]] == ["q7", "q2", "q9"]
+
+
+def test_advantages_out_roundtrip(cli: Cli, tmp_path: Path) -> None:
+    r = np.array([[1.0, 2.0, 3.0], [0.0, 0.0, 1.0]])
+    np.savez(tmp_path / "r.npz", rewards=r)
+    assert cli("advantages", tmp_path / "r.npz", "--out", tmp_path / "a.npz").exit_code == 0
+    with np.load(tmp_path / "a.npz") as z:
+        np.testing.assert_array_equal(z["advantages"], group_advantages(r))
+    assert cli("advantages", tmp_path / "r.npz", "--out", tmp_path / "a.parquet").exit_code == 0
+    t = pq.read_table(tmp_path / "a.parquet")
+    assert t.column("advantage").to_pylist() == group_advantages(r).reshape(-1).tolist()
+
+
+def test_missing_old_logp_is_on_policy_with_a_note(cli: Cli, tmp_path: Path) -> None:
+    b = random_batch(np.random.default_rng(17), n=8, width=5)
+    path = write_parquet(tmp_path / "b.parquet", b)
+    import pyarrow.parquet as pq2
+
+    pq2.write_table(pq2.read_table(path).drop(["old_logp"]), path)
+    r = cli("objective", path, "--json")
+    assert r.exit_code == 0
+    assert "on-policy" in r.stderr
+    import json
+
+    doc = json.loads(r.stdout)
+    assert doc["on_policy"] is True
+    assert doc["ratio"]["min"] == doc["ratio"]["max"] == 1.0
+    assert doc["clip_fraction"]["region"] == 0.0
+    # On-policy with group-centred advantages, the policy term is the mean advantage of
+    # answers (seq-mean-token-mean): 0 up to rounding when every group is complete.
+    assert abs(doc["policy_term"]) < 1e-12
+
+
+def test_column_mapping_and_framework_aliases(cli: Cli, tmp_path: Path) -> None:
+    b = random_batch(np.random.default_rng(18), n=8, width=5)
+    base = cli.json("objective", write_parquet(tmp_path / "a.parquet", b))
+    import pyarrow.parquet as pq2
+
+    t = pq2.read_table(tmp_path / "a.parquet").rename_columns(
+        ["uid", "score", "lp", "old_log_probs", "ref_log_prob"]
+    )
+    pq2.write_table(t, tmp_path / "b.parquet")
+    doc = cli.json("objective", tmp_path / "b.parquet", "--column", "logp=lp", "-c", "reward=score")
+    assert doc["objective"] == base["objective"]
+
+
+def test_presets_and_overrides_are_echoed(cli: Cli) -> None:
+    doc = cli.json("objective", SAMPLE / "batch.parquet", "--preset", "verl", "--dual-clip", "off")
+    s = doc["settings"]
+    assert (s["preset"], s["ddof"], s["eps"], s["agg"], s["dual_clip"]) == (
+        "verl",
+        1,
+        1e-6,
+        "token-mean",
+        None,
+    )
+    assert doc["aggregation"] == "token-mean"
+    assert doc["objective"] == doc["aggregations"]["token-mean"]
+
+
+@pytest.mark.parametrize("cmd", ["advantages", "kl", "objective", "sample"])
+def test_every_command_has_help(cli: Cli, cmd: str) -> None:
+    r = cli(cmd, "--help")
+    assert r.exit_code == 0 and "Usage" in r.stdout
+
+
+def test_tables_render_for_sample_data(cli: Cli) -> None:
+    r = cli("objective", SAMPLE / "batch.parquet", "--compare")
+    assert r.exit_code == 0
+    for text in (
+        "objective J",
+        "loss = −J",
+        "Clip fractions",
+        "Ratio histogram",
+        "seq-mean-token-sum-norm",
+    ):
+        assert text in r.stdout
+    assert cli("advantages", SAMPLE / "rewards.npz").exit_code == 0
+    assert cli("kl", SAMPLE / "batch.npz").exit_code == 0
+    assert "\x1b[" not in r.stdout  # no colour codes when stdout is not a terminal
+
+
+def test_sample_command_is_deterministic(cli: Cli, tmp_path: Path) -> None:
+    for name in ("a", "b"):
+        r = cli(
+            "sample",
+            tmp_path / f"{name}.parquet",
+            "--groups",
+            "3",
+            "--group-size",
+            "4",
+            "--mean-len",
+            "20",
+            "--seed",
+            "5",
+        )
+        assert r.exit_code == 0, r.stderr
+    ta, tb = pq.read_table(tmp_path / "a.parquet"), pq.read_table(tmp_path / "b.parquet")
+    assert ta.equals(tb) and ta.num_rows == 12
+    r = cli("sample", tmp_path / "c.npz", "--groups", "2", "--group-size", "3", "--mean-len", "10")
+    assert r.exit_code == 0
+    doc = cli.json("objective", tmp_path / "c.npz")
+    assert doc["counts"]["answers"] == 6 and doc["counts"]["groups"] == 2
+
+
+def test_python_dash_m_entry_point() -> None:
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "-m", "grpo_cli", "--version"], capture_output=True, text=True, check=False
+    )
+    assert r.returncode == 0 and r.stdout.startswith("grpo-cli ")

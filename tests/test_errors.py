@@ -1,0 +1,185 @@
+"""Bad input: exit code 2 and one line on stderr naming the file, array or column, and what
+is wrong. Never a traceback, never a number."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from .conftest import SAMPLE, Cli, random_batch, write_npz, write_parquet
+
+
+def _fails(cli: Cli, *args: Any, contains: list[str]) -> str:
+    r = cli(*args)
+    assert r.exit_code == 2, (r.exit_code, r.stdout, r.stderr)
+    assert r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("grpo-cli: error: ")
+    for text in contains:
+        assert text in lines[0], lines[0]
+    assert "Traceback" not in r.stderr
+    return lines[0]
+
+
+@pytest.fixture
+def batch() -> dict[str, Any]:
+    return random_batch(np.random.default_rng(21), n=6, width=5, groups=2)
+
+
+def test_missing_file(cli: Cli, tmp_path: Path) -> None:
+    _fails(cli, "objective", tmp_path / "nope.npz", contains=["nope.npz", "no such file"])
+
+
+def test_unknown_extension(cli: Cli, tmp_path: Path) -> None:
+    (tmp_path / "x.csv").write_text("a,b\n")
+    _fails(cli, "kl", tmp_path / "x.csv", contains=["x.csv", "expected .npz or .parquet"])
+
+
+@pytest.mark.parametrize("suffix", [".npz", ".parquet"])
+def test_corrupt_file(cli: Cli, tmp_path: Path, suffix: str) -> None:
+    p = tmp_path / f"bad{suffix}"
+    p.write_bytes(b"this is not a real file" * 10)
+    _fails(cli, "objective", p, contains=[str(p), "cannot read"])
+
+
+def test_missing_array(cli: Cli, tmp_path: Path) -> None:
+    np.savez(tmp_path / "a.npz", rewards=np.ones((2, 2)))
+    _fails(cli, "objective", tmp_path / "a.npz", contains=["a.npz", "'logp' is missing"])
+    np.savez(tmp_path / "b.npz", logp=np.zeros((2, 2)))
+    _fails(cli, "advantages", tmp_path / "b.npz", contains=["b.npz", "'rewards' is missing"])
+
+
+def test_shape_mismatch(cli: Cli, tmp_path: Path, batch: dict[str, Any]) -> None:
+    p = write_npz(tmp_path / "a.npz", batch, old_logp=np.zeros((6, 99)))
+    width = max(batch["lengths"])
+    _fails(
+        cli, "objective", p, contains=["a.npz", "'old_logp'", "(6, 99)", f"'logp' has (6, {width})"]
+    )
+
+
+def test_rows_vs_answers_mismatch(cli: Cli, tmp_path: Path, batch: dict[str, Any]) -> None:
+    p = write_npz(tmp_path / "a.npz", batch, rewards=np.ones(5), group=np.zeros(5, int))
+    _fails(cli, "objective", p, contains=["a.npz", "6 rows", "5 answers"])
+
+
+def test_nan_inside_mask_names_answer_and_token(
+    cli: Cli, tmp_path: Path, batch: dict[str, Any]
+) -> None:
+    batch["ref_logp"][3][1] = np.nan
+    p = write_npz(tmp_path / "a.npz", batch)
+    _fails(cli, "objective", p, contains=["a.npz", "'ref_logp'", "nan", "answer 3, token 1"])
+    q = write_parquet(tmp_path / "a.parquet", batch)
+    _fails(cli, "kl", q, contains=["a.parquet", "'ref_logp'", "nan", "row 3, token 1"])
+
+
+def test_inf_reward(cli: Cli, tmp_path: Path, batch: dict[str, Any]) -> None:
+    batch["reward"] = batch["reward"].copy()
+    batch["reward"][2] = np.inf
+    p = write_npz(tmp_path / "a.npz", batch)
+    _fails(cli, "advantages", p, contains=["a.npz", "'rewards'", "inf", "answer 2"])
+
+
+def test_wrong_dtype(cli: Cli, tmp_path: Path, batch: dict[str, Any]) -> None:
+    width = max(batch["lengths"])
+    p = write_npz(tmp_path / "a.npz", batch, logp=np.full((6, width), "x"))
+    _fails(cli, "objective", p, contains=["a.npz", "'logp'", "dtype <U1", "expected floats"])
+    q = write_npz(tmp_path / "b.npz", batch, mask=np.full((6, width), 0.5))
+    _fails(cli, "objective", q, contains=["b.npz", "'mask'", "0/1"])
+
+
+def test_object_array_is_refused_without_pickle(
+    cli: Cli, tmp_path: Path, batch: dict[str, Any]
+) -> None:
+    obj = np.empty(6, dtype=object)
+    obj[:] = [[1.0]] * 6
+    p = write_npz(tmp_path / "a.npz", batch, rewards=obj)
+    _fails(cli, "advantages", p, contains=["a.npz", "'rewards'", "cannot be loaded"])
+
+
+def test_empty_mask_row(cli: Cli, tmp_path: Path, batch: dict[str, Any]) -> None:
+    p = write_npz(tmp_path / "a.npz", batch)
+    with np.load(p) as z:
+        arrays = dict(z)
+    arrays["mask"][4] = False
+    np.savez(p, **arrays)
+    _fails(cli, "objective", p, contains=["a.npz", "answer 4 has no valid token"])
+
+
+def test_parquet_lengths_differ(cli: Cli, tmp_path: Path, batch: dict[str, Any]) -> None:
+    batch["old_logp"][2] = (
+        batch["old_logp"][2][:-1] if len(batch["old_logp"][2]) > 1 else np.zeros(3)
+    )
+    p = write_parquet(tmp_path / "a.parquet", batch)
+    _fails(cli, "objective", p, contains=["a.parquet", "row 2", "'old_logp'", "tokens but 'logp'"])
+
+
+def test_parquet_null_list_and_not_a_list(cli: Cli, tmp_path: Path, batch: dict[str, Any]) -> None:
+    p = write_parquet(tmp_path / "a.parquet", batch)
+    t = pq.read_table(p)
+    logp = t.column("logp").to_pylist()
+    logp[1] = None
+    t = t.set_column(t.schema.get_field_index("logp"), "logp", pa.array(logp))
+    pq.write_table(t, p)
+    _fails(cli, "kl", p, contains=["a.parquet", "'logp'", "null at row 1"])
+    t2 = t.set_column(t.schema.get_field_index("logp"), "logp", pa.array(np.zeros(6)))
+    pq.write_table(t2, tmp_path / "b.parquet")
+    _fails(cli, "kl", tmp_path / "b.parquet", contains=["'logp'", "expected a list column"])
+
+
+def test_parquet_missing_group(cli: Cli, tmp_path: Path, batch: dict[str, Any]) -> None:
+    p = write_parquet(tmp_path / "a.parquet", batch)
+    pq.write_table(pq.read_table(p).drop(["group"]), p)
+    _fails(cli, "advantages", p, contains=["a.parquet", "'group' is missing"])
+
+
+def test_beta_needs_ref_logp(cli: Cli, tmp_path: Path, batch: dict[str, Any]) -> None:
+    p = write_parquet(tmp_path / "a.parquet", batch)
+    pq.write_table(pq.read_table(p).drop(["ref_logp"]), p)
+    _fails(cli, "objective", p, contains=["a.parquet", "'ref_logp' is missing", "beta = 0.04"])
+    r = cli("objective", p, "--beta", "0", "--json")
+    assert r.exit_code == 0, r.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "text"),
+    [
+        (["--scale", "bogus"], "--scale: 'bogus' is not one of group, batch, none"),
+        (["--agg", "mean"], "--agg: 'mean' is not one of"),
+        (["--ddof", "2"], "--ddof: must be 0 or 1"),
+        (["--clip-eps", "-1"], "--clip-eps: must be a finite number >= 0"),
+        (["--dual-clip", "0.5"], "--dual-clip: must be > 1"),
+        (["--dual-clip", "abc"], "--dual-clip: expected a number or 'off'"),
+        (["--preset", "nope"], "--preset: 'nope' is not one of"),
+        (["--column", "logp"], "expected FIELD=NAME"),
+        (["--column", "foo=bar"], "unknown field 'foo'"),
+        (["--column", "logp=missing"], "'missing' (given for logp with --column) not found"),
+    ],
+)
+def test_bad_options(cli: Cli, args: list[str], text: str) -> None:
+    _fails(cli, "objective", SAMPLE / "batch.parquet", *args, contains=[text])
+
+
+def test_max_len_shorter_than_longest_answer(cli: Cli) -> None:
+    _fails(
+        cli,
+        "objective",
+        SAMPLE / "seed_example.npz",
+        "--agg",
+        "seq-mean-token-sum-norm",
+        "--max-len",
+        "2",
+        contains=["--max-len 2", "longest answer (3 tokens)"],
+    )
+
+
+def test_usage_errors_exit_2(cli: Cli) -> None:
+    r = cli("objective")
+    assert r.exit_code == 2
+    r = cli("objective", SAMPLE / "batch.parquet", "--clip-eps", "abc")
+    assert r.exit_code == 2 and "Traceback" not in r.stderr
