@@ -498,8 +498,9 @@ def aggregate(
 class TokenTerms:
     """Every per-token quantity of the GRPO objective, ragged ``(T,)`` arrays.
 
-    ``term = policy − β·kl`` is the per-token objective; ``delta`` is the token log-ratio
-    (after any clamp), ``ratio`` the ratio used by the surrogate (token or sequence level).
+    ``term = policy − β·kl`` is the per-token objective; ``delta`` is the raw token
+    log-ratio ``logp − old_logp`` (before any clamp), ``ratio`` the ratio the surrogate used
+    (after the clamp, at token or sequence level).
     ``kl`` is None when there is no reference policy.
     """
 
@@ -540,12 +541,10 @@ def token_terms(
         :class:`TokenTerms`.
     """
     lengths = np.diff(offsets)
-    delta = (
-        np.zeros_like(logp)
-        if old_logp is None
-        else log_ratio(logp, old_logp, clamp=log_ratio_clamp)
-    )
-    used = sequence_log_ratio(delta, offsets) if ratio_level == "sequence" else delta
+    delta = np.zeros_like(logp) if old_logp is None else log_ratio(logp, old_logp)
+    used = delta if log_ratio_clamp is None else np.clip(delta, -log_ratio_clamp, log_ratio_clamp)
+    if ratio_level == "sequence":
+        used = sequence_log_ratio(used, offsets)
     with np.errstate(over="ignore"):
         ratio = np.exp(used)
     adv_tok = np.repeat(adv, lengths)

@@ -56,8 +56,9 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "mask": ("mask", "response_mask", "completion_mask", "action_mask", "loss_mask"),
 }
 
-# Tokens per streamed record batch: bounds memory (a few float64 temporaries of this size).
-BATCH_TOKENS = 1 << 21
+# Tokens per streamed record batch: bounds memory (a few float64 temporaries of this size)
+# and keeps them small enough to stay in cache and in the allocator's heap.
+BATCH_TOKENS = int(os.environ.get("GRPO_CLI_BATCH_TOKENS", 1 << 18))
 
 
 def parse_column_map(items: Sequence[str] | None) -> dict[str, str]:
@@ -193,8 +194,10 @@ def _parquet_names(paths: Sequence[Path]) -> list[str]:
 
 
 def _parquet_file(p: Path) -> pq.ParquetFile:
+    # Buffered reads without pre-buffering: a row group is decoded page by page as record
+    # batches are pulled, so memory is bounded by the batch, not by the row group.
     try:
-        return pq.ParquetFile(p)
+        return pq.ParquetFile(p, pre_buffer=False, buffer_size=1 << 20)
     except Exception as exc:
         raise InputError(f"{p}: cannot read as parquet ({_why(exc)})") from None
 

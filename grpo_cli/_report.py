@@ -57,8 +57,9 @@ _Q = np.array(list(QUANTILES.values()))
 
 # Fine histograms behind streamed quantiles (README "Quantile resolution").
 LOG_RATIO_BINS = (-20.0, 20.0, 400_000)  # width 1e-4 on log-ratios: Δ and logp − ref_logp
-ANSWER_BINS = (-10.0, 10.0, 2_000_000)  # width 1e-5 on per-answer means
-EXTREME_LOG_RATIO = 20.0  # |Δ| beyond this is "extreme" (verl / OpenRLHF clamp here)
+ANSWER_BINS = (-10.0, 10.0, 200_000)  # width 1e-4 on per-answer means
+# A log-ratio outside [-20, 20) is "extreme" (verl / OpenRLHF clamp there): the end bins.
+EXTREME_LOG_RATIO = LOG_RATIO_BINS[1]
 
 
 # ------------------------------------------------------------------------- records
@@ -309,8 +310,6 @@ class TokenPartial:
         # Σ_t v and Σ_i mean_t v, for v in term, policy, kl: all four aggregations follow.
         self.sums = {k: np.zeros(2) for k in ("term", "policy", "kl")}
         self.clip = np.zeros(5, dtype=np.int64)  # low, high, region, outside, dual_lower
-        self.overflow = 0
-        self.extreme = 0
         self.ratio = Moments()
         self.delta = Sketch(*LOG_RATIO_BINS, **cap)
         self.kl = Moments()
@@ -366,26 +365,30 @@ class TokenPartial:
         self._sums("policy", terms.policy, b.offsets, lengths)
         if terms.kl is not None:
             self._kl(terms.kl, b.fields["logp"] - b.fields["ref_logp"], b)
-        # Clip fractions on the ratio the surrogate used.
+        # Clip fractions on the ratio the surrogate used. low/high are disjoint (A < 0 vs
+        # A > 0), and so are below/above: region and outside are sums, not unions.
         r, a = terms.ratio, terms.adv
         below, above = r < 1.0 - s.clip_eps, r > 1.0 + s.eps_high
-        low = below & (a < 0)
-        high = above & (a > 0)
-        dual = (a < 0) & (r > s.dual_clip) if s.dual_clip is not None else None
+        neg = a < 0
+        n_low = np.count_nonzero(below & neg)
+        n_high = np.count_nonzero(above & (a > 0))
+        n_dual = np.count_nonzero(neg & (r > s.dual_clip)) if s.dual_clip is not None else 0
         self.clip += (
-            int(low.sum()),
-            int(high.sum()),
-            int((low | high).sum()),
-            int((below | above).sum()),
-            int(dual.sum()) if dual is not None else 0,
+            n_low,
+            n_high,
+            n_low + n_high,
+            np.count_nonzero(below) + np.count_nonzero(above),
+            n_dual,
         )
         # Ratio distribution from the raw token log-ratio (before any clamp).
         d = terms.delta
-        with np.errstate(over="ignore"):
-            self.ratio.update(np.exp(d))
+        if s.ratio_level == "token" and s.log_ratio_clamp is None:
+            raw_ratio = terms.ratio  # the same exp(Δ)
+        else:
+            with np.errstate(over="ignore"):
+                raw_ratio = np.exp(d)
+        self.ratio.update(raw_ratio)
         self.delta.update(d)
-        self.overflow += int((d > math.log(np.finfo(np.float64).max)).sum())
-        self.extreme += int((np.abs(d) > EXTREME_LOG_RATIO).sum())
 
     def merge(self, o: TokenPartial) -> TokenPartial:
         self.answers += o.answers
@@ -395,8 +398,6 @@ class TokenPartial:
         for k in self.sums:
             self.sums[k] += o.sums[k]
         self.clip += o.clip
-        self.overflow += o.overflow
-        self.extreme += o.extreme
         self.ratio.merge(o.ratio)
         self.delta.merge(o.delta)
         self.kl.merge(o.kl)
@@ -406,6 +407,16 @@ class TokenPartial:
         return self
 
     # ---- results
+    @property
+    def overflow(self) -> int:
+        """Tokens whose ratio exp(Δ) overflowed to inf."""
+        return self.ratio.n_inf
+
+    @property
+    def extreme(self) -> int:
+        """Tokens with Δ outside [−20, 20): the open end bins of the log-ratio histogram."""
+        return int(self.delta.hist.counts[0] + self.delta.hist.counts[-1])
+
     def aggregate(self, key: str, agg: str) -> float:
         token_sum, mean_sum = (float(v) for v in self.sums[key])
         n, t = self.answers, self.tokens

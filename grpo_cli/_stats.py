@@ -16,6 +16,7 @@ by the exact minimum and maximum, so quantiles landing there are bounded, not re
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -47,19 +48,28 @@ class Moments:
     def update(self, x: F64) -> Moments:
         if x.shape[0] == 0:
             return self
-        finite = np.isfinite(x)
-        xf = x if finite.all() else x[finite]
         other = Moments()
         other.n = int(x.shape[0])
-        other.n_inf = int(x.shape[0] - xf.shape[0])
         with np.errstate(invalid="ignore"):
             other.total = float(np.sum(x))
-        if xf.shape[0]:
-            other.mean_f = float(np.mean(xf))
-            dev = xf - other.mean_f
-            other.m2 = float(np.dot(dev, dev))
         other.lo = float(np.min(x))
         other.hi = float(np.max(x))
+        if math.isfinite(other.total):  # then every value is finite
+            xf = x
+        else:
+            xf = x[np.isfinite(x)]
+            other.n_inf = other.n - int(xf.shape[0])
+        nf = int(xf.shape[0])
+        if nf:
+            # Shifted sums: one subtraction, a sum and a dot; exact enough because the
+            # shift (the first value) is of the data's own magnitude.
+            c = float(xf[0])
+            y = xf - c
+            s1 = float(np.sum(y))
+            other.mean_f = c + s1 / nf
+            # np.square + sum, not np.dot: a BLAS call wakes OpenBLAS's spinning thread pool,
+            # which then competes with the decoding thread for the second core.
+            other.m2 = max(float(np.sum(np.square(y, out=y))) - s1 * s1 / nf, 0.0)
         return self.merge(other)
 
     def merge(self, o: Moments) -> Moments:
@@ -135,16 +145,17 @@ class Histogram:
     def width(self) -> float:
         return (self.hi - self.lo) / self.nbins
 
-    def update(self, x: F64) -> Histogram:
+    def update(self, x: F64, lo: float | None = None, hi: float | None = None) -> Histogram:
+        """Count ``x``; pass its min and max when already known to save two passes."""
         if x.shape[0] == 0:
             return self
-        pos = (x - self.lo) * self.inv_width
-        np.clip(pos, -1.0, float(self.nbins), out=pos)
-        idx = pos.astype(np.int64)  # truncation; -1 < pos < 0 truncates to 0, fixed below
-        idx[pos < 0] = -1
-        self.counts += np.bincount(idx + 1, minlength=self.nbins + 2)
-        self.vmin = min(self.vmin, float(np.min(x)))
-        self.vmax = max(self.vmax, float(np.max(x)))
+        # position + 1, so that the underflow bin is 0 and truncation is floor
+        pos = np.multiply(x, self.inv_width)
+        pos += 1.0 - self.lo * self.inv_width
+        np.clip(pos, 0.0, float(self.nbins + 1), out=pos)
+        self.counts += np.bincount(pos.astype(np.intp), minlength=self.nbins + 2)
+        self.vmin = min(self.vmin, float(np.min(x)) if lo is None else lo)
+        self.vmax = max(self.vmax, float(np.max(x)) if hi is None else hi)
         return self
 
     def merge(self, o: Histogram) -> Histogram:
@@ -179,8 +190,8 @@ class Sketch:
     def is_exact(self) -> bool:
         return self.exact is not None
 
-    def update(self, x: F64) -> Sketch:
-        self.hist.update(x)
+    def update(self, x: F64, lo: float | None = None, hi: float | None = None) -> Sketch:
+        self.hist.update(x, lo, hi)
         self.n += int(x.shape[0])
         if self.exact is not None:
             if self.n <= self.exact_cap:
@@ -250,7 +261,7 @@ class IntCounts:
         """(mean, population std, min, max) of the counted integers."""
         v = np.arange(self.counts.shape[0], dtype=np.float64)
         n = self.n
-        mean = float(np.dot(v, self.counts) / n)
-        var = float(np.dot((v - mean) ** 2, self.counts) / n)
+        mean = float(np.sum(v * self.counts) / n)
+        var = float(np.sum((v - mean) ** 2 * self.counts) / n)
         nz = np.flatnonzero(self.counts)
         return mean, float(np.sqrt(var)), int(nz[0]), int(nz[-1])

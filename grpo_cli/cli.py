@@ -6,6 +6,7 @@ Every :class:`~grpo_cli.errors.GrpoCliError` becomes one line on stderr and exit
 
 from __future__ import annotations
 
+import ctypes
 import math
 import sys
 from collections.abc import Callable, Iterator
@@ -427,8 +428,26 @@ def _main(
     """GRPO loss calculator and diagnostics for logged rollouts."""
 
 
+def _tune_allocator() -> None:
+    """Keep freed memory in glibc's heap instead of returning it to the OS after every batch.
+
+    Streaming allocates and frees the same few MB of temporaries per record batch; with
+    glibc's defaults the heap is trimmed (brk) and regrown each time, and the page faults
+    cost more system time than the arithmetic. Elsewhere (musl, macOS) this does nothing.
+    """
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    mallopt(m_mmap_threshold, 64 << 20)
+    mallopt(m_trim_threshold, 512 << 20)
+
+
 def main() -> None:
     """Console-script entry point."""
+    _tune_allocator()
     try:
         app()
     except BrokenPipeError:  # `grpo-cli ... | head`
