@@ -43,6 +43,7 @@ __all__ = [
     "group_stats",
     "grpo_objective",
     "kl_estimate",
+    "kl_from_log_ratio",
     "kl_k3",
     "log_ratio",
     "segment_mean",
@@ -74,13 +75,20 @@ _EXP_MAX = float(np.log(np.finfo(np.float64).max))
 
 
 # --------------------------------------------------------------------------- checks
-def _real_array(name: str, x: ArrayLike) -> F64:
-    """``x`` as a float64 array (a copy when the dtype changes; never written to)."""
+def _real_array(name: str, x: ArrayLike, *, keep_float: bool = False) -> F64:
+    """``x`` as a float64 array (a copy when the dtype changes; never written to).
+
+    With ``keep_float``, float16/float32 arrays are returned as they are: the arithmetic
+    that reads them asks numpy for float64 results (``np.subtract(a, b, dtype=float64)``),
+    which converts on the fly without a float64 copy of the input.
+    """
     arr = np.asarray(x)
     if arr.dtype == np.bool_ or not (
         np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)
     ):
         raise InputError(f"{name}: expected a real-valued array, got dtype {arr.dtype}")
+    if keep_float and np.issubdtype(arr.dtype, np.floating):
+        return arr  # type: ignore[return-value]
     return arr.astype(np.float64, copy=False)
 
 
@@ -351,24 +359,47 @@ def kl_estimate(
         >>> kl_estimate([-1.0, -2.0], [-1.5, -1.0], estimator="k1").tolist()
         [0.5, -1.0]
     """
-    a = _real_array("logp", logp)
-    b = _real_array("ref_logp", ref_logp)
+    a = _real_array("logp", logp, keep_float=True)
+    b = _real_array("ref_logp", ref_logp, keep_float=True)
     _same_shape(logp=a, ref_logp=b)
+    d = np.subtract(b, a, dtype=np.float64)
+    return kl_from_log_ratio(
+        d, estimator=estimator, clamp=clamp, log_ratio_clamp=log_ratio_clamp
+    )
+
+
+def kl_from_log_ratio(
+    d: F64,
+    *,
+    estimator: KLEstimator = "k3",
+    clamp: float | None = None,
+    log_ratio_clamp: float | None = None,
+) -> F64:
+    """The KL estimate as a function of ``d = ref_logp − logp`` (see :func:`kl_estimate`).
+
+    ``k1 = −d``, ``k2 = d²/2``, ``k3 = exp(d) − d − 1``, evaluated in that order of
+    operations. ``d`` is not modified.
+
+    Example:
+        >>> kl_from_log_ratio(np.array([0.0, -1.0]), estimator="k2").tolist()
+        [0.0, 0.5]
+    """
     if estimator == "k3":
-        d = b - a
         if log_ratio_clamp is not None:
             d = np.clip(d, -log_ratio_clamp, log_ratio_clamp)
-        with np.errstate(over="ignore"):
-            k = np.exp(d) - d - 1.0
+        with np.errstate(over="ignore", invalid="ignore"):
+            k = np.exp(d)
+            k -= d
+            k -= 1.0
     elif estimator == "k2":
-        x = a - b
-        k = 0.5 * x * x
+        k = 0.5 * d
+        k *= d
     elif estimator == "k1":
-        k = a - b
+        k = np.negative(d)
     else:
         raise UsageError(f"KL estimator must be k1, k2 or k3, got {estimator!r}")
     if clamp is not None:
-        k = np.clip(k, -clamp, clamp)
+        np.clip(k, -clamp, clamp, out=k)
     return k
 
 
@@ -447,14 +478,30 @@ def clipped_surrogate(
         >>> clipped_surrogate(np.array([1.5, 0.5, 1.5]), np.array([1.0, -1.0, -1.0])).tolist()
         [1.2, -0.8, -1.5]
     """
-    lo = clip_eps
-    hi = clip_eps if clip_eps_high is None else clip_eps_high
-    with np.errstate(invalid="ignore", over="ignore"):
-        term = np.minimum(ratio * adv, np.clip(ratio, 1.0 - lo, 1.0 + hi) * adv)
-        if dual_clip is not None:
-            term = np.where(adv < 0, np.maximum(term, dual_clip * adv), term)
-    if np.isnan(term).any():  # only inf * 0: ratio overflowed on a token with A == 0
-        term[np.isnan(term) & (adv == 0)] = 0.0
+    lo = 1.0 - clip_eps
+    hi = 1.0 + (clip_eps if clip_eps_high is None else clip_eps_high)
+    # inf·0 (a ratio that overflowed, on a token with A = 0) is the only invalid operation
+    # possible; catching the floating-point flag costs nothing when it does not happen.
+    with np.errstate(over="ignore", invalid="raise"):
+        try:
+            return _surrogate(ratio, adv, lo, hi, dual_clip)
+        except FloatingPointError:
+            pass
+    with np.errstate(over="ignore", invalid="ignore"):
+        term = _surrogate(ratio, adv, lo, hi, dual_clip)
+    term[np.isnan(term) & (adv == 0)] = 0.0
+    return term
+
+
+def _surrogate(ratio: F64, adv: F64, lo: float, hi: float, dual_clip: float | None) -> F64:
+    term = ratio * adv
+    clipped = np.clip(ratio, lo, hi)
+    clipped *= adv
+    np.minimum(term, clipped, out=term)
+    if dual_clip is not None:  # max(term, c·A) where A < 0; untouched where A >= 0
+        floor = adv * dual_clip
+        floor[adv >= 0] = -np.inf
+        np.maximum(term, floor, out=term)
     return term
 
 
@@ -501,7 +548,8 @@ class TokenTerms:
     ``term = policy − β·kl`` is the per-token objective; ``delta`` is the raw token
     log-ratio ``logp − old_logp`` (before any clamp), ``ratio`` the ratio the surrogate used
     (after the clamp, at token or sequence level).
-    ``kl`` is None when there is no reference policy.
+    ``kl`` is None when there is no reference policy; ``ref_delta`` is ``ref_logp − logp``,
+    the KL's argument.
     """
 
     delta: F64
@@ -510,6 +558,7 @@ class TokenTerms:
     policy: F64
     kl: F64 | None
     term: F64
+    ref_delta: F64 | None = None
 
 
 def token_terms(
@@ -541,7 +590,10 @@ def token_terms(
         :class:`TokenTerms`.
     """
     lengths = np.diff(offsets)
-    delta = np.zeros_like(logp) if old_logp is None else log_ratio(logp, old_logp)
+    if old_logp is None:
+        delta = np.zeros(logp.shape[0], dtype=np.float64)
+    else:
+        delta = np.subtract(logp, old_logp, dtype=np.float64)
     used = delta if log_ratio_clamp is None else np.clip(delta, -log_ratio_clamp, log_ratio_clamp)
     if ratio_level == "sequence":
         used = sequence_log_ratio(used, offsets)
@@ -551,18 +603,22 @@ def token_terms(
     policy = clipped_surrogate(
         ratio, adv_tok, clip_eps=clip_eps, clip_eps_high=clip_eps_high, dual_clip=dual_clip
     )
-    kl = None
+    kl = d = None
     if ref_logp is not None:
-        kl = kl_estimate(
-            logp, ref_logp, estimator=kl_estimator, clamp=kl_clamp, log_ratio_clamp=log_ratio_clamp
+        d = np.subtract(ref_logp, logp, dtype=np.float64)
+        kl = kl_from_log_ratio(
+            d, estimator=kl_estimator, clamp=kl_clamp, log_ratio_clamp=log_ratio_clamp
         )
     if beta != 0.0:
         if kl is None:
             raise UsageError("beta > 0 needs ref_logp (the reference policy's log-probs)")
-        term = policy - beta * kl
+        term = np.multiply(kl, beta)
+        np.subtract(policy, term, out=term)
     else:
         term = policy
-    return TokenTerms(delta=delta, ratio=ratio, adv=adv_tok, policy=policy, kl=kl, term=term)
+    return TokenTerms(
+        delta=delta, ratio=ratio, adv=adv_tok, policy=policy, kl=kl, term=term, ref_delta=d
+    )
 
 
 def grpo_objective(

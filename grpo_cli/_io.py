@@ -404,7 +404,8 @@ class Batch:
     """A run of consecutive answers, valid tokens only.
 
     ``start`` is the dataset index of the first answer; ``offsets`` ``(n+1,)`` delimit the
-    answers in every flat ``(T_b,)`` token field of ``fields`` (float64); ``width`` ``(n,)``
+    answers in every flat ``(T_b,)`` token field of ``fields`` (floating: float32 as logged, or
+    float64; every computation on them produces float64); ``width`` ``(n,)``
     is each answer's token-run length before the mask (the padded width for npz).
     """
 
@@ -485,10 +486,18 @@ def _npz_batches(src: Source, wanted: list[str]) -> Iterator[Batch]:
     flat: dict[str, F64] = {}
     for f, arr in raw.items():
         assert arr is not None
-        v = arr[mask].astype(np.float64, copy=False)
+        v = _floating(arr[mask])
         _check_finite(v, offsets, 0, str(path), f"array {src.name(f)!r}", positions=mask)
         flat[f] = v
     yield Batch(start=0, offsets=offsets, fields=flat, width=np.full(N, L, dtype=np.int64))
+
+
+def _floating(v: np.ndarray) -> F64:
+    """Floating arrays as they are (float32 stays float32: the kernels ask numpy for float64
+    results, converting on the fly); anything else to float64."""
+    if np.issubdtype(v.dtype, np.floating):
+        return v  # type: ignore[return-value]
+    return v.astype(np.float64)
 
 
 def _mask_values(m: np.ndarray, label: str, what: str) -> NDArray[np.bool_]:
@@ -558,7 +567,7 @@ def _parquet_batches(src: Source, wanted: list[str], batch_tokens: int) -> Itera
         pf = _parquet_file(p)
         rows = _rows_per_batch(pf, names[0], batch_tokens)
         try:
-            it = pf.iter_batches(batch_size=rows, columns=cols, use_threads=True)
+            it = pf.iter_batches(batch_size=rows, columns=cols, use_threads=False)
             for rb in it:
                 yield _record_batch(rb, wanted, names, mname, start, str(p))
                 start += rb.num_rows
@@ -648,7 +657,7 @@ def _record_batch(
     out: dict[str, F64] = {}
     for f, name in zip(wanted, names, strict=True):
         v = flats[f] if m is None else flats[f][m]
-        v = v.astype(np.float64, copy=False)
+        v = _floating(v)
         if m is None:
             _check_finite(v, new_offsets, start, label, f"column {name!r}", unit="row")
         else:

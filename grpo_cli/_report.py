@@ -7,7 +7,10 @@ Each ``*_report`` function returns a frozen record; tables and JSON are two view
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+import os
+import queue
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +22,7 @@ from ._core import (
     GroupStats,
     advantages_by_group,
     group_stats,
-    kl_estimate,
+    kl_from_log_ratio,
     segment_sum,
     token_terms,
 )
@@ -298,7 +301,12 @@ def advantages_report(src: Source, settings: Settings) -> AdvantagesReport:
 
 # ------------------------------------------------------------------- token partials
 class TokenPartial:
-    """Mergeable partial statistics of the per-token GRPO terms over a run of answers."""
+    """Mergeable partial statistics of the per-token GRPO terms over a run of answers.
+
+    Built for the hot path: every per-token quantity is touched as few times as possible
+    (segment sums give token sums for free; clip counts are taken per answer, where the
+    advantage's sign is known; ratio extremes come from the log-ratio's).
+    """
 
     def __init__(self, settings: Settings, *, exact_cap: int | None = None) -> None:
         self.s = settings
@@ -310,28 +318,20 @@ class TokenPartial:
         # Σ_t v and Σ_i mean_t v, for v in term, policy, kl: all four aggregations follow.
         self.sums = {k: np.zeros(2) for k in ("term", "policy", "kl")}
         self.clip = np.zeros(5, dtype=np.int64)  # low, high, region, outside, dual_lower
-        self.ratio = Moments()
-        self.delta = Sketch(*LOG_RATIO_BINS, **cap)
-        self.kl = Moments()
-        self.kl_x = Sketch(*LOG_RATIO_BINS, **cap)  # x = logp − ref_logp; KL is f(x)
+        self.ratio_sum = 0.0
+        self.ratio_sq = 0.0  # Σρ²: ρ is near 1 with a spread of 1e-3..1, no cancellation issue
+        self.ratio_inf = 0
+        self.delta = Sketch(*LOG_RATIO_BINS, **cap)  # Δ = logp − old_logp; ρ = exp(Δ)
+        self.kl = Moments(fast=True)
+        self.kl_d = Sketch(*LOG_RATIO_BINS, **cap)  # d = ref_logp − logp; KL is f(d)
         self.kl_answer = Moments()
         self.kl_answer_q = Sketch(*ANSWER_BINS, **cap)
 
-    def _sums(self, key: str, v: F64, offsets: I64, lengths: I64) -> None:
-        self.sums[key] += (float(np.sum(v)), float(np.sum(segment_sum(v, offsets) / lengths)))
-
-    def update_kl(self, b: Batch) -> None:
-        """Statistics of the KL estimate alone (``grpo-cli kl``)."""
-        self._count(b)
-        lp, rp = b.fields["logp"], b.fields["ref_logp"]
-        k = kl_estimate(
-            lp,
-            rp,
-            estimator=self.s.kl_estimator,  # type: ignore[arg-type]
-            clamp=self.s.kl_clamp,
-            log_ratio_clamp=self.s.log_ratio_clamp,
-        )
-        self._kl(k, lp - rp, b)
+    def _sums(self, key: str, v: F64, b: Batch) -> F64:
+        seg = segment_sum(v, b.offsets)
+        means = seg / b.lengths
+        self.sums[key] += (float(np.sum(seg)), float(np.sum(means)))
+        return means
 
     def _count(self, b: Batch) -> None:
         self.answers += b.n
@@ -339,20 +339,34 @@ class TokenPartial:
         self.max_width = max(self.max_width, int(b.width.max()) if b.n else 0)
         self.lengths.update(b.lengths)
 
-    def _kl(self, k: F64, x: F64, b: Batch) -> None:
-        lengths = b.lengths
+    def _kl(self, k: F64, d: F64, b: Batch) -> None:
         self.kl.update(k)
-        self.kl_x.update(x)
-        per_answer = segment_sum(k, b.offsets) / lengths
+        self.kl_d.update(d)
+        per_answer = self._sums("kl", k, b)
         self.kl_answer.update(per_answer)
         self.kl_answer_q.update(per_answer)
-        self._sums("kl", k, b.offsets, lengths)
+
+    def update_kl(self, b: Batch) -> None:
+        """Statistics of the KL estimate alone (``grpo-cli kl``)."""
+        self._count(b)
+        d = np.subtract(b.fields["ref_logp"], b.fields["logp"], dtype=np.float64)
+        s = self.s
+        k = kl_from_log_ratio(
+            d,
+            estimator=s.kl_estimator,  # type: ignore[arg-type]
+            clamp=s.kl_clamp,
+            log_ratio_clamp=s.log_ratio_clamp,
+        )
+        self._kl(k, d, b)
+
+    def _answer_counts(self, flags: NDArray[np.bool_], b: Batch) -> I64:
+        """Per-answer count of True flags (every answer has a token)."""
+        return np.add.reduceat(flags, b.offsets[:-1], dtype=np.int64)
 
     def update(self, b: Batch, adv: F64) -> None:
         """Fold in a batch of answers with their advantages ``(b.n,)``."""
         s = self.s
         self._count(b)
-        lengths = b.lengths
         terms = token_terms(
             b.fields["logp"],
             b.fields.get("old_logp"),
@@ -361,25 +375,21 @@ class TokenPartial:
             b.offsets,
             **s.term_kwargs(),
         )
-        self._sums("term", terms.term, b.offsets, lengths)
-        self._sums("policy", terms.policy, b.offsets, lengths)
-        if terms.kl is not None:
-            self._kl(terms.kl, b.fields["logp"] - b.fields["ref_logp"], b)
-        # Clip fractions on the ratio the surrogate used. low/high are disjoint (A < 0 vs
-        # A > 0), and so are below/above: region and outside are sums, not unions.
-        r, a = terms.ratio, terms.adv
-        below, above = r < 1.0 - s.clip_eps, r > 1.0 + s.eps_high
-        neg = a < 0
-        n_low = np.count_nonzero(below & neg)
-        n_high = np.count_nonzero(above & (a > 0))
-        n_dual = np.count_nonzero(neg & (r > s.dual_clip)) if s.dual_clip is not None else 0
-        self.clip += (
-            n_low,
-            n_high,
-            n_low + n_high,
-            np.count_nonzero(below) + np.count_nonzero(above),
-            n_dual,
-        )
+        self._sums("term", terms.term, b)
+        self._sums("policy", terms.policy, b)
+        if terms.kl is not None and terms.ref_delta is not None:
+            self._kl(terms.kl, terms.ref_delta, b)
+        # Clip fractions on the ratio the surrogate used. Within an answer A has one sign,
+        # so count per answer and select answers by sign; below/above are disjoint.
+        r = terms.ratio
+        below = self._answer_counts(r < 1.0 - s.clip_eps, b)
+        above = self._answer_counts(r > 1.0 + s.eps_high, b)
+        neg, pos = adv < 0, adv > 0
+        n_low, n_high = int(below[neg].sum()), int(above[pos].sum())
+        n_dual = 0
+        if s.dual_clip is not None:
+            n_dual = int(self._answer_counts(r > s.dual_clip, b)[neg].sum())
+        self.clip += (n_low, n_high, n_low + n_high, int(below.sum() + above.sum()), n_dual)
         # Ratio distribution from the raw token log-ratio (before any clamp).
         d = terms.delta
         if s.ratio_level == "token" and s.log_ratio_clamp is None:
@@ -387,7 +397,11 @@ class TokenPartial:
         else:
             with np.errstate(over="ignore"):
                 raw_ratio = np.exp(d)
-        self.ratio.update(raw_ratio)
+        total = float(np.sum(raw_ratio))
+        if math.isinf(total):
+            self.ratio_inf += int(np.count_nonzero(np.isinf(raw_ratio)))
+        self.ratio_sum += total
+        self.ratio_sq += float(np.einsum("i,i->", raw_ratio, raw_ratio))
         self.delta.update(d)
 
     def merge(self, o: TokenPartial) -> TokenPartial:
@@ -398,10 +412,12 @@ class TokenPartial:
         for k in self.sums:
             self.sums[k] += o.sums[k]
         self.clip += o.clip
-        self.ratio.merge(o.ratio)
+        self.ratio_sum += o.ratio_sum
+        self.ratio_sq += o.ratio_sq
+        self.ratio_inf += o.ratio_inf
         self.delta.merge(o.delta)
         self.kl.merge(o.kl)
-        self.kl_x.merge(o.kl_x)
+        self.kl_d.merge(o.kl_d)
         self.kl_answer.merge(o.kl_answer)
         self.kl_answer_q.merge(o.kl_answer_q)
         return self
@@ -410,7 +426,24 @@ class TokenPartial:
     @property
     def overflow(self) -> int:
         """Tokens whose ratio exp(Δ) overflowed to inf."""
-        return self.ratio.n_inf
+        return self.ratio_inf
+
+    def ratio_distribution(self) -> Distribution:
+        """ρ = exp(Δ): mean from Σρ, extremes and quantiles from Δ's (exp is monotone)."""
+        n = self.delta.n
+        if n == 0:
+            return Distribution(0, None, None, None, None, {})
+        with np.errstate(over="ignore"):
+            lo, hi = math.exp(self.delta.hist.vmin), np.exp(self.delta.hist.vmax)
+        vals = self.delta.quantiles(_Q, np.exp)
+        assert vals is not None
+        mean = self.ratio_sum / n
+        std = math.sqrt(max(self.ratio_sq / n - mean * mean, 0.0)) if not self.ratio_inf else None
+        return Distribution(
+            count=n, mean=mean, std=std, min=lo, max=float(hi),
+            quantiles={k: float(v) for k, v in zip(QUANTILES, vals, strict=True)},
+            exact=self.delta.is_exact,
+        )
 
     @property
     def extreme(self) -> int:
@@ -430,12 +463,12 @@ class TokenPartial:
         return token_sum / lmax if self.s.norm_scale == "verl" else token_sum / (n * lmax)
 
     def kl_function(self) -> Callable[[F64], F64]:
+        """The KL estimate as a function of d = ref_logp − logp, for its quantiles."""
         s = self.s
 
-        def f(x: F64) -> F64:
-            return kl_estimate(
-                x,
-                np.zeros_like(x),
+        def f(d: F64) -> F64:
+            return kl_from_log_ratio(
+                d,
                 estimator=s.kl_estimator,  # type: ignore[arg-type]
                 clamp=s.kl_clamp,
                 log_ratio_clamp=s.log_ratio_clamp,
@@ -485,9 +518,76 @@ def _length_weights(p: TokenPartial) -> list[dict[str, float]]:
     return rows
 
 
+# --------------------------------------------------------------------- the fold
+DEFAULT_WORKERS = int(os.environ.get("GRPO_CLI_WORKERS", 0)) or max(1, min(2, os.cpu_count() or 1))
+
+
+def fold_batches(
+    batches: Iterator[Batch],
+    new: Callable[[], TokenPartial],
+    fold: Callable[[TokenPartial, Batch], None],
+    *,
+    workers: int | None = None,
+    progress: Progress | None = None,
+) -> TokenPartial:
+    """Fold a stream of batches into one partial, on ``workers`` threads.
+
+    numpy releases the GIL inside its loops, so threads run the arithmetic on separate
+    cores while the reader thread decodes the next batches. Batch ``i`` always goes to
+    worker ``i mod workers`` and the workers' partials are merged in worker order, so the
+    result is bit-for-bit the same from run to run (it depends on ``workers``, not on
+    timing). Memory stays bounded: each worker's queue holds at most two batches.
+    """
+    w = DEFAULT_WORKERS if workers is None else max(1, int(workers))
+    parts = [new() for _ in range(w)]
+    if w == 1:
+        for b in batches:
+            fold(parts[0], b)
+            if progress:
+                progress(b.n)
+        return parts[0]
+    queues: list[queue.Queue[Batch | None]] = [queue.Queue(maxsize=2) for _ in range(w)]
+    errors: list[BaseException] = []
+
+    def run(k: int) -> None:
+        while (b := queues[k].get()) is not None:
+            if errors:
+                continue  # drain after a failure elsewhere
+            try:
+                fold(parts[k], b)
+            except BaseException as exc:
+                errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(k,), daemon=True) for k in range(w)]
+    for t in threads:
+        t.start()
+    try:
+        for i, b in enumerate(batches):
+            if errors:
+                break
+            queues[i % w].put(b)
+            if progress:
+                progress(b.n)
+    finally:
+        for q in queues:
+            q.put(None)
+        for t in threads:
+            t.join()
+    if errors:
+        raise errors[0]
+    total = parts[0]
+    for p in parts[1:]:
+        total.merge(p)
+    return total
+
+
 # ----------------------------------------------------------------------- KL command
 def kl_report(
-    src: Source, settings: Settings, progress: Progress | None = None, exact_cap: int | None = None
+    src: Source,
+    settings: Settings,
+    progress: Progress | None = None,
+    exact_cap: int | None = None,
+    workers: int | None = None,
 ) -> KLReport:
     """Per-token KL estimate statistics of ``src`` (needs ``logp`` and ``ref_logp``)."""
     for f in ("logp", "ref_logp"):
@@ -496,17 +596,19 @@ def kl_report(
                 f"{src.label}: {src.name(f)!r} is missing (the KL needs logp and "
                 f"ref_logp; the file has: {', '.join(src.present)})"
             )
-    acc = TokenPartial(settings, exact_cap=exact_cap)
-    for b in iter_batches(src, ["logp", "ref_logp"]):
-        acc.update_kl(b)
-        if progress:
-            progress(b.n)
+    acc = fold_batches(
+        iter_batches(src, ["logp", "ref_logp"]),
+        lambda: TokenPartial(settings, exact_cap=exact_cap),
+        TokenPartial.update_kl,
+        workers=workers,
+        progress=progress,
+    )
     return KLReport(
         source=src.label,
         settings=settings,
         answers=acc.answers,
         tokens=acc.tokens,
-        token=_distribution(acc.kl, acc.kl_x, acc.kl_function()),
+        token=_distribution(acc.kl, acc.kl_d, acc.kl_function()),
         per_answer=_distribution(acc.kl_answer, acc.kl_answer_q),
         lengths=_int_distribution(acc.lengths),
     )
@@ -519,6 +621,7 @@ def objective_report(
     progress: Progress | None = None,
     exact_cap: int | None = None,
     recompute_advantages: bool = False,
+    workers: int | None = None,
 ) -> ObjectiveReport:
     """The GRPO objective of ``src`` and its diagnostics, streamed batch by batch."""
     warnings: list[str] = []
@@ -552,14 +655,18 @@ def objective_report(
             f"(the file has: {', '.join(src.present)})"
         )
 
-    acc = TokenPartial(settings, exact_cap=exact_cap)
-    fields = ["logp", "old_logp", "ref_logp"]
-    for b in iter_batches(src, fields):
+    def fold(acc: TokenPartial, b: Batch) -> None:
         if b.start + b.n > adv.shape[0]:
             raise InputError(f"{src.label}: more token rows than answers ({adv.shape[0]})")
         acc.update(b, adv[b.start : b.start + b.n])
-        if progress:
-            progress(b.n)
+
+    acc = fold_batches(
+        iter_batches(src, ["logp", "old_logp", "ref_logp"]),
+        lambda: TokenPartial(settings, exact_cap=exact_cap),
+        fold,
+        workers=workers,
+        progress=progress,
+    )
     if acc.answers != adv.shape[0]:
         raise InputError(
             f"{src.label}: {acc.answers} token rows but {adv.shape[0]} answers (rewards/advantages)"
@@ -622,11 +729,11 @@ def _objective_record(
         on_policy=on_policy,
         advantages_source=adv_source,
         clip=clip,
-        ratio=_distribution(acc.ratio, acc.delta, np.exp),
+        ratio=acc.ratio_distribution(),
         ratio_histogram=acc.ratio_histogram(),
         overflow_tokens=acc.overflow,
         extreme_tokens=acc.extreme,
-        kl=_distribution(acc.kl, acc.kl_x, acc.kl_function()) if has_kl else None,
+        kl=_distribution(acc.kl, acc.kl_d, acc.kl_function()) if has_kl else None,
         lengths=_int_distribution(acc.lengths),
         advantage=_values_distribution(adv),
         group_summary=_group_summary(stats) if stats is not None else None,

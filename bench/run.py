@@ -1,0 +1,153 @@
+"""Benchmark: grpo-cli objective against reading the same columns and a padded implementation.
+
+Generates synthetic rollouts with ``grpo-cli sample`` (cached in bench/data/), then runs
+each contender in a fresh process, several times, and reports the best wall time and the
+peak RSS (from wait4) of each, as ratios against the baselines measured in the same run:
+
+- ``read_table``: ``pyarrow.parquet.read_table`` of the three token columns (the floor:
+  any tool must at least read the data);
+- ``read_stream``: the same columns streamed record batch by record batch;
+- ``padded``: the seed formula on padded ``(N, L)`` numpy arrays with a mask (what a
+  notebook does), float32 to fit in memory; skipped when it would not fit;
+- ``grpo-cli``: ``grpo-cli objective FILE --json``.
+
+Usage: python bench/run.py [--scale 1] [--repeat 3] [--skip-padded]
+``--scale 1`` is ~70M tokens (51,200 answers, lengths up to 8,192).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+DATA = HERE / "data"
+
+READ_TABLE = """
+import sys, pyarrow.parquet as pq
+t = pq.read_table(sys.argv[1], columns=["logp", "old_logp", "ref_logp"])
+print(t.num_rows)
+"""
+
+READ_STREAM = """
+import sys, pyarrow.parquet as pq
+n = 0
+for rb in pq.ParquetFile(sys.argv[1]).iter_batches(columns=["logp", "old_logp", "ref_logp"]):
+    n += rb.num_rows
+print(n)
+"""
+
+# The seed formula, the way a notebook writes it: pad every answer to the longest, mask.
+PADDED = """
+import sys, json, numpy as np, pyarrow.parquet as pq
+t = pq.read_table(sys.argv[1], columns=["group", "reward", "logp", "old_logp", "ref_logp"])
+lengths = np.asarray(t.column("logp").combine_chunks().value_lengths())
+N, L = lengths.shape[0], int(lengths.max())
+mask = np.arange(L)[None, :] < lengths[:, None]
+def padded(name):
+    out = np.zeros((N, L), dtype=np.float32)
+    out[mask] = t.column(name).combine_chunks().flatten().to_numpy()
+    return out
+logp, old, ref = padded("logp"), padded("old_logp"), padded("ref_logp")
+reward = t.column("reward").to_numpy()
+_, codes = np.unique(np.asarray(t.column("group").to_pylist()), return_inverse=True)
+mean = np.bincount(codes, reward) / np.bincount(codes)
+std = np.sqrt(np.bincount(codes, (reward - mean[codes]) ** 2) / np.bincount(codes))
+adv = np.where(std[codes] > 0, (reward - mean[codes]) / (std[codes] + 1e-8), 0.0)
+adv = adv.astype(np.float32)[:, None]
+del t
+ratio = np.exp(logp - old)
+surr = np.minimum(ratio * adv, np.clip(ratio, 0.8, 1.2) * adv)
+del ratio
+d = ref - logp
+kl = np.exp(d) - d - 1
+del d
+per_token = (surr - 0.04 * kl) * mask
+obj = float(np.mean(per_token.sum(axis=1, dtype=np.float64) / lengths))
+low = float(((np.exp(logp - old) < 0.8) & (adv < 0) & mask).sum() / lengths.sum())
+print(json.dumps({"objective": obj, "low": low}))
+"""
+
+
+def measure(cmd: list[str], repeat: int) -> dict[str, float | str]:
+    """Best wall time and the peak RSS over ``repeat`` fresh processes."""
+    best, rss, out = float("inf"), 0, ""
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                text=True)
+        assert proc.stdout is not None
+        out = proc.stdout.read()
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0:
+            raise SystemExit(f"failed ({proc.returncode}): {' '.join(cmd)}")
+        best = min(best, wall)
+        rss = max(rss, usage.ru_maxrss)  # KiB on Linux
+    return {"wall_s": best, "rss_mib": rss / 1024, "stdout": out}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scale", type=float, default=1.0, help="1 = ~70M tokens")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--skip-padded", action="store_true")
+    args = ap.parse_args()
+
+    groups = int(6400 * args.scale)
+    DATA.mkdir(exist_ok=True)
+    path = DATA / f"rollouts_x{args.scale:g}.parquet"
+    cli = [sys.executable, "-m", "grpo_cli"]
+    if not path.exists():
+        print(f"generating {path} ...", file=sys.stderr)
+        subprocess.run([*cli, "sample", str(path), "--groups", str(groups), "--group-size", "8",
+                        "--mean-len", "1367", "--max-len", "8192", "--seed", "1"], check=True)
+    py = [sys.executable, "-c"]
+    results: dict[str, dict[str, float | str]] = {}
+    results["read_table"] = measure([*py, READ_TABLE, str(path)], args.repeat)
+    results["read_stream"] = measure([*py, READ_STREAM, str(path)], args.repeat)
+    results["grpo-cli"] = measure([*cli, "objective", str(path), "--json"], args.repeat)
+    report = json.loads(str(results["grpo-cli"]["stdout"]))
+    tokens, answers = report["counts"]["tokens"], report["counts"]["answers"]
+    padded_gib = answers * report["max_len"] * 4 * 9 / 2**30  # ~9 padded float32 arrays live
+    if args.skip_padded or padded_gib > 20:
+        note = "skipped" if args.skip_padded else f"skipped: needs ~{padded_gib:.0f} GiB"
+        results["padded"] = {"wall_s": float("nan"), "rss_mib": float("nan"), "stdout": note}
+    else:
+        results["padded"] = measure([*py, PADDED, str(path)], 1)
+
+    base = results["read_table"]
+    print(f"\nmachine: {platform.machine()}, {os.cpu_count()} cores, Python "
+          f"{platform.python_version()}; file {path.name}: {answers:,} answers, {tokens:,} "
+          f"tokens, {path.stat().st_size / 2**20:,.0f} MiB; best of {args.repeat}\n")
+    print(f"{'contender':<12} {'wall s':>8} {'peak RSS MiB':>13} {'wall / read_table':>18} "
+          f"{'RSS / read_table':>17}")
+    for name, r in results.items():
+        w, m = float(r["wall_s"]), float(r["rss_mib"])
+        print(f"{name:<12} {w:>8.2f} {m:>13.0f} {w / float(base['wall_s']):>18.2f} "
+              f"{m / float(base['rss_mib']):>17.2f}")
+    pad = results["padded"]
+    if pad["wall_s"] == pad["wall_s"]:  # not NaN
+        padded_out = json.loads(str(pad["stdout"]))
+        speedup = float(pad["wall_s"]) / float(results["grpo-cli"]["wall_s"])
+        rel = abs(padded_out["objective"] - report["objective"]) / abs(report["objective"])
+        print(f"\ngrpo-cli is {speedup:.1f}x faster than the padded implementation; "
+              f"objectives agree to {rel:.1e} (relative; padded is float32), "
+              f"clip low {padded_out['low']:.6g} vs {report['clip_fraction']['low']:.6g}")
+    else:
+        print(f"\npadded: {pad['stdout']}")
+    target = float(results["grpo-cli"]["wall_s"]) / float(base["wall_s"])
+    print(f"targets: wall <= 1.3x read_table: {'PASS' if target <= 1.3 else 'FAIL'} "
+          f"({target:.2f}x); peak RSS < 1 GiB: "
+          f"{'PASS' if float(results['grpo-cli']['rss_mib']) < 1024 else 'FAIL'}")
+
+
+if __name__ == "__main__":
+    main()
