@@ -80,8 +80,7 @@ def measure(cmd: list[str], repeat: int) -> dict[str, float | str]:
     best, rss, out = float("inf"), 0, ""
     for _ in range(repeat):
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                text=True)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         assert proc.stdout is not None
         out = proc.stdout.read()
         _, status, usage = os.wait4(proc.pid, 0)
@@ -107,8 +106,24 @@ def main() -> None:
     cli = [sys.executable, "-m", "grpo_cli"]
     if not path.exists():
         print(f"generating {path} ...", file=sys.stderr)
-        subprocess.run([*cli, "sample", str(path), "--groups", str(groups), "--group-size", "8",
-                        "--mean-len", "1367", "--max-len", "8192", "--seed", "1"], check=True)
+        subprocess.run(
+            [
+                *cli,
+                "sample",
+                str(path),
+                "--groups",
+                str(groups),
+                "--group-size",
+                "8",
+                "--mean-len",
+                "1367",
+                "--max-len",
+                "8192",
+                "--seed",
+                "1",
+            ],
+            check=True,
+        )
     py = [sys.executable, "-c"]
     results: dict[str, dict[str, float | str]] = {}
     results["read_table"] = measure([*py, READ_TABLE, str(path)], args.repeat)
@@ -124,29 +139,39 @@ def main() -> None:
         results["padded"] = measure([*py, PADDED, str(path)], 1)
 
     base = results["read_table"]
-    print(f"\nmachine: {platform.machine()}, {os.cpu_count()} cores, Python "
-          f"{platform.python_version()}; file {path.name}: {answers:,} answers, {tokens:,} "
-          f"tokens, {path.stat().st_size / 2**20:,.0f} MiB; best of {args.repeat}\n")
-    print(f"{'contender':<12} {'wall s':>8} {'peak RSS MiB':>13} {'wall / read_table':>18} "
-          f"{'RSS / read_table':>17}")
+    print(
+        f"\nmachine: {platform.machine()}, {os.cpu_count()} cores, Python "
+        f"{platform.python_version()}; file {path.name}: {answers:,} answers, {tokens:,} "
+        f"tokens, {path.stat().st_size / 2**20:,.0f} MiB; best of {args.repeat}\n"
+    )
+    print(
+        f"{'contender':<12} {'wall s':>8} {'peak RSS MiB':>13} {'wall / read_table':>18} "
+        f"{'RSS / read_table':>17}"
+    )
     for name, r in results.items():
         w, m = float(r["wall_s"]), float(r["rss_mib"])
-        print(f"{name:<12} {w:>8.2f} {m:>13.0f} {w / float(base['wall_s']):>18.2f} "
-              f"{m / float(base['rss_mib']):>17.2f}")
+        print(
+            f"{name:<12} {w:>8.2f} {m:>13.0f} {w / float(base['wall_s']):>18.2f} "
+            f"{m / float(base['rss_mib']):>17.2f}"
+        )
     pad = results["padded"]
     if pad["wall_s"] == pad["wall_s"]:  # not NaN
         padded_out = json.loads(str(pad["stdout"]))
         speedup = float(pad["wall_s"]) / float(results["grpo-cli"]["wall_s"])
         rel = abs(padded_out["objective"] - report["objective"]) / abs(report["objective"])
-        print(f"\ngrpo-cli is {speedup:.1f}x faster than the padded implementation; "
-              f"objectives agree to {rel:.1e} (relative; padded is float32), "
-              f"clip low {padded_out['low']:.6g} vs {report['clip_fraction']['low']:.6g}")
+        print(
+            f"\ngrpo-cli is {speedup:.1f}x faster than the padded implementation; "
+            f"objectives agree to {rel:.1e} (relative; padded is float32), "
+            f"clip low {padded_out['low']:.6g} vs {report['clip_fraction']['low']:.6g}"
+        )
     else:
         print(f"\npadded: {pad['stdout']}")
     target = float(results["grpo-cli"]["wall_s"]) / float(base["wall_s"])
-    print(f"targets: wall <= 1.3x read_table: {'PASS' if target <= 1.3 else 'FAIL'} "
-          f"({target:.2f}x); peak RSS < 1 GiB: "
-          f"{'PASS' if float(results['grpo-cli']['rss_mib']) < 1024 else 'FAIL'}")
+    print(
+        f"targets: wall <= 1.3x read_table: {'PASS' if target <= 1.3 else 'FAIL'} "
+        f"({target:.2f}x); peak RSS < 1 GiB: "
+        f"{'PASS' if float(results['grpo-cli']['rss_mib']) < 1024 else 'FAIL'}"
+    )
 
 
 if __name__ == "__main__":

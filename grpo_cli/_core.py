@@ -88,7 +88,7 @@ def _real_array(name: str, x: ArrayLike, *, keep_float: bool = False) -> F64:
     ):
         raise InputError(f"{name}: expected a real-valued array, got dtype {arr.dtype}")
     if keep_float and np.issubdtype(arr.dtype, np.floating):
-        return arr  # type: ignore[return-value]
+        return arr
     return arr.astype(np.float64, copy=False)
 
 
@@ -363,9 +363,7 @@ def kl_estimate(
     b = _real_array("ref_logp", ref_logp, keep_float=True)
     _same_shape(logp=a, ref_logp=b)
     d = np.subtract(b, a, dtype=np.float64)
-    return kl_from_log_ratio(
-        d, estimator=estimator, clamp=clamp, log_ratio_clamp=log_ratio_clamp
-    )
+    return kl_from_log_ratio(d, estimator=estimator, clamp=clamp, log_ratio_clamp=log_ratio_clamp)
 
 
 def kl_from_log_ratio(

@@ -100,6 +100,12 @@ class Source:
     def has(self, field: str) -> bool:
         return self.columns.get(field) is not None
 
+    def n_rows(self) -> int | None:
+        """Answers in the dataset from parquet metadata (no data read); None for npz."""
+        if self.kind != "parquet":
+            return None
+        return sum(_parquet_file(p).metadata.num_rows for p in self.paths)
+
 
 def _expand(spec: str) -> list[Path]:
     p = Path(spec)
@@ -424,7 +430,7 @@ class Batch:
 
 
 def iter_batches(
-    src: Source, fields: Sequence[str], *, batch_tokens: int = BATCH_TOKENS
+    src: Source, fields: Sequence[str], *, batch_tokens: int | None = None
 ) -> Iterator[Batch]:
     """Pass 2: stream the requested token fields (of ``logp``, ``old_logp``, ``ref_logp``).
 
@@ -435,7 +441,8 @@ def iter_batches(
     if src.kind == "npz":
         yield from _npz_batches(src, wanted)
     else:
-        yield from prefetch(_parquet_batches(src, wanted, batch_tokens))
+        tokens = BATCH_TOKENS if batch_tokens is None else batch_tokens
+        yield from prefetch(_parquet_batches(src, wanted, tokens))
 
 
 def _npz_batches(src: Source, wanted: list[str]) -> Iterator[Batch]:
@@ -496,7 +503,7 @@ def _floating(v: np.ndarray) -> F64:
     """Floating arrays as they are (float32 stays float32: the kernels ask numpy for float64
     results, converting on the fly); anything else to float64."""
     if np.issubdtype(v.dtype, np.floating):
-        return v  # type: ignore[return-value]
+        return v
     return v.astype(np.float64)
 
 

@@ -440,7 +440,11 @@ class TokenPartial:
         mean = self.ratio_sum / n
         std = math.sqrt(max(self.ratio_sq / n - mean * mean, 0.0)) if not self.ratio_inf else None
         return Distribution(
-            count=n, mean=mean, std=std, min=lo, max=float(hi),
+            count=n,
+            mean=mean,
+            std=std,
+            min=lo,
+            max=float(hi),
             quantiles={k: float(v) for k, v in zip(QUANTILES, vals, strict=True)},
             exact=self.delta.is_exact,
         )

@@ -84,8 +84,8 @@ def _optional(name: str, text: str | None) -> object:
 def _progress(
     enabled: bool, total: int | None, what: str
 ) -> Iterator[Callable[[int], None] | None]:
-    if not enabled or not sys.stderr.isatty():
-        yield None
+    if not enabled or not sys.stderr.isatty() or not total or total < 10_000:
+        yield None  # a bar only where it helps: big inputs, a terminal to draw on
         return
     console = Console(stderr=True)
     with Progress(
@@ -297,7 +297,7 @@ def kl(
             log_ratio_clamp=log_ratio_clamp,
         )
         src = open_source(files, parse_column_map(column))
-        with _progress(progress, None, "kl") as tick:
+        with _progress(progress, src.n_rows(), "kl") as tick:
             report = kl_report(src, settings, progress=tick)
         if json_out:
             _emit_json(kl_json(report))
@@ -365,7 +365,7 @@ def objective(
             singleton=singleton,
         )
         src = open_source(files, parse_column_map(column))
-        with _progress(progress, None, "objective") as tick:
+        with _progress(progress, src.n_rows(), "objective") as tick:
             report = objective_report(
                 src, settings, progress=tick, recompute_advantages=recompute_advantages
             )

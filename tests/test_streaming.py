@@ -1,0 +1,177 @@
+"""Streaming: many record batches, several files, worker threads and histogram quantiles
+give the in-memory answer (exactly where the maths allows, within the documented
+resolution where quantiles come from the histogram)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from grpo_cli import objective_report, open_source, resolve_settings
+from grpo_cli._io import iter_batches
+from grpo_cli._report import LOG_RATIO_BINS, QUANTILES, kl_report
+from grpo_cli._stats import Histogram, IntCounts, Moments, Sketch, quantiles_from_counts
+
+from .conftest import Cli, random_batch, write_npz, write_parquet
+
+_Q = np.array(list(QUANTILES.values()))
+
+
+# ------------------------------------------------------------------- partial statistics
+def test_moments_merge_equals_concatenation() -> None:
+    rng = np.random.default_rng(1)
+    parts = [rng.normal(3.0, 2.0, size=n) for n in (1, 7, 100, 3)]
+    merged = Moments()
+    for p in parts:
+        merged.merge(Moments().update(p))
+    x = np.concatenate(parts)
+    assert merged.n == x.size
+    assert math.isclose(merged.mean or 0, x.mean(), rel_tol=1e-13)
+    assert math.isclose(merged.std or 0, x.std(), rel_tol=1e-12)
+    assert (merged.min, merged.max) == (x.min(), x.max())
+    fast = Moments(fast=True)
+    for p in parts:
+        fast.update(p)
+    assert math.isclose(fast.std or 0, x.std(), rel_tol=1e-10)
+
+
+def test_moments_report_infinity_not_nan() -> None:
+    m = Moments().update(np.array([1.0, np.inf, 2.0]))
+    assert m.mean == np.inf and m.std is None and m.n_inf == 1 and m.max == np.inf
+
+
+def test_quantiles_from_counts_matches_numpy() -> None:
+    rng = np.random.default_rng(2)
+    x = rng.integers(0, 9, size=57).astype(float)
+    v, c = np.unique(x, return_counts=True)
+    np.testing.assert_allclose(quantiles_from_counts(v, c, _Q), np.quantile(x, _Q), rtol=1e-15)
+
+
+def test_int_counts_merge_and_quantiles() -> None:
+    a, b = np.array([3, 1, 4, 1, 5]), np.array([9, 2, 6])
+    c = IntCounts().update(a).merge(IntCounts().update(b))
+    x = np.concatenate([a, b])
+    q = c.quantiles(_Q)
+    assert q is not None
+    np.testing.assert_allclose(q, np.quantile(x, _Q))
+    mean, std, lo, hi = c.moments()
+    assert (lo, hi) == (1, 9) and math.isclose(mean, x.mean()) and math.isclose(std, x.std())
+
+
+def test_histogram_bins_and_open_ends() -> None:
+    h = Histogram(-1.0, 1.0, 4).update(np.array([-5.0, -1.0, -0.49, 0.0, 0.5, 0.99, 1.0, 7.0]))
+    # bins: under | [-1,-.5) | [-.5,0) | [0,.5) | [.5,1) | over (>= 1)
+    assert h.counts.tolist() == [1, 1, 1, 1, 2, 2]
+    assert (h.vmin, h.vmax) == (-5.0, 7.0)
+
+
+@pytest.mark.parametrize("cap", [0, 10])
+def test_sketch_quantiles_within_documented_resolution(cap: int) -> None:
+    rng = np.random.default_rng(3)
+    x = np.concatenate([rng.normal(0, 0.05, 5000), rng.normal(0, 2.0, 50)])
+    s = Sketch(*LOG_RATIO_BINS, exact_cap=cap)
+    for chunk in np.array_split(x, 7):
+        s.update(chunk)
+    assert not s.is_exact
+    width = (LOG_RATIO_BINS[1] - LOG_RATIO_BINS[0]) / LOG_RATIO_BINS[2]
+    got = s.quantiles(_Q)
+    assert got is not None
+    assert np.all(np.abs(got - np.quantile(x, _Q)) <= width / 2 + 1e-15)
+    # quantiles of exp(x): relative error at most exp(w/2) - 1
+    ratio = s.quantiles(_Q, np.exp)
+    assert ratio is not None
+    assert np.all(np.abs(ratio / np.quantile(np.exp(x), _Q) - 1) <= math.expm1(width / 2) + 1e-15)
+
+
+def test_sketch_is_exact_under_the_cap() -> None:
+    x = np.array([0.3, -0.2, 0.1, 0.25])
+    s = Sketch(*LOG_RATIO_BINS).update(x[:2]).merge(Sketch(*LOG_RATIO_BINS).update(x[2:]))
+    assert s.is_exact
+    np.testing.assert_array_equal(s.quantiles(_Q), np.quantile(x, _Q))
+
+
+# ----------------------------------------------------------------------- end to end
+def _strip(doc: dict[str, object]) -> dict[str, object]:
+    doc = dict(doc)
+    doc.pop("source")
+    return doc
+
+
+def _close(a: object, b: object, rel: float) -> None:
+    if isinstance(a, dict) and isinstance(b, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            _close(a[k], b[k], rel)
+    elif isinstance(a, list) and isinstance(b, list):
+        assert len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            _close(x, y, rel)
+    elif isinstance(a, float) and isinstance(b, float):
+        assert math.isclose(a, b, rel_tol=rel, abs_tol=1e-15), (a, b)
+    else:
+        assert a == b
+
+
+def test_many_batches_files_and_workers_equal_one_batch(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rng = np.random.default_rng(31)
+    b = random_batch(rng, n=300, width=40, groups=23)
+    whole = _strip(cli.json("objective", write_npz(tmp_path / "all.npz", b)))
+    # the same answers over three parquet files, streamed in batches of ~64 tokens
+    table = pq.read_table(write_parquet(tmp_path / "all.parquet", b))
+    d = tmp_path / "parts"
+    d.mkdir()
+    for i, (lo, hi) in enumerate(((0, 90), (90, 200), (200, 300))):
+        pq.write_table(table.slice(lo, hi - lo), d / f"part-{i}.parquet")
+    monkeypatch.setattr("grpo_cli._io.BATCH_TOKENS", 64)
+    for spec in (
+        [str(d)],
+        [str(d / "part-*.parquet")],
+        [str(d / f"part-{i}.parquet") for i in range(3)],
+    ):
+        streamed = _strip(cli.json("objective", *spec))
+        _close(streamed, whole, rel=1e-12)
+    settings = resolve_settings()
+    src = open_source([str(d)])
+    assert sum(1 for _ in iter_batches(src, ["logp"])) > 10
+    one = objective_report(src, settings, workers=1)
+    two = objective_report(src, settings, workers=2)
+    assert math.isclose(one.objective, two.objective, rel_tol=1e-12)
+    again = objective_report(src, settings, workers=2)
+    assert again.objective == two.objective  # deterministic, whatever the thread timing
+
+
+def test_streamed_histogram_quantiles_match_in_memory(tmp_path: Path) -> None:
+    rng = np.random.default_rng(32)
+    b = random_batch(rng, n=200, width=30)
+    src = open_source([str(write_parquet(tmp_path / "b.parquet", b))])
+    s = resolve_settings()
+    exact = objective_report(src, s)
+    binned = objective_report(src, s, exact_cap=0)
+    assert exact.ratio.exact and not binned.ratio.exact
+    w = (LOG_RATIO_BINS[1] - LOG_RATIO_BINS[0]) / LOG_RATIO_BINS[2]
+    for k in QUANTILES:
+        assert abs(binned.ratio.quantiles[k] / exact.ratio.quantiles[k] - 1) <= math.expm1(w / 2)
+    assert binned.objective == exact.objective  # quantile mode never touches the sums
+    # KL quantiles: |k3(d ± w/2) − k3(d)| is at most |e^d − 1|·w/2 + O(w²)
+    assert exact.kl is not None and binned.kl is not None
+    d = np.concatenate([r - lp for lp, r in zip(b["logp"], b["ref_logp"], strict=True)])
+    bound = float(np.max(np.abs(np.expm1(d)))) * w / 2 + w * w
+    for k in QUANTILES:
+        assert abs(binned.kl.quantiles[k] - exact.kl.quantiles[k]) <= bound
+    kb, ke = kl_report(src, s, exact_cap=0), kl_report(src, s)
+    assert kb.token.mean == ke.token.mean
+
+
+def test_progress_counts_every_answer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    b = random_batch(np.random.default_rng(33), n=50, width=20)
+    src = open_source([str(write_parquet(tmp_path / "b.parquet", b))])
+    monkeypatch.setattr("grpo_cli._io.BATCH_TOKENS", 32)
+    seen: list[int] = []
+    objective_report(src, resolve_settings(), progress=seen.append)
+    assert sum(seen) == 50 and len(seen) > 1
