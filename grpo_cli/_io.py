@@ -31,8 +31,10 @@ __all__ = [
     "ALIASES",
     "Answers",
     "Batch",
+    "RawBatch",
     "Source",
     "iter_batches",
+    "iter_raw",
     "load_answers",
     "open_source",
     "parse_column_map",
@@ -199,6 +201,11 @@ def _parquet_names(paths: Sequence[Path]) -> list[str]:
     return first
 
 
+def pq_rows(p: Path) -> int:
+    """Rows of one parquet file, from its metadata."""
+    return int(_parquet_file(p).metadata.num_rows)
+
+
 def _parquet_file(p: Path) -> pq.ParquetFile:
     # Buffered reads without pre-buffering: a row group is decoded page by page as record
     # batches are pulled, so memory is bounded by the batch, not by the row group.
@@ -253,14 +260,18 @@ def _encode_groups(values: pa.Array | np.ndarray, label: str, what: str) -> tupl
     return codes, enc.dictionary.to_pylist()
 
 
-def load_answers(src: Source, *, need_rewards: bool) -> Answers:
-    """Pass 1: group ids, rewards and advantages of every answer (small columns only)."""
+def load_answers(src: Source, *, need_rewards: bool, allow_nonfinite: bool = False) -> Answers:
+    """Pass 1: group ids, rewards and advantages of every answer (small columns only).
+
+    Non-finite rewards or advantages are an error, unless ``allow_nonfinite`` (``check``
+    counts them instead).
+    """
     if src.kind == "npz":
-        return _npz_answers(src, need_rewards)
-    return _parquet_answers(src, need_rewards)
+        return _npz_answers(src, need_rewards, allow_nonfinite)
+    return _parquet_answers(src, need_rewards, allow_nonfinite)
 
 
-def _npz_answers(src: Source, need_rewards: bool) -> Answers:
+def _npz_answers(src: Source, need_rewards: bool, allow_nonfinite: bool = False) -> Answers:
     path = src.paths[0]
     with np.load(path, allow_pickle=False) as z:
         get = _npz_getter(z, src)
@@ -302,7 +313,7 @@ def _npz_answers(src: Source, need_rewards: bool) -> Answers:
                 f"{path}: array {rname!r} has shape {reward.shape}, expected (P, G) or (N,)"
             )
         bad = np.flatnonzero(~np.isfinite(r))
-        if bad.size:
+        if bad.size and not allow_nonfinite:
             raise InputError(
                 f"{path}: array {rname!r} has non-finite value {r[bad[0]]} at answer {int(bad[0])}"
             )
@@ -315,7 +326,7 @@ def _npz_answers(src: Source, need_rewards: bool) -> Answers:
         if a.ndim != 1 or (n is not None and a.shape[0] != n):
             raise InputError(f"{path}: array {aname!r} has shape {adv.shape}, expected ({n},)")
         bad = np.flatnonzero(~np.isfinite(a))
-        if bad.size:
+        if bad.size and not allow_nonfinite:
             raise InputError(
                 f"{path}: array {aname!r} has non-finite value at answer {int(bad[0])}"
             )
@@ -352,7 +363,7 @@ def _npz_getter(z: Any, src: Source) -> Any:
     return get
 
 
-def _parquet_answers(src: Source, need_rewards: bool) -> Answers:
+def _parquet_answers(src: Source, need_rewards: bool, allow_nonfinite: bool = False) -> Answers:
     fields = [f for f in ("group", "reward", "advantage") if src.has(f)]
     cols = [src.name(f) for f in fields]
     tables = []
@@ -374,7 +385,7 @@ def _parquet_answers(src: Source, need_rewards: bool) -> Answers:
     codes = labels = r = a = None
     if table is not None and src.has("reward"):
         name = src.name("reward")
-        r = _float_column(table.column(name), src.label, name)
+        r = _float_column(table.column(name), src.label, name, allow_nonfinite)
         if not src.has("group"):
             raise InputError(
                 f"{src.label}: column {src.name('group')!r} is missing "
@@ -384,11 +395,15 @@ def _parquet_answers(src: Source, need_rewards: bool) -> Answers:
             table.column(src.name("group")), src.label, f"column {src.name('group')!r}"
         )
     if table is not None and src.has("advantage"):
-        a = _float_column(table.column(src.name("advantage")), src.label, src.name("advantage"))
+        a = _float_column(
+            table.column(src.name("advantage")), src.label, src.name("advantage"), allow_nonfinite
+        )
     return Answers(n=n_rows, codes=codes, labels=labels, reward=r, advantage=a, shape=None)
 
 
-def _float_column(col: pa.ChunkedArray, label: str, name: str) -> F64:
+def _float_column(
+    col: pa.ChunkedArray, label: str, name: str, allow_nonfinite: bool = False
+) -> F64:
     t = col.type
     if not (pa.types.is_floating(t) or pa.types.is_integer(t) or pa.types.is_boolean(t)):
         raise InputError(f"{label}: column {name!r} has type {t}, expected numbers")
@@ -397,7 +412,7 @@ def _float_column(col: pa.ChunkedArray, label: str, name: str) -> F64:
         raise InputError(f"{label}: column {name!r} is null at row {row}")
     x = np.asarray(col.to_numpy(), dtype=np.float64)
     bad = np.flatnonzero(~np.isfinite(x))
-    if bad.size:
+    if bad.size and not allow_nonfinite:
         raise InputError(
             f"{label}: column {name!r} has non-finite value {x[bad[0]]} at row {int(bad[0])}"
         )
@@ -565,23 +580,108 @@ def _rows_per_batch(pf: pq.ParquetFile, col: str, batch_tokens: int) -> int:
     return int(max(16, min(rows, batch_tokens / max(per_row, 1.0))))
 
 
+def _parquet_record_batches(
+    src: Source, cols: list[str], batch_tokens: int
+) -> Iterator[tuple[pa.RecordBatch, int, str]]:
+    """(record batch, dataset index of its first row, file) over every file, in order."""
+    start = 0
+    for p in src.paths:
+        pf = _parquet_file(p)
+        rows = _rows_per_batch(pf, cols[0], batch_tokens)
+        it = pf.iter_batches(batch_size=rows, columns=cols, use_threads=False)
+        while True:
+            try:
+                rb = next(it)
+            except StopIteration:
+                break
+            except Exception as exc:
+                raise InputError(f"{p}: cannot read columns {cols} ({_why(exc)})") from None
+            yield rb, start, str(p)
+            start += rb.num_rows
+
+
 def _parquet_batches(src: Source, wanted: list[str], batch_tokens: int) -> Iterator[Batch]:
     names = [src.name(f) for f in wanted]
     mname = src.name("mask") if src.has("mask") else None
     cols = names + ([mname] if mname else [])
-    start = 0
-    for p in src.paths:
-        pf = _parquet_file(p)
-        rows = _rows_per_batch(pf, names[0], batch_tokens)
-        try:
-            it = pf.iter_batches(batch_size=rows, columns=cols, use_threads=False)
-            for rb in it:
-                yield _record_batch(rb, wanted, names, mname, start, str(p))
-                start += rb.num_rows
-        except InputError:
-            raise
-        except Exception as exc:
-            raise InputError(f"{p}: cannot read token columns {cols} ({_why(exc)})") from None
+    for rb, start, label in _parquet_record_batches(src, cols, batch_tokens):
+        yield _record_batch(rb, wanted, names, mname, start, label)
+
+
+@dataclass(frozen=True)
+class RawBatch:
+    """Token fields exactly as stored, for integrity checks that must not stop at the first
+    problem: per field its flat values and offsets (lists may disagree in length), and the
+    flat mask aligned with the first field (None: no mask, or its lengths disagree).
+
+    ``unit`` is how messages name an answer: "row" (parquet) or "answer" (npz).
+    """
+
+    start: int
+    label: str
+    unit: str
+    offsets: dict[str, I64]
+    values: dict[str, np.ndarray]
+    mask: NDArray[np.bool_] | None
+
+    @property
+    def n(self) -> int:
+        first = next(iter(self.offsets.values()))
+        return int(first.shape[0] - 1)
+
+
+def iter_raw(src: Source, fields: Sequence[str], *, batch_tokens: int | None = None
+             ) -> Iterator[RawBatch]:
+    """Stream token fields without validating their values (``grpo-cli check``).
+
+    Unreadable data (a column that is not a list of numbers, nulls, arrays of different
+    shapes) is still an :class:`InputError`; NaN, positive log-probs, lists of unequal
+    lengths and empty answers are left for the caller to count.
+    """
+    wanted = [f for f in fields if src.has(f)]
+    if not wanted:
+        return
+    if src.kind == "npz":
+        path = src.paths[0]
+        with np.load(path, allow_pickle=False) as z:
+            get = _npz_getter(z, src)
+            raw = {f: get(f) for f in wanted}
+            mask_raw = get("mask")
+        shape = next(iter(raw.values())).shape  # type: ignore[union-attr]
+        for f, arr in raw.items():
+            assert arr is not None
+            if arr.ndim != 2 or arr.shape != shape:
+                raise InputError(f"{path}: array {src.name(f)!r} has shape {arr.shape}, "
+                                 f"expected (N, L) = {shape}")
+        N, L = shape
+        offsets = np.arange(0, N * L + 1, max(L, 1), dtype=np.int64)[: N + 1]
+        mask = None
+        if mask_raw is not None:
+            if mask_raw.shape != shape:
+                raise InputError(f"{path}: array {src.name('mask')!r} has shape "
+                                 f"{mask_raw.shape}, expected {shape}")
+            mask = _mask_values(mask_raw, str(path), f"array {src.name('mask')!r}").reshape(-1)
+        yield RawBatch(start=0, label=str(path), unit="answer",
+                       offsets={f: offsets for f in raw},
+                       values={f: np.asarray(a).reshape(-1) for f, a in raw.items()}, mask=mask)
+        return
+    names = [src.name(f) for f in wanted]
+    mname = src.name("mask") if src.has("mask") else None
+    cols = names + ([mname] if mname else [])
+    tokens = BATCH_TOKENS if batch_tokens is None else batch_tokens
+    for rb, start, label in _parquet_record_batches(src, cols, tokens):
+        offs: dict[str, I64] = {}
+        vals: dict[str, np.ndarray] = {}
+        for f, name in zip(wanted, names, strict=True):
+            offs[f], vals[f] = _list_column(rb.column(name), label, name, start)
+        mask = None
+        if mname is not None:
+            moff, mvals = _list_column(rb.column(mname), label, mname, start, boolean=True)
+            if np.array_equal(moff, offs[wanted[0]]):
+                mask = _mask_values(mvals, label, f"column {mname!r}")
+            else:
+                offs["mask"] = moff
+        yield RawBatch(start=start, label=label, unit="row", offsets=offs, values=vals, mask=mask)
 
 
 def _list_column(

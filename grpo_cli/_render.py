@@ -13,9 +13,11 @@ from typing import Any
 import numpy as np
 from rich import box
 from rich.console import Group, RenderableType
+from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
+from ._check import CheckReport
 from ._core import AGGREGATIONS
 from ._report import (
     QUANTILES,
@@ -121,7 +123,12 @@ def kl_json(r: KLReport) -> dict[str, Any]:
 
 def objective_json(r: ObjectiveReport) -> dict[str, Any]:
     ratio = r.ratio.to_json()
-    ratio.update({"overflow_tokens": r.overflow_tokens, "extreme_tokens": r.extreme_tokens})
+    ratio.update({
+        "overflow_tokens": r.overflow_tokens,
+        "extreme_tokens": r.extreme_tokens,
+        "band": r.ratio_band,
+        "outside_band_share": r.ratio_outside_band,
+    })
     return {
         "schema_version": SCHEMA_VERSION,
         "command": "objective",
@@ -404,3 +411,103 @@ def _compare_table(r: ObjectiveReport) -> RenderableType:
     )
     w.caption_justify = "left"
     return Group(t, w)
+
+
+# ----------------------------------------------------------------------------- check
+_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
+
+
+def _value(v: float | int | None) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return fmt(v, 4)
+
+
+def _threshold(t: dict[str, float | None] | None) -> str:
+    if not t:
+        return "-"
+    parts = [f"{k} > {fmt(v, 4)}" for k, v in t.items() if v is not None]
+    return ", ".join(parts) or "-"
+
+
+def _example(ex: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in ex.items())
+
+
+def render_check(r: CheckReport) -> RenderableType:
+    """Every rule: status, id, value and threshold on one line, the message indented below,
+    and for failures and warnings the places to look. Reads the same in a terminal and in a
+    CI log of any width (no colour when not a terminal)."""
+    width = max(len(x.rule) for x in r.results)
+    lines: list[RenderableType] = [Text(f"grpo-cli check  {r.source}", style="bold"), Text("")]
+    for res in r.results:
+        head = Text()
+        head.append(f"{res.status.upper():<5}", style=_STYLE[res.status])
+        head.append(f" {res.rule:<{width}}  ", style="bold")
+        head.append(f"value {_value(res.value):<12} threshold {_threshold(res.threshold)}")
+        lines.append(head)
+        lines.append(Padding(Text(res.message), (0, 0, 0, 6)))
+        if res.status in ("fail", "warn"):
+            for ex in res.examples:
+                lines.append(Padding(Text(f"at {_example(ex)}", style="dim"), (0, 0, 0, 8)))
+    counts = {s: sum(x.status == s for x in r.results) for s in ("pass", "warn", "fail", "skip")}
+    lines.append(Text(""))
+    lines.append(Text(
+        ("PASSED" if r.passed else "FAILED")
+        + f"  ({counts['pass']} pass, {counts['warn']} warn, {counts['fail']} fail, "
+        f"{counts['skip']} skip)",
+        style="bold green" if r.passed else "bold red",
+    ))
+    return Group(*lines)
+
+
+def _gh_escape(text: str) -> str:
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def check_github(r: CheckReport) -> tuple[list[str], str]:
+    """GitHub Actions workflow commands (one per failing or warning rule) and a markdown
+    summary for ``$GITHUB_STEP_SUMMARY``."""
+    lines = []
+    for res in r.results:
+        if res.status not in ("fail", "warn"):
+            continue
+        kind = "error" if res.status == "fail" else "warning"
+        where = f" (at {_example(res.examples[0])})" if res.examples else ""
+        lines.append(f"::{kind} title=grpo-cli check {res.rule}::"
+                     f"{_gh_escape(res.message + where)}")
+    icon = {"pass": "✅", "warn": "⚠️", "fail": "❌", "skip": "⏭️"}
+    md = [f"### grpo-cli check: {'passed' if r.passed else 'FAILED'}", "",
+          f"`{r.source}`", "", "| rule | status | value | threshold | message |",
+          "|---|---|---|---|---|"]
+    for res in r.results:
+        msg = res.message.replace("|", "\\|")
+        md.append(f"| `{res.rule}` | {icon[res.status]} {res.status} | {_value(res.value)} | "
+                  f"{_threshold(res.threshold)} | {msg} |")
+    return lines, "\n".join(md) + "\n"
+
+
+def check_junit(r: CheckReport) -> str:
+    """A JUnit XML report: one test case per rule (fail: failure; skip: skipped)."""
+    import xml.etree.ElementTree as ET
+
+    suite = ET.Element("testsuite", {
+        "name": "grpo-cli check",
+        "tests": str(len(r.results)),
+        "failures": str(sum(x.status == "fail" for x in r.results)),
+        "skipped": str(sum(x.status == "skip" for x in r.results)),
+        "errors": "0",
+    })
+    for res in r.results:
+        case = ET.SubElement(suite, "testcase", {"classname": "grpo-cli.check", "name": res.rule})
+        detail = res.message + "".join(f"\nat {_example(e)}" for e in res.examples)
+        if res.status == "fail":
+            ET.SubElement(case, "failure", {"message": res.message}).text = detail
+        elif res.status == "skip":
+            ET.SubElement(case, "skipped", {"message": res.message})
+        elif res.status == "warn":
+            ET.SubElement(case, "system-out").text = "warning: " + detail
+    ET.indent(suite)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suite, encoding="unicode") + "\n"

@@ -11,7 +11,7 @@ import os
 import queue
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -257,6 +257,8 @@ class ObjectiveReport:
     advantage: Distribution
     group_summary: GroupSummary | None
     length_weights: list[dict[str, float]]
+    ratio_band: float = 10.0
+    ratio_outside_band: float = 0.0  # share of tokens with ρ outside [1/band, band]
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -626,6 +628,7 @@ def objective_report(
     exact_cap: int | None = None,
     recompute_advantages: bool = False,
     workers: int | None = None,
+    ratio_band: float = 10.0,
 ) -> ObjectiveReport:
     """The GRPO objective of ``src`` and its diagnostics, streamed batch by batch."""
     warnings: list[str] = []
@@ -684,7 +687,10 @@ def objective_report(
             f"--max-len {settings.max_len} is shorter than the longest answer "
             f"({acc.max_width} tokens)"
         )
-    return _objective_record(src, settings, acc, adv, adv_source, stats, on_policy, warnings)
+    rec = _objective_record(src, settings, acc, adv, adv_source, stats, on_policy, warnings)
+    b = math.log(ratio_band)
+    outside = acc.delta.count_outside(-b, b) / max(acc.tokens, 1)
+    return replace(rec, ratio_band=ratio_band, ratio_outside_band=outside)
 
 
 def _objective_record(

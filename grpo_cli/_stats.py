@@ -216,6 +216,14 @@ class Sketch:
             self.exact = None
         return self
 
+    def count_outside(self, lo: float, hi: float) -> int:
+        """Values below ``lo`` or above ``hi``: exact while exact, else by bin representative
+        (so within one bin width of the bounds)."""
+        if self.exact is not None:
+            return sum(int(np.count_nonzero((x < lo) | (x > hi))) for x in self.exact)
+        rep = self.hist.representatives()
+        return int(self.hist.counts[(rep < lo) | (rep > hi)].sum())
+
     def quantiles(self, qs: F64, f: Callable[[F64], F64] | None = None) -> F64 | None:
         if self.n == 0:
             return None

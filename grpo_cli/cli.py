@@ -7,7 +7,9 @@ Every :class:`~grpo_cli.errors.GrpoCliError` becomes one line on stderr and exit
 from __future__ import annotations
 
 import ctypes
+import json
 import math
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -19,13 +21,17 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from . import __version__
+from ._check import load_config, run_check
 from ._io import open_source, parse_column_map
 from ._render import (
     advantages_json,
+    check_github,
+    check_junit,
     dumps,
     kl_json,
     objective_json,
     render_advantages,
+    render_check,
     render_kl,
     render_objective,
 )
@@ -375,6 +381,63 @@ def objective(
             _emit_json(objective_json(report))
         else:
             _stdout().print(render_objective(report, compare=compare))
+
+
+@app.command()
+def check(
+    files: Files,
+    config: Annotated[Path | None, typer.Option(help="TOML file of rule settings (default: [tool.grpo-cli.check] in ./pyproject.toml).")] = None,
+    output_format: Annotated[str, typer.Option("--format", help="table, json, github (annotations + $GITHUB_STEP_SUMMARY) or junit.")] = "table",
+    baseline: Annotated[Path | None, typer.Option(help="A previous `check --format json` report: fail on relative drift beyond baseline-tolerance.")] = None,
+    report_path: Annotated[Path | None, typer.Option("--report", help="Also write the JSON report to this file (e.g. the next run's baseline).")] = None,
+    rule: Annotated[list[str] | None, typer.Option("--rule", "-r", metavar="RULE.KEY=VALUE", help="Override a rule: RULE.warn=X, RULE.fail=X, RULE.enabled=false, RULE.severity=warn. Repeatable.")] = None,
+    on_policy: Annotated[bool, typer.Option("--on-policy", help="Declare the log on-policy: logp must equal old_logp exactly.")] = False,
+    column: ColumnOpt = None,
+    preset: PresetOpt = None,
+    clip_eps: ClipOpt = None,
+    clip_eps_high: ClipHighOpt = None,
+    progress: ProgressOpt = True,
+) -> None:
+    """Gate a rollout log in CI: integrity and training-health rules; exit 1 when one fails."""
+    with _errors():
+        if output_format not in ("table", "json", "github", "junit"):
+            raise UsageError(f"--format: {output_format!r} is not one of table, json, github, junit")
+        settings = _settings(preset=preset, clip_eps=clip_eps, clip_eps_high=clip_eps_high)
+        cfg = load_config(config, rule, on_policy)
+        base = None
+        if baseline is not None:
+            try:
+                base = json.loads(baseline.read_text())
+            except (OSError, ValueError) as exc:
+                raise UsageError(f"--baseline {baseline}: cannot read a JSON report ({exc})") from None
+        src = open_source(files, parse_column_map(column))
+        with _progress(progress, src.n_rows(), "check") as tick:
+            report = run_check(src, settings, cfg, baseline=base, progress=tick)
+        doc = report.to_json()
+        if report_path is not None:
+            try:
+                report_path.write_text(dumps(doc) + "\n")
+            except OSError as exc:
+                raise UsageError(f"--report {report_path}: cannot write ({exc.strerror or exc})") from None
+        if output_format == "json":
+            _emit_json(doc)
+        elif output_format == "github":
+            lines, summary = check_github(report)
+            for line in lines:
+                sys.stdout.write(line + "\n")
+            target = os.environ.get("GITHUB_STEP_SUMMARY")
+            if target:
+                try:
+                    with open(target, "a", encoding="utf-8") as fh:
+                        fh.write(summary)
+                except OSError as exc:
+                    raise UsageError(f"$GITHUB_STEP_SUMMARY {target}: cannot write ({exc})") from None
+        elif output_format == "junit":
+            sys.stdout.write(check_junit(report))
+        else:
+            _stdout().print(render_check(report))
+    if not report.passed:
+        raise typer.Exit(1)
 
 
 @app.command()

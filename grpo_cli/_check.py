@@ -1,0 +1,625 @@
+"""``grpo-cli check``: rules over a rollout log, one verdict each, for a CI gate.
+
+Each rule is one small function from the computed :class:`Facts` (integrity scan of the
+raw token arrays, answer fields, the objective report) and its :class:`RuleConfig` to a
+:class:`Result`. Adding a rule is adding one function to :data:`RULES` and one README row.
+
+Statuses: ``pass``, ``warn``, ``fail``, ``skip`` (the rule could not be evaluated, e.g.
+health rules when the data failed an integrity rule, or a rule turned off).
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ._core import advantages_by_group
+from ._io import Answers, Source, iter_raw, load_answers, pq_rows
+from ._report import ObjectiveReport, objective_report
+from ._settings import Settings
+from .errors import InputError, UsageError
+
+__all__ = [
+    "RULES",
+    "CheckConfig",
+    "CheckReport",
+    "Result",
+    "RuleConfig",
+    "load_config",
+    "run_check",
+]
+
+MAX_EXAMPLES = 5
+STATUSES = ("pass", "warn", "fail", "skip")
+
+
+# --------------------------------------------------------------------------- config
+@dataclass(frozen=True)
+class RuleConfig:
+    """How one rule judges: ``value > fail`` fails, ``value > warn`` warns.
+
+    ``severity = "warn"`` caps the rule at a warning; ``enabled = False`` skips it.
+    ``params`` holds rule-specific knobs (e.g. the ratio band of ``ratio-extreme``).
+    """
+
+    enabled: bool = True
+    severity: str = "fail"
+    warn: float | None = None
+    fail: float | None = None
+    params: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CheckConfig:
+    rules: dict[str, RuleConfig]
+    on_policy: bool = False
+    baseline_tolerance: float = 0.25
+
+
+# ----------------------------------------------------------------------------- facts
+@dataclass
+class Scan:
+    """What the integrity scan of the raw token arrays found."""
+
+    tokens: int = 0
+    rows: int = 0
+    nonfinite: int = 0
+    nonfinite_ex: list[dict[str, Any]] = field(default_factory=list)
+    positive: int = 0
+    positive_ex: list[dict[str, Any]] = field(default_factory=list)
+    zero: int = 0
+    mismatch: int = 0
+    mismatch_ex: list[dict[str, Any]] = field(default_factory=list)
+    empty: int = 0
+    empty_ex: list[dict[str, Any]] = field(default_factory=list)
+    offpolicy: int = 0
+    offpolicy_max: float = 0.0
+    offpolicy_ex: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class Facts:
+    src: Source
+    answers: Answers
+    scan: Scan
+    report: ObjectiveReport | None
+    why_no_report: str
+    advantages: NDArray[np.float64] | None
+    config: CheckConfig
+    _starts: NDArray[np.int64] | None = None
+
+    def where(self, row: int, **extra: Any) -> dict[str, Any]:
+        """An example location: file, answer index, group id, and whatever else is given."""
+        out: dict[str, Any] = {"file": self._file_of(row), "answer": int(row)}
+        a = self.answers
+        if a.codes is not None and a.labels is not None and row < a.codes.shape[0]:
+            out["group"] = a.labels[int(a.codes[row])]
+        out.update(extra)
+        return out
+
+    def _file_of(self, row: int) -> str:
+        if len(self.src.paths) == 1:
+            return str(self.src.paths[0])
+        if self._starts is None:
+            self._starts = np.cumsum([0, *(pq_rows(p) for p in self.src.paths)])
+        k = int(np.searchsorted(self._starts, row, side="right") - 1)
+        return str(self.src.paths[min(k, len(self.src.paths) - 1)])
+
+
+@dataclass(frozen=True)
+class Result:
+    rule: str
+    status: str
+    value: float | int | None
+    threshold: dict[str, float | None] | None
+    message: str
+    examples: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rule": self.rule,
+            "status": self.status,
+            "value": self.value,
+            "threshold": self.threshold,
+            "message": self.message,
+            "examples": self.examples,
+        }
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    source: str
+    results: list[Result]
+
+    @property
+    def passed(self) -> bool:
+        return not any(r.status == "fail" for r in self.results)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": 1,
+            "command": "check",
+            "source": self.source,
+            "passed": self.passed,
+            "counts": {s: sum(r.status == s for r in self.results) for s in STATUSES},
+            "results": [r.to_json() for r in self.results],
+        }
+
+
+# ---------------------------------------------------------------------------- verdicts
+def _judge(rule: str, cfg: RuleConfig, value: float | int | None, message: str,
+           examples: list[dict[str, Any]] | None = None) -> Result:
+    """Status from thresholds (strictly greater fails/warns) and the severity cap."""
+    status = "pass"
+    if value is None:
+        status = "skip"
+    elif cfg.fail is not None and value > cfg.fail:
+        status = "fail"
+    elif cfg.warn is not None and value > cfg.warn:
+        status = "warn"
+    if status == "fail" and cfg.severity == "warn":
+        status = "warn"
+    return Result(rule, status, value, {"warn": cfg.warn, "fail": cfg.fail}, message,
+                  (examples or [])[:MAX_EXAMPLES])
+
+
+def _skip(rule: str, why: str) -> Result:
+    return Result(rule, "skip", None, None, why)
+
+
+Rule = Callable[[Facts, RuleConfig], Result]
+
+
+# ---------------------------------------------------------------------- integrity
+def rule_finite(f: Facts, c: RuleConfig) -> Result:
+    s = f.scan
+    msg = (f"{s.nonfinite} NaN/inf value(s) inside the mask" if s.nonfinite
+           else "every valid token's log-probs are finite")
+    return _judge("finite", c, s.nonfinite, msg, s.nonfinite_ex)
+
+
+def rule_logp_range(f: Facts, c: RuleConfig) -> Result:
+    s = f.scan
+    share = s.zero / s.tokens if s.tokens else 0.0
+    msg = (f"{s.positive} log-prob(s) > 0 inside the mask (a probability above 1); "
+           f"{s.zero} exactly 0.0 ({100 * share:.2f}%: padding sentinels leak as p = 1)")
+    r = _judge("logp-range", c, s.positive, msg, s.positive_ex)
+    limit = c.params.get("zero_share_warn")
+    if r.status == "pass" and limit is not None and share > limit:
+        r = replace(r, status="warn", message=msg + f"; above the {limit:g} share allowed")
+    return r
+
+
+def rule_lengths_match(f: Facts, c: RuleConfig) -> Result:
+    s = f.scan
+    msg = (f"{s.mismatch} answer(s) whose token fields differ in length" if s.mismatch
+           else "every answer's token fields have equal lengths")
+    return _judge("lengths-match", c, s.mismatch, msg, s.mismatch_ex)
+
+
+def rule_mask_nonempty(f: Facts, c: RuleConfig) -> Result:
+    s = f.scan
+    msg = (f"{s.empty} answer(s) with no valid token" if s.empty
+           else "every answer has a valid token")
+    return _judge("mask-nonempty", c, s.empty, msg, s.empty_ex)
+
+
+def rule_group_size(f: Facts, c: RuleConfig) -> Result:
+    a = f.answers
+    if a.codes is None or a.labels is None:
+        return _skip("group-size", "no group ids in the input")
+    sizes = np.bincount(a.codes, minlength=len(a.labels))
+    values, counts = np.unique(sizes, return_counts=True)
+    usual = int(values[np.argmax(counts)])
+    odd = np.flatnonzero((sizes != usual) | (sizes == 1))
+    ex = [{"group": a.labels[int(g)], "size": int(sizes[g]), "usual_size": usual} for g in odd]
+    singles = int((sizes == 1).sum())
+    msg = (f"{odd.size} group(s) of unusual size (most have {usual}; {singles} singleton(s))"
+           if odd.size else f"all {len(a.labels)} groups have {usual} answers")
+    return _judge("group-size", c, int(odd.size), msg, ex)
+
+
+def rule_rewards_finite(f: Facts, c: RuleConfig) -> Result:
+    a = f.answers
+    if a.reward is None and a.advantage is None:
+        return _skip("rewards-finite", "no rewards or advantages in the input")
+    bad_r = np.flatnonzero(~np.isfinite(a.reward)) if a.reward is not None else np.zeros(0, int)
+    bad_a = (np.flatnonzero(~np.isfinite(a.advantage)) if a.advantage is not None
+             else np.zeros(0, int))
+    ex = [f.where(int(i), field="reward", value=str(a.reward[i])) for i in bad_r[:MAX_EXAMPLES]]
+    ex += [f.where(int(i), field="advantage", value=str(a.advantage[i]))  # type: ignore[index]
+           for i in bad_a[:MAX_EXAMPLES]]
+    n = int(bad_r.size + bad_a.size)
+    msg = (f"{bad_r.size} non-finite reward(s), {bad_a.size} non-finite advantage(s)" if n
+           else "every reward (and advantage) is finite")
+    return _judge("rewards-finite", c, n, msg, ex)
+
+
+# ------------------------------------------------------------------------- health
+def _need_report(rule: str, f: Facts) -> Result | None:
+    if f.report is None:
+        return _skip(rule, f.why_no_report)
+    return None
+
+
+def rule_zero_std_groups(f: Facts, c: RuleConfig) -> Result:
+    if (skip := _need_report("zero-std-groups", f)) is not None:
+        return skip
+    assert f.report is not None
+    g = f.report.group_summary
+    if g is None:
+        return _skip("zero-std-groups", "no rewards and group ids in the input")
+    msg = (f"{g.zero_variance_groups} of {g.groups} groups have equal rewards: no learning "
+           f"signal from {100 * g.frac_zero_std_answers:.1f}% of answers")
+    return _judge("zero-std-groups", c, g.frac_zero_variance_groups, msg)
+
+
+def rule_kl_mean(f: Facts, c: RuleConfig) -> Result:
+    if (skip := _need_report("kl-mean", f)) is not None:
+        return skip
+    assert f.report is not None
+    kl = f.report.kl
+    if kl is None or kl.mean is None:
+        return _skip("kl-mean", "no ref_logp: no KL to the reference policy")
+    return _judge("kl-mean", c, kl.mean,
+                  f"mean per-token {f.report.settings.kl_estimator} KL to the reference: "
+                  f"{kl.mean:.6g}")
+
+
+def rule_kl_max(f: Facts, c: RuleConfig) -> Result:
+    if (skip := _need_report("kl-max", f)) is not None:
+        return skip
+    assert f.report is not None
+    kl = f.report.kl
+    if kl is None or kl.max is None:
+        return _skip("kl-max", "no ref_logp: no KL to the reference policy")
+    return _judge("kl-max", c, kl.max,
+                  f"largest per-token {f.report.settings.kl_estimator} KL: {kl.max:.6g}")
+
+
+def rule_clip_region(f: Facts, c: RuleConfig) -> Result:
+    if (skip := _need_report("clip-region", f)) is not None:
+        return skip
+    assert f.report is not None
+    cl = f.report.clip
+    return _judge("clip-region", c, cl.region,
+                  f"{100 * cl.region:.3f}% of tokens clipped (low {100 * cl.low:.3f}%, "
+                  f"high {100 * cl.high:.3f}%)")
+
+
+def rule_ratio_extreme(f: Facts, c: RuleConfig) -> Result:
+    if (skip := _need_report("ratio-extreme", f)) is not None:
+        return skip
+    assert f.report is not None
+    r = f.report
+    band = r.ratio_band
+    share = r.ratio_outside_band
+    msg = (f"{100 * share:.4f}% of tokens have a ratio outside [1/{band:g}, {band:g}]; "
+           f"{r.extreme_tokens} with |log-ratio| >= 20, {r.overflow_tokens} overflow to inf; "
+           f"ratio min {r.ratio.min:.4g}, max {r.ratio.max:.4g}")
+    return _judge("ratio-extreme", c, share, msg)
+
+
+def rule_on_policy_exact(f: Facts, c: RuleConfig) -> Result:
+    if not f.config.on_policy:
+        return _skip("on-policy-exact", "not declared on-policy (--on-policy or on-policy = true)")
+    if not f.src.has("old_logp"):
+        return _skip("on-policy-exact", "no old_logp: nothing to compare")
+    s = f.scan
+    msg = (f"declared on-policy, but {s.offpolicy} token(s) have logp != old_logp "
+           f"(max |difference| {s.offpolicy_max:.3g}): the trainer recomputed log-probs "
+           f"differently" if s.offpolicy else "logp and old_logp are identical")
+    if f.report is not None and f.report.clip.region > 0:
+        msg += f"; clip fraction {100 * f.report.clip.region:.3f}% (must be 0 on-policy)"
+    return _judge("on-policy-exact", c, s.offpolicy, msg, s.offpolicy_ex)
+
+
+def rule_advantage_mean(f: Facts, c: RuleConfig) -> Result:
+    a = f.answers
+    if f.advantages is None or a.codes is None or a.labels is None:
+        return _skip("advantage-mean", "needs advantages (or rewards) and group ids")
+    adv = f.advantages
+    if not np.isfinite(adv).all():
+        return _skip("advantage-mean", "non-finite advantages (see rewards-finite)")
+    P = len(a.labels)
+    count = np.bincount(a.codes, minlength=P)
+    mean = np.bincount(a.codes, weights=adv, minlength=P) / np.maximum(count, 1)
+    worst = np.argsort(-np.abs(mean), kind="stable")
+    ex = [{"group": a.labels[int(g)], "mean_advantage": float(mean[g])}
+          for g in worst if abs(mean[g]) > (c.warn or 0.0)]
+    value = float(np.max(np.abs(mean))) if P else 0.0
+    src = "the file's" if a.advantage is not None else "recomputed"
+    return _judge("advantage-mean", c, value,
+                  f"largest |mean advantage| of a group ({src} advantages): {value:.3g}", ex)
+
+
+# Rule id -> (function, default config). Integrity rules fail on any count above 0.
+RULES: dict[str, tuple[Rule, RuleConfig]] = {
+    "finite": (rule_finite, RuleConfig(fail=0)),
+    "logp-range": (rule_logp_range, RuleConfig(fail=0, params={"zero_share_warn": 0.25})),
+    "lengths-match": (rule_lengths_match, RuleConfig(fail=0)),
+    "mask-nonempty": (rule_mask_nonempty, RuleConfig(fail=0)),
+    "group-size": (rule_group_size, RuleConfig(fail=0)),
+    "rewards-finite": (rule_rewards_finite, RuleConfig(fail=0)),
+    "zero-std-groups": (rule_zero_std_groups, RuleConfig(warn=0.5, fail=0.9)),
+    "kl-mean": (rule_kl_mean, RuleConfig(warn=0.1, fail=1.0)),
+    "kl-max": (rule_kl_max, RuleConfig(warn=10.0, fail=50.0)),
+    "clip-region": (rule_clip_region, RuleConfig(warn=0.1, fail=0.3)),
+    "ratio-extreme": (rule_ratio_extreme, RuleConfig(warn=1e-4, fail=1e-3, params={"band": 10.0})),
+    "on-policy-exact": (rule_on_policy_exact, RuleConfig(fail=0)),
+    "advantage-mean": (rule_advantage_mean, RuleConfig(warn=1e-6, fail=1e-3)),
+}
+INTEGRITY = ("finite", "logp-range", "lengths-match", "mask-nonempty", "rewards-finite")
+
+
+# --------------------------------------------------------------------------- config io
+_RULE_KEYS = {"enabled", "severity", "warn", "fail"}
+_TOP_KEYS = {"rules", "on-policy", "baseline-tolerance"}
+
+
+def _rule_params(rule: str) -> set[str]:
+    return set(RULES[rule][1].params)
+
+
+def _apply(cfg: CheckConfig, table: dict[str, Any], where: str) -> CheckConfig:
+    unknown = set(table) - _TOP_KEYS
+    if unknown:
+        raise UsageError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; "
+                         f"allowed: {', '.join(sorted(_TOP_KEYS))}")
+    rules = dict(cfg.rules)
+    for rid, body in (table.get("rules") or {}).items():
+        if not isinstance(body, dict):
+            raise UsageError(f"{where}: rules.{rid} must be a table")
+        for key, value in body.items():
+            rules = _set_rule(rules, rid, key, value, where)
+    on_policy = table.get("on-policy", cfg.on_policy)
+    tol = table.get("baseline-tolerance", cfg.baseline_tolerance)
+    if not isinstance(on_policy, bool):
+        raise UsageError(f"{where}: on-policy must be true or false")
+    if not isinstance(tol, int | float) or tol < 0:
+        raise UsageError(f"{where}: baseline-tolerance must be a number >= 0")
+    return CheckConfig(rules=rules, on_policy=on_policy, baseline_tolerance=float(tol))
+
+
+def _set_rule(rules: dict[str, RuleConfig], rid: str, key: str, value: Any, where: str
+              ) -> dict[str, RuleConfig]:
+    if rid not in RULES:
+        raise UsageError(f"{where}: unknown rule {rid!r}; rules: {', '.join(RULES)}")
+    rc = rules[rid]
+    if key == "enabled":
+        if not isinstance(value, bool):
+            raise UsageError(f"{where}: rules.{rid}.enabled must be true or false")
+        rc = replace(rc, enabled=value)
+    elif key == "severity":
+        if value not in ("fail", "warn"):
+            raise UsageError(f"{where}: rules.{rid}.severity must be 'fail' or 'warn'")
+        rc = replace(rc, severity=value)
+    elif key in ("warn", "fail"):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise UsageError(f"{where}: rules.{rid}.{key} must be a number")
+        rc = replace(rc, **{key: None if value is None else float(value)})
+    elif key in _rule_params(rid):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise UsageError(f"{where}: rules.{rid}.{key} must be a number")
+        rc = replace(rc, params={**rc.params, key: float(value)})
+    else:
+        allowed = sorted(_RULE_KEYS | _rule_params(rid))
+        raise UsageError(f"{where}: unknown key rules.{rid}.{key}; allowed: {', '.join(allowed)}")
+    return {**rules, rid: rc}
+
+
+def _parse_flag_value(text: str) -> Any:
+    low = text.strip().lower()
+    if low in ("true", "on", "yes"):
+        return True
+    if low in ("false", "off", "no"):
+        return False
+    if low in ("fail", "warn"):
+        return low
+    if low == "none":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise UsageError(f"--rule: cannot read value {text!r}") from None
+
+
+def load_config(
+    config: Path | None,
+    rule_flags: list[str] | None = None,
+    on_policy: bool | None = None,
+    cwd: Path | None = None,
+) -> CheckConfig:
+    """Defaults, then ``--config`` or ``[tool.grpo-cli.check]`` of ./pyproject.toml, then flags."""
+    cfg = CheckConfig(rules={k: v[1] for k, v in RULES.items()})
+    if config is not None:
+        try:
+            with open(config, "rb") as fh:
+                table = tomllib.load(fh)
+        except OSError as exc:
+            raise UsageError(f"--config {config}: cannot read ({exc.strerror or exc})") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise UsageError(f"--config {config}: invalid TOML ({exc})") from None
+        cfg = _apply(cfg, table, str(config))
+    else:
+        pyproject = (cwd or Path.cwd()) / "pyproject.toml"
+        if pyproject.is_file():
+            try:
+                with open(pyproject, "rb") as fh:
+                    doc = tomllib.load(fh)
+            except (OSError, tomllib.TOMLDecodeError) as exc:
+                raise UsageError(f"{pyproject}: cannot read ({exc})") from None
+            table = doc.get("tool", {}).get("grpo-cli", {}).get("check")
+            if table is not None:
+                cfg = _apply(cfg, table, f"{pyproject} [tool.grpo-cli.check]")
+    rules = dict(cfg.rules)
+    for item in rule_flags or ():
+        target, sep, value = item.partition("=")
+        rid, dot, key = target.rpartition(".")
+        if not sep or not dot:
+            raise UsageError(f"--rule {item!r}: expected RULE.KEY=VALUE, e.g. kl-mean.fail=0.5")
+        rules = _set_rule(rules, rid.strip(), key.strip(), _parse_flag_value(value), "--rule")
+    cfg = replace(cfg, rules=rules)
+    if on_policy:
+        cfg = replace(cfg, on_policy=True)
+    return cfg
+
+
+# ------------------------------------------------------------------------------- scan
+def _scan(src: Source, answers: Answers, cfg: CheckConfig) -> Scan:
+    s = Scan()
+    fields = [f for f in ("logp", "old_logp", "ref_logp") if src.has(f)]
+
+    def where(rb_label: str, row: int, **extra: Any) -> dict[str, Any]:
+        out: dict[str, Any] = {"file": rb_label, "answer": int(row)}
+        if answers.codes is not None and answers.labels is not None and row < answers.n:
+            out["group"] = answers.labels[int(answers.codes[row])]
+        out.update(extra)
+        return out
+
+    for rb in iter_raw(src, fields):
+        first = fields[0]
+        off0 = rb.offsets[first]
+        lengths0 = np.diff(off0)
+        s.rows += rb.n
+        m = rb.mask if rb.mask is not None else np.ones(int(off0[-1]), dtype=np.bool_)
+        if "mask" in rb.offsets:  # mask lists of another length
+            bad = np.flatnonzero(np.diff(rb.offsets["mask"]) != lengths0)
+            s.mismatch += int(bad.size)
+            for i in bad[: MAX_EXAMPLES - len(s.mismatch_ex)]:
+                s.mismatch_ex.append(where(rb.label, rb.start + int(i), field="mask",
+                                           length=int(np.diff(rb.offsets["mask"])[i]),
+                                           expected=int(lengths0[i])))
+        valid_per_row = np.add.reduceat(m, off0[:-1], dtype=np.int64) if m.size else \
+            np.zeros(rb.n, dtype=np.int64)
+        valid_per_row[lengths0 == 0] = 0
+        s.tokens += int(valid_per_row.sum())
+        empty = np.flatnonzero(valid_per_row == 0)
+        s.empty += int(empty.size)
+        for i in empty[: max(0, MAX_EXAMPLES - len(s.empty_ex))]:
+            s.empty_ex.append(where(rb.label, rb.start + int(i), tokens=int(lengths0[i])))
+        for f in fields:
+            off, v = rb.offsets[f], rb.values[f]
+            if f != first and not np.array_equal(off, off0):
+                bad = np.flatnonzero(np.diff(off) != lengths0)
+                s.mismatch += int(bad.size)
+                for i in bad[: max(0, MAX_EXAMPLES - len(s.mismatch_ex))]:
+                    s.mismatch_ex.append(where(rb.label, rb.start + int(i), field=src.name(f),
+                                               length=int(np.diff(off)[i]),
+                                               expected=int(lengths0[i])))
+                continue  # values of a misaligned field cannot be matched to the mask
+            vf = v.astype(np.float64, copy=False)
+            nonfinite = ~np.isfinite(vf) & m
+            if nonfinite.any():
+                idx = np.flatnonzero(nonfinite)
+                s.nonfinite += int(idx.size)
+                for k in idx[: max(0, MAX_EXAMPLES - len(s.nonfinite_ex))]:
+                    i = int(np.searchsorted(off0, k, side="right") - 1)
+                    s.nonfinite_ex.append(where(rb.label, rb.start + i, field=src.name(f),
+                                                token=int(k - off0[i]), value=str(vf[k])))
+            with np.errstate(invalid="ignore"):
+                pos = (vf > 0) & m
+            if pos.any():
+                idx = np.flatnonzero(pos)
+                s.positive += int(idx.size)
+                for k in idx[: max(0, MAX_EXAMPLES - len(s.positive_ex))]:
+                    i = int(np.searchsorted(off0, k, side="right") - 1)
+                    s.positive_ex.append(where(rb.label, rb.start + i, field=src.name(f),
+                                               token=int(k - off0[i]), value=float(vf[k])))
+            if f == "logp":
+                s.zero += int(np.count_nonzero((vf == 0) & m))
+        if cfg.on_policy and "old_logp" in fields and np.array_equal(rb.offsets["old_logp"], off0):
+            a = rb.values["logp"].astype(np.float64, copy=False)
+            b = rb.values["old_logp"].astype(np.float64, copy=False)
+            with np.errstate(invalid="ignore"):
+                diff = (a != b) & m & np.isfinite(a) & np.isfinite(b)
+            if diff.any():
+                idx = np.flatnonzero(diff)
+                s.offpolicy += int(idx.size)
+                s.offpolicy_max = max(s.offpolicy_max, float(np.max(np.abs(a[idx] - b[idx]))))
+                for k in idx[: max(0, MAX_EXAMPLES - len(s.offpolicy_ex))]:
+                    i = int(np.searchsorted(off0, k, side="right") - 1)
+                    s.offpolicy_ex.append(where(rb.label, rb.start + i, token=int(k - off0[i]),
+                                                logp=float(a[k]), old_logp=float(b[k])))
+    return s
+
+
+# -------------------------------------------------------------------------------- run
+def run_check(
+    src: Source,
+    settings: Settings,
+    cfg: CheckConfig,
+    baseline: dict[str, Any] | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> CheckReport:
+    """Evaluate every rule of ``cfg`` on ``src``; optionally compare with a baseline report."""
+    answers = load_answers(src, need_rewards=False, allow_nonfinite=True)
+    scan = _scan(src, answers, cfg)
+    facts = Facts(src=src, answers=answers, scan=scan, report=None, why_no_report="",
+                  advantages=answers.advantage, config=cfg)
+    integrity = {rid: RULES[rid][0](facts, cfg.rules[rid]) for rid in INTEGRITY}
+    broken = [rid for rid, r in integrity.items() if r.status == "fail"]
+    if broken:
+        facts.why_no_report = f"not evaluated: integrity failed ({', '.join(broken)})"
+    elif answers.advantage is None and answers.reward is None:
+        facts.why_no_report = "not evaluated: no advantages or rewards in the input"
+    elif not src.has("logp"):
+        facts.why_no_report = "not evaluated: no logp in the input"
+    else:
+        s = settings if src.has("ref_logp") else replace(settings, beta=0.0)
+        band = cfg.rules["ratio-extreme"].params.get("band", 10.0)
+        facts.report = objective_report(src, s, progress=progress, ratio_band=band)
+    if facts.advantages is None and answers.reward is not None and answers.codes is not None \
+            and answers.labels is not None and np.isfinite(answers.reward).all():
+        facts.advantages = advantages_by_group(answers.reward, answers.codes,
+                                               n_groups=len(answers.labels),
+                                               **settings.advantage_kwargs())
+    results = []
+    for rid, (fn, _) in RULES.items():
+        rc = cfg.rules[rid]
+        if not rc.enabled:
+            results.append(_skip(rid, "turned off by the configuration"))
+        elif rid in integrity:
+            results.append(_recap(integrity[rid], rc))
+        else:
+            results.append(fn(facts, rc))
+    if baseline is not None:
+        results.append(_baseline(results, baseline, cfg.baseline_tolerance))
+    return CheckReport(source=src.label, results=results)
+
+
+def _recap(r: Result, rc: RuleConfig) -> Result:
+    return r if not (r.status == "fail" and rc.severity == "warn") else replace(r, status="warn")
+
+
+DRIFT_FLOOR = 1e-6  # |baseline| below this counts as this, so 0 → tiny is not infinite drift
+
+
+def _baseline(results: list[Result], base: dict[str, Any], tol: float) -> Result:
+    try:
+        before = {r["rule"]: r.get("value") for r in base["results"]}
+    except (KeyError, TypeError):
+        raise InputError("--baseline: not a grpo-cli check JSON report (no 'results')") from None
+    drifts = []
+    worst = 0.0
+    for r in results:
+        b = before.get(r.rule)
+        if not isinstance(r.value, int | float) or not isinstance(b, int | float):
+            continue
+        d = abs(r.value - b) / max(abs(b), DRIFT_FLOOR)
+        worst = max(worst, d)
+        if d > tol:
+            drifts.append({"rule": r.rule, "value": r.value, "baseline": b, "drift": d})
+    drifts.sort(key=lambda x: -x["drift"])
+    msg = (f"{len(drifts)} rule value(s) drifted more than {100 * tol:g}% from the baseline"
+           if drifts else f"every rule value within {100 * tol:g}% of the baseline")
+    status = "fail" if drifts else "pass"
+    return Result("baseline-drift", status, worst if math.isfinite(worst) else None,
+                  {"warn": None, "fail": tol}, msg, drifts[:MAX_EXAMPLES])
