@@ -154,8 +154,13 @@ class CheckReport:
 
 
 # ---------------------------------------------------------------------------- verdicts
-def _judge(rule: str, cfg: RuleConfig, value: float | int | None, message: str,
-           examples: list[dict[str, Any]] | None = None) -> Result:
+def _judge(
+    rule: str,
+    cfg: RuleConfig,
+    value: float | int | None,
+    message: str,
+    examples: list[dict[str, Any]] | None = None,
+) -> Result:
     """Status from thresholds (strictly greater fails/warns) and the severity cap."""
     status = "pass"
     if value is None:
@@ -166,8 +171,14 @@ def _judge(rule: str, cfg: RuleConfig, value: float | int | None, message: str,
         status = "warn"
     if status == "fail" and cfg.severity == "warn":
         status = "warn"
-    return Result(rule, status, value, {"warn": cfg.warn, "fail": cfg.fail}, message,
-                  (examples or [])[:MAX_EXAMPLES])
+    return Result(
+        rule,
+        status,
+        value,
+        {"warn": cfg.warn, "fail": cfg.fail},
+        message,
+        (examples or [])[:MAX_EXAMPLES],
+    )
 
 
 def _skip(rule: str, why: str) -> Result:
@@ -180,16 +191,21 @@ Rule = Callable[[Facts, RuleConfig], Result]
 # ---------------------------------------------------------------------- integrity
 def rule_finite(f: Facts, c: RuleConfig) -> Result:
     s = f.scan
-    msg = (f"{s.nonfinite} NaN/inf value(s) inside the mask" if s.nonfinite
-           else "every valid token's log-probs are finite")
+    msg = (
+        f"{s.nonfinite} NaN/inf value(s) inside the mask"
+        if s.nonfinite
+        else "every valid token's log-probs are finite"
+    )
     return _judge("finite", c, s.nonfinite, msg, s.nonfinite_ex)
 
 
 def rule_logp_range(f: Facts, c: RuleConfig) -> Result:
     s = f.scan
     share = s.zero / s.tokens if s.tokens else 0.0
-    msg = (f"{s.positive} log-prob(s) > 0 inside the mask (a probability above 1); "
-           f"{s.zero} exactly 0.0 ({100 * share:.2f}%: padding sentinels leak as p = 1)")
+    msg = (
+        f"{s.positive} log-prob(s) > 0 inside the mask (a probability above 1); "
+        f"{s.zero} exactly 0.0 ({100 * share:.2f}%: padding sentinels leak as p = 1)"
+    )
     r = _judge("logp-range", c, s.positive, msg, s.positive_ex)
     limit = c.params.get("zero_share_warn")
     if r.status == "pass" and limit is not None and share > limit:
@@ -199,15 +215,19 @@ def rule_logp_range(f: Facts, c: RuleConfig) -> Result:
 
 def rule_lengths_match(f: Facts, c: RuleConfig) -> Result:
     s = f.scan
-    msg = (f"{s.mismatch} answer(s) whose token fields differ in length" if s.mismatch
-           else "every answer's token fields have equal lengths")
+    msg = (
+        f"{s.mismatch} answer(s) whose token fields differ in length"
+        if s.mismatch
+        else "every answer's token fields have equal lengths"
+    )
     return _judge("lengths-match", c, s.mismatch, msg, s.mismatch_ex)
 
 
 def rule_mask_nonempty(f: Facts, c: RuleConfig) -> Result:
     s = f.scan
-    msg = (f"{s.empty} answer(s) with no valid token" if s.empty
-           else "every answer has a valid token")
+    msg = (
+        f"{s.empty} answer(s) with no valid token" if s.empty else "every answer has a valid token"
+    )
     return _judge("mask-nonempty", c, s.empty, msg, s.empty_ex)
 
 
@@ -221,8 +241,11 @@ def rule_group_size(f: Facts, c: RuleConfig) -> Result:
     odd = np.flatnonzero((sizes != usual) | (sizes == 1))
     ex = [{"group": a.labels[int(g)], "size": int(sizes[g]), "usual_size": usual} for g in odd]
     singles = int((sizes == 1).sum())
-    msg = (f"{odd.size} group(s) of unusual size (most have {usual}; {singles} singleton(s))"
-           if odd.size else f"all {len(a.labels)} groups have {usual} answers")
+    msg = (
+        f"{odd.size} group(s) of unusual size (most have {usual}; {singles} singleton(s))"
+        if odd.size
+        else f"all {len(a.labels)} groups have {usual} answers"
+    )
     return _judge("group-size", c, int(odd.size), msg, ex)
 
 
@@ -231,14 +254,19 @@ def rule_rewards_finite(f: Facts, c: RuleConfig) -> Result:
     if a.reward is None and a.advantage is None:
         return _skip("rewards-finite", "no rewards or advantages in the input")
     bad_r = np.flatnonzero(~np.isfinite(a.reward)) if a.reward is not None else np.zeros(0, int)
-    bad_a = (np.flatnonzero(~np.isfinite(a.advantage)) if a.advantage is not None
-             else np.zeros(0, int))
-    ex = [f.where(int(i), field="reward", value=str(a.reward[i])) for i in bad_r[:MAX_EXAMPLES]]
-    ex += [f.where(int(i), field="advantage", value=str(a.advantage[i]))  # type: ignore[index]
-           for i in bad_a[:MAX_EXAMPLES]]
+    bad_a = (
+        np.flatnonzero(~np.isfinite(a.advantage)) if a.advantage is not None else np.zeros(0, int)
+    )
+    ex = []
+    for name, arr, bad in (("reward", a.reward, bad_r), ("advantage", a.advantage, bad_a)):
+        if arr is not None:
+            ex += [f.where(int(i), field=name, value=str(arr[i])) for i in bad[:MAX_EXAMPLES]]
     n = int(bad_r.size + bad_a.size)
-    msg = (f"{bad_r.size} non-finite reward(s), {bad_a.size} non-finite advantage(s)" if n
-           else "every reward (and advantage) is finite")
+    msg = (
+        f"{bad_r.size} non-finite reward(s), {bad_a.size} non-finite advantage(s)"
+        if n
+        else "every reward (and advantage) is finite"
+    )
     return _judge("rewards-finite", c, n, msg, ex)
 
 
@@ -256,8 +284,10 @@ def rule_zero_std_groups(f: Facts, c: RuleConfig) -> Result:
     g = f.report.group_summary
     if g is None:
         return _skip("zero-std-groups", "no rewards and group ids in the input")
-    msg = (f"{g.zero_variance_groups} of {g.groups} groups have equal rewards: no learning "
-           f"signal from {100 * g.frac_zero_std_answers:.1f}% of answers")
+    msg = (
+        f"{g.zero_variance_groups} of {g.groups} groups have equal rewards: no learning "
+        f"signal from {100 * g.frac_zero_std_answers:.1f}% of answers"
+    )
     return _judge("zero-std-groups", c, g.frac_zero_variance_groups, msg)
 
 
@@ -268,9 +298,12 @@ def rule_kl_mean(f: Facts, c: RuleConfig) -> Result:
     kl = f.report.kl
     if kl is None or kl.mean is None:
         return _skip("kl-mean", "no ref_logp: no KL to the reference policy")
-    return _judge("kl-mean", c, kl.mean,
-                  f"mean per-token {f.report.settings.kl_estimator} KL to the reference: "
-                  f"{kl.mean:.6g}")
+    return _judge(
+        "kl-mean",
+        c,
+        kl.mean,
+        f"mean per-token {f.report.settings.kl_estimator} KL to the reference: {kl.mean:.6g}",
+    )
 
 
 def rule_kl_max(f: Facts, c: RuleConfig) -> Result:
@@ -280,8 +313,9 @@ def rule_kl_max(f: Facts, c: RuleConfig) -> Result:
     kl = f.report.kl
     if kl is None or kl.max is None:
         return _skip("kl-max", "no ref_logp: no KL to the reference policy")
-    return _judge("kl-max", c, kl.max,
-                  f"largest per-token {f.report.settings.kl_estimator} KL: {kl.max:.6g}")
+    return _judge(
+        "kl-max", c, kl.max, f"largest per-token {f.report.settings.kl_estimator} KL: {kl.max:.6g}"
+    )
 
 
 def rule_clip_region(f: Facts, c: RuleConfig) -> Result:
@@ -289,9 +323,13 @@ def rule_clip_region(f: Facts, c: RuleConfig) -> Result:
         return skip
     assert f.report is not None
     cl = f.report.clip
-    return _judge("clip-region", c, cl.region,
-                  f"{100 * cl.region:.3f}% of tokens clipped (low {100 * cl.low:.3f}%, "
-                  f"high {100 * cl.high:.3f}%)")
+    return _judge(
+        "clip-region",
+        c,
+        cl.region,
+        f"{100 * cl.region:.3f}% of tokens clipped (low {100 * cl.low:.3f}%, "
+        f"high {100 * cl.high:.3f}%)",
+    )
 
 
 def rule_ratio_extreme(f: Facts, c: RuleConfig) -> Result:
@@ -301,9 +339,11 @@ def rule_ratio_extreme(f: Facts, c: RuleConfig) -> Result:
     r = f.report
     band = r.ratio_band
     share = r.ratio_outside_band
-    msg = (f"{100 * share:.4f}% of tokens have a ratio outside [1/{band:g}, {band:g}]; "
-           f"{r.extreme_tokens} with |log-ratio| >= 20, {r.overflow_tokens} overflow to inf; "
-           f"ratio min {r.ratio.min:.4g}, max {r.ratio.max:.4g}")
+    msg = (
+        f"{100 * share:.4f}% of tokens have a ratio outside [1/{band:g}, {band:g}]; "
+        f"{r.extreme_tokens} with |log-ratio| >= 20, {r.overflow_tokens} overflow to inf; "
+        f"ratio min {r.ratio.min:.4g}, max {r.ratio.max:.4g}"
+    )
     return _judge("ratio-extreme", c, share, msg)
 
 
@@ -313,9 +353,13 @@ def rule_on_policy_exact(f: Facts, c: RuleConfig) -> Result:
     if not f.src.has("old_logp"):
         return _skip("on-policy-exact", "no old_logp: nothing to compare")
     s = f.scan
-    msg = (f"declared on-policy, but {s.offpolicy} token(s) have logp != old_logp "
-           f"(max |difference| {s.offpolicy_max:.3g}): the trainer recomputed log-probs "
-           f"differently" if s.offpolicy else "logp and old_logp are identical")
+    msg = (
+        f"declared on-policy, but {s.offpolicy} token(s) have logp != old_logp "
+        f"(max |difference| {s.offpolicy_max:.3g}): the trainer recomputed log-probs "
+        f"differently"
+        if s.offpolicy
+        else "logp and old_logp are identical"
+    )
     if f.report is not None and f.report.clip.region > 0:
         msg += f"; clip fraction {100 * f.report.clip.region:.3f}% (must be 0 on-policy)"
     return _judge("on-policy-exact", c, s.offpolicy, msg, s.offpolicy_ex)
@@ -332,12 +376,20 @@ def rule_advantage_mean(f: Facts, c: RuleConfig) -> Result:
     count = np.bincount(a.codes, minlength=P)
     mean = np.bincount(a.codes, weights=adv, minlength=P) / np.maximum(count, 1)
     worst = np.argsort(-np.abs(mean), kind="stable")
-    ex = [{"group": a.labels[int(g)], "mean_advantage": float(mean[g])}
-          for g in worst if abs(mean[g]) > (c.warn or 0.0)]
+    ex = [
+        {"group": a.labels[int(g)], "mean_advantage": float(mean[g])}
+        for g in worst
+        if abs(mean[g]) > (c.warn or 0.0)
+    ]
     value = float(np.max(np.abs(mean))) if P else 0.0
     src = "the file's" if a.advantage is not None else "recomputed"
-    return _judge("advantage-mean", c, value,
-                  f"largest |mean advantage| of a group ({src} advantages): {value:.3g}", ex)
+    return _judge(
+        "advantage-mean",
+        c,
+        value,
+        f"largest |mean advantage| of a group ({src} advantages): {value:.3g}",
+        ex,
+    )
 
 
 # Rule id -> (function, default config). Integrity rules fail on any count above 0.
@@ -371,8 +423,10 @@ def _rule_params(rule: str) -> set[str]:
 def _apply(cfg: CheckConfig, table: dict[str, Any], where: str) -> CheckConfig:
     unknown = set(table) - _TOP_KEYS
     if unknown:
-        raise UsageError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; "
-                         f"allowed: {', '.join(sorted(_TOP_KEYS))}")
+        raise UsageError(
+            f"{where}: unknown key(s) {', '.join(sorted(unknown))}; "
+            f"allowed: {', '.join(sorted(_TOP_KEYS))}"
+        )
     rules = dict(cfg.rules)
     for rid, body in (table.get("rules") or {}).items():
         if not isinstance(body, dict):
@@ -388,8 +442,9 @@ def _apply(cfg: CheckConfig, table: dict[str, Any], where: str) -> CheckConfig:
     return CheckConfig(rules=rules, on_policy=on_policy, baseline_tolerance=float(tol))
 
 
-def _set_rule(rules: dict[str, RuleConfig], rid: str, key: str, value: Any, where: str
-              ) -> dict[str, RuleConfig]:
+def _set_rule(
+    rules: dict[str, RuleConfig], rid: str, key: str, value: Any, where: str
+) -> dict[str, RuleConfig]:
     if rid not in RULES:
         raise UsageError(f"{where}: unknown rule {rid!r}; rules: {', '.join(RULES)}")
     rc = rules[rid]
@@ -404,7 +459,8 @@ def _set_rule(rules: dict[str, RuleConfig], rid: str, key: str, value: Any, wher
     elif key in ("warn", "fail"):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
             raise UsageError(f"{where}: rules.{rid}.{key} must be a number")
-        rc = replace(rc, **{key: None if value is None else float(value)})
+        number = None if value is None else float(value)
+        rc = replace(rc, warn=number) if key == "warn" else replace(rc, fail=number)
     elif key in _rule_params(rid):
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise UsageError(f"{where}: rules.{rid}.{key} must be a number")
@@ -494,11 +550,20 @@ def _scan(src: Source, answers: Answers, cfg: CheckConfig) -> Scan:
             bad = np.flatnonzero(np.diff(rb.offsets["mask"]) != lengths0)
             s.mismatch += int(bad.size)
             for i in bad[: MAX_EXAMPLES - len(s.mismatch_ex)]:
-                s.mismatch_ex.append(where(rb.label, rb.start + int(i), field="mask",
-                                           length=int(np.diff(rb.offsets["mask"])[i]),
-                                           expected=int(lengths0[i])))
-        valid_per_row = np.add.reduceat(m, off0[:-1], dtype=np.int64) if m.size else \
-            np.zeros(rb.n, dtype=np.int64)
+                s.mismatch_ex.append(
+                    where(
+                        rb.label,
+                        rb.start + int(i),
+                        field="mask",
+                        length=int(np.diff(rb.offsets["mask"])[i]),
+                        expected=int(lengths0[i]),
+                    )
+                )
+        valid_per_row = (
+            np.add.reduceat(m, off0[:-1], dtype=np.int64)
+            if m.size
+            else np.zeros(rb.n, dtype=np.int64)
+        )
         valid_per_row[lengths0 == 0] = 0
         s.tokens += int(valid_per_row.sum())
         empty = np.flatnonzero(valid_per_row == 0)
@@ -511,9 +576,15 @@ def _scan(src: Source, answers: Answers, cfg: CheckConfig) -> Scan:
                 bad = np.flatnonzero(np.diff(off) != lengths0)
                 s.mismatch += int(bad.size)
                 for i in bad[: max(0, MAX_EXAMPLES - len(s.mismatch_ex))]:
-                    s.mismatch_ex.append(where(rb.label, rb.start + int(i), field=src.name(f),
-                                               length=int(np.diff(off)[i]),
-                                               expected=int(lengths0[i])))
+                    s.mismatch_ex.append(
+                        where(
+                            rb.label,
+                            rb.start + int(i),
+                            field=src.name(f),
+                            length=int(np.diff(off)[i]),
+                            expected=int(lengths0[i]),
+                        )
+                    )
                 continue  # values of a misaligned field cannot be matched to the mask
             vf = v.astype(np.float64, copy=False)
             nonfinite = ~np.isfinite(vf) & m
@@ -522,8 +593,15 @@ def _scan(src: Source, answers: Answers, cfg: CheckConfig) -> Scan:
                 s.nonfinite += int(idx.size)
                 for k in idx[: max(0, MAX_EXAMPLES - len(s.nonfinite_ex))]:
                     i = int(np.searchsorted(off0, k, side="right") - 1)
-                    s.nonfinite_ex.append(where(rb.label, rb.start + i, field=src.name(f),
-                                                token=int(k - off0[i]), value=str(vf[k])))
+                    s.nonfinite_ex.append(
+                        where(
+                            rb.label,
+                            rb.start + i,
+                            field=src.name(f),
+                            token=int(k - off0[i]),
+                            value=str(vf[k]),
+                        )
+                    )
             with np.errstate(invalid="ignore"):
                 pos = (vf > 0) & m
             if pos.any():
@@ -531,8 +609,15 @@ def _scan(src: Source, answers: Answers, cfg: CheckConfig) -> Scan:
                 s.positive += int(idx.size)
                 for k in idx[: max(0, MAX_EXAMPLES - len(s.positive_ex))]:
                     i = int(np.searchsorted(off0, k, side="right") - 1)
-                    s.positive_ex.append(where(rb.label, rb.start + i, field=src.name(f),
-                                               token=int(k - off0[i]), value=float(vf[k])))
+                    s.positive_ex.append(
+                        where(
+                            rb.label,
+                            rb.start + i,
+                            field=src.name(f),
+                            token=int(k - off0[i]),
+                            value=float(vf[k]),
+                        )
+                    )
             if f == "logp":
                 s.zero += int(np.count_nonzero((vf == 0) & m))
         if cfg.on_policy and "old_logp" in fields and np.array_equal(rb.offsets["old_logp"], off0):
@@ -546,8 +631,15 @@ def _scan(src: Source, answers: Answers, cfg: CheckConfig) -> Scan:
                 s.offpolicy_max = max(s.offpolicy_max, float(np.max(np.abs(a[idx] - b[idx]))))
                 for k in idx[: max(0, MAX_EXAMPLES - len(s.offpolicy_ex))]:
                     i = int(np.searchsorted(off0, k, side="right") - 1)
-                    s.offpolicy_ex.append(where(rb.label, rb.start + i, token=int(k - off0[i]),
-                                                logp=float(a[k]), old_logp=float(b[k])))
+                    s.offpolicy_ex.append(
+                        where(
+                            rb.label,
+                            rb.start + i,
+                            token=int(k - off0[i]),
+                            logp=float(a[k]),
+                            old_logp=float(b[k]),
+                        )
+                    )
     return s
 
 
@@ -562,8 +654,15 @@ def run_check(
     """Evaluate every rule of ``cfg`` on ``src``; optionally compare with a baseline report."""
     answers = load_answers(src, need_rewards=False, allow_nonfinite=True)
     scan = _scan(src, answers, cfg)
-    facts = Facts(src=src, answers=answers, scan=scan, report=None, why_no_report="",
-                  advantages=answers.advantage, config=cfg)
+    facts = Facts(
+        src=src,
+        answers=answers,
+        scan=scan,
+        report=None,
+        why_no_report="",
+        advantages=answers.advantage,
+        config=cfg,
+    )
     integrity = {rid: RULES[rid][0](facts, cfg.rules[rid]) for rid in INTEGRITY}
     broken = [rid for rid, r in integrity.items() if r.status == "fail"]
     if broken:
@@ -576,11 +675,19 @@ def run_check(
         s = settings if src.has("ref_logp") else replace(settings, beta=0.0)
         band = cfg.rules["ratio-extreme"].params.get("band", 10.0)
         facts.report = objective_report(src, s, progress=progress, ratio_band=band)
-    if facts.advantages is None and answers.reward is not None and answers.codes is not None \
-            and answers.labels is not None and np.isfinite(answers.reward).all():
-        facts.advantages = advantages_by_group(answers.reward, answers.codes,
-                                               n_groups=len(answers.labels),
-                                               **settings.advantage_kwargs())
+    if (
+        facts.advantages is None
+        and answers.reward is not None
+        and answers.codes is not None
+        and answers.labels is not None
+        and np.isfinite(answers.reward).all()
+    ):
+        facts.advantages = advantages_by_group(
+            answers.reward,
+            answers.codes,
+            n_groups=len(answers.labels),
+            **settings.advantage_kwargs(),
+        )
     results = []
     for rid, (fn, _) in RULES.items():
         rc = cfg.rules[rid]
@@ -617,9 +724,18 @@ def _baseline(results: list[Result], base: dict[str, Any], tol: float) -> Result
         worst = max(worst, d)
         if d > tol:
             drifts.append({"rule": r.rule, "value": r.value, "baseline": b, "drift": d})
-    drifts.sort(key=lambda x: -x["drift"])
-    msg = (f"{len(drifts)} rule value(s) drifted more than {100 * tol:g}% from the baseline"
-           if drifts else f"every rule value within {100 * tol:g}% of the baseline")
+    drifts.sort(key=lambda x: -float(x["drift"]))
+    msg = (
+        f"{len(drifts)} rule value(s) drifted more than {100 * tol:g}% from the baseline"
+        if drifts
+        else f"every rule value within {100 * tol:g}% of the baseline"
+    )
     status = "fail" if drifts else "pass"
-    return Result("baseline-drift", status, worst if math.isfinite(worst) else None,
-                  {"warn": None, "fail": tol}, msg, drifts[:MAX_EXAMPLES])
+    return Result(
+        "baseline-drift",
+        status,
+        worst if math.isfinite(worst) else None,
+        {"warn": None, "fail": tol},
+        msg,
+        drifts[:MAX_EXAMPLES],
+    )

@@ -630,8 +630,9 @@ class RawBatch:
         return int(first.shape[0] - 1)
 
 
-def iter_raw(src: Source, fields: Sequence[str], *, batch_tokens: int | None = None
-             ) -> Iterator[RawBatch]:
+def iter_raw(
+    src: Source, fields: Sequence[str], *, batch_tokens: int | None = None
+) -> Iterator[RawBatch]:
     """Stream token fields without validating their values (``grpo-cli check``).
 
     Unreadable data (a column that is not a list of numbers, nulls, arrays of different
@@ -647,23 +648,32 @@ def iter_raw(src: Source, fields: Sequence[str], *, batch_tokens: int | None = N
             get = _npz_getter(z, src)
             raw = {f: get(f) for f in wanted}
             mask_raw = get("mask")
-        shape = next(iter(raw.values())).shape  # type: ignore[union-attr]
+        shape = next(iter(raw.values())).shape
         for f, arr in raw.items():
             assert arr is not None
             if arr.ndim != 2 or arr.shape != shape:
-                raise InputError(f"{path}: array {src.name(f)!r} has shape {arr.shape}, "
-                                 f"expected (N, L) = {shape}")
+                raise InputError(
+                    f"{path}: array {src.name(f)!r} has shape {arr.shape}, "
+                    f"expected (N, L) = {shape}"
+                )
         N, L = shape
         offsets = np.arange(0, N * L + 1, max(L, 1), dtype=np.int64)[: N + 1]
         mask = None
         if mask_raw is not None:
             if mask_raw.shape != shape:
-                raise InputError(f"{path}: array {src.name('mask')!r} has shape "
-                                 f"{mask_raw.shape}, expected {shape}")
+                raise InputError(
+                    f"{path}: array {src.name('mask')!r} has shape "
+                    f"{mask_raw.shape}, expected {shape}"
+                )
             mask = _mask_values(mask_raw, str(path), f"array {src.name('mask')!r}").reshape(-1)
-        yield RawBatch(start=0, label=str(path), unit="answer",
-                       offsets={f: offsets for f in raw},
-                       values={f: np.asarray(a).reshape(-1) for f, a in raw.items()}, mask=mask)
+        yield RawBatch(
+            start=0,
+            label=str(path),
+            unit="answer",
+            offsets={f: offsets for f in raw},
+            values={f: np.asarray(a).reshape(-1) for f, a in raw.items()},
+            mask=mask,
+        )
         return
     names = [src.name(f) for f in wanted]
     mname = src.name("mask") if src.has("mask") else None

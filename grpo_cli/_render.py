@@ -123,12 +123,14 @@ def kl_json(r: KLReport) -> dict[str, Any]:
 
 def objective_json(r: ObjectiveReport) -> dict[str, Any]:
     ratio = r.ratio.to_json()
-    ratio.update({
-        "overflow_tokens": r.overflow_tokens,
-        "extreme_tokens": r.extreme_tokens,
-        "band": r.ratio_band,
-        "outside_band_share": r.ratio_outside_band,
-    })
+    ratio.update(
+        {
+            "overflow_tokens": r.overflow_tokens,
+            "extreme_tokens": r.extreme_tokens,
+            "band": r.ratio_band,
+            "outside_band_share": r.ratio_outside_band,
+        }
+    )
     return {
         "schema_version": SCHEMA_VERSION,
         "command": "objective",
@@ -454,12 +456,14 @@ def render_check(r: CheckReport) -> RenderableType:
                 lines.append(Padding(Text(f"at {_example(ex)}", style="dim"), (0, 0, 0, 8)))
     counts = {s: sum(x.status == s for x in r.results) for s in ("pass", "warn", "fail", "skip")}
     lines.append(Text(""))
-    lines.append(Text(
-        ("PASSED" if r.passed else "FAILED")
-        + f"  ({counts['pass']} pass, {counts['warn']} warn, {counts['fail']} fail, "
-        f"{counts['skip']} skip)",
-        style="bold green" if r.passed else "bold red",
-    ))
+    lines.append(
+        Text(
+            ("PASSED" if r.passed else "FAILED")
+            + f"  ({counts['pass']} pass, {counts['warn']} warn, {counts['fail']} fail, "
+            f"{counts['skip']} skip)",
+            style="bold green" if r.passed else "bold red",
+        )
+    )
     return Group(*lines)
 
 
@@ -476,16 +480,22 @@ def check_github(r: CheckReport) -> tuple[list[str], str]:
             continue
         kind = "error" if res.status == "fail" else "warning"
         where = f" (at {_example(res.examples[0])})" if res.examples else ""
-        lines.append(f"::{kind} title=grpo-cli check {res.rule}::"
-                     f"{_gh_escape(res.message + where)}")
+        lines.append(f"::{kind} title=grpo-cli check {res.rule}::{_gh_escape(res.message + where)}")
     icon = {"pass": "✅", "warn": "⚠️", "fail": "❌", "skip": "⏭️"}
-    md = [f"### grpo-cli check: {'passed' if r.passed else 'FAILED'}", "",
-          f"`{r.source}`", "", "| rule | status | value | threshold | message |",
-          "|---|---|---|---|---|"]
+    md = [
+        f"### grpo-cli check: {'passed' if r.passed else 'FAILED'}",
+        "",
+        f"`{r.source}`",
+        "",
+        "| rule | status | value | threshold | message |",
+        "|---|---|---|---|---|",
+    ]
     for res in r.results:
         msg = res.message.replace("|", "\\|")
-        md.append(f"| `{res.rule}` | {icon[res.status]} {res.status} | {_value(res.value)} | "
-                  f"{_threshold(res.threshold)} | {msg} |")
+        md.append(
+            f"| `{res.rule}` | {icon[res.status]} {res.status} | {_value(res.value)} | "
+            f"{_threshold(res.threshold)} | {msg} |"
+        )
     return lines, "\n".join(md) + "\n"
 
 
@@ -493,13 +503,16 @@ def check_junit(r: CheckReport) -> str:
     """A JUnit XML report: one test case per rule (fail: failure; skip: skipped)."""
     import xml.etree.ElementTree as ET
 
-    suite = ET.Element("testsuite", {
-        "name": "grpo-cli check",
-        "tests": str(len(r.results)),
-        "failures": str(sum(x.status == "fail" for x in r.results)),
-        "skipped": str(sum(x.status == "skip" for x in r.results)),
-        "errors": "0",
-    })
+    suite = ET.Element(
+        "testsuite",
+        {
+            "name": "grpo-cli check",
+            "tests": str(len(r.results)),
+            "failures": str(sum(x.status == "fail" for x in r.results)),
+            "skipped": str(sum(x.status == "skip" for x in r.results)),
+            "errors": "0",
+        },
+    )
     for res in r.results:
         case = ET.SubElement(suite, "testcase", {"classname": "grpo-cli.check", "name": res.rule})
         detail = res.message + "".join(f"\nat {_example(e)}" for e in res.examples)
@@ -510,4 +523,6 @@ def check_junit(r: CheckReport) -> str:
         elif res.status == "warn":
             ET.SubElement(case, "system-out").text = "warning: " + detail
     ET.indent(suite)
-    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suite, encoding="unicode") + "\n"
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suite, encoding="unicode") + "\n"
+    )

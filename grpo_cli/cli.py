@@ -386,12 +386,46 @@ def objective(
 @app.command()
 def check(
     files: Files,
-    config: Annotated[Path | None, typer.Option(help="TOML file of rule settings (default: [tool.grpo-cli.check] in ./pyproject.toml).")] = None,
-    output_format: Annotated[str, typer.Option("--format", help="table, json, github (annotations + $GITHUB_STEP_SUMMARY) or junit.")] = "table",
-    baseline: Annotated[Path | None, typer.Option(help="A previous `check --format json` report: fail on relative drift beyond baseline-tolerance.")] = None,
-    report_path: Annotated[Path | None, typer.Option("--report", help="Also write the JSON report to this file (e.g. the next run's baseline).")] = None,
-    rule: Annotated[list[str] | None, typer.Option("--rule", "-r", metavar="RULE.KEY=VALUE", help="Override a rule: RULE.warn=X, RULE.fail=X, RULE.enabled=false, RULE.severity=warn. Repeatable.")] = None,
-    on_policy: Annotated[bool, typer.Option("--on-policy", help="Declare the log on-policy: logp must equal old_logp exactly.")] = False,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            help="TOML file of rule settings (default: [tool.grpo-cli.check] in ./pyproject.toml)."
+        ),
+    ] = None,
+    output_format: Annotated[
+        str,
+        typer.Option(
+            "--format", help="table, json, github (annotations + $GITHUB_STEP_SUMMARY) or junit."
+        ),
+    ] = "table",
+    baseline: Annotated[
+        Path | None,
+        typer.Option(
+            help="A previous `check --format json` report: fail on relative drift beyond baseline-tolerance."
+        ),
+    ] = None,
+    report_path: Annotated[
+        Path | None,
+        typer.Option(
+            "--report",
+            help="Also write the JSON report to this file (e.g. the next run's baseline).",
+        ),
+    ] = None,
+    rule: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--rule",
+            "-r",
+            metavar="RULE.KEY=VALUE",
+            help="Override a rule: RULE.warn=X, RULE.fail=X, RULE.enabled=false, RULE.severity=warn. Repeatable.",
+        ),
+    ] = None,
+    on_policy: Annotated[
+        bool,
+        typer.Option(
+            "--on-policy", help="Declare the log on-policy: logp must equal old_logp exactly."
+        ),
+    ] = False,
     column: ColumnOpt = None,
     preset: PresetOpt = None,
     clip_eps: ClipOpt = None,
@@ -401,7 +435,9 @@ def check(
     """Gate a rollout log in CI: integrity and training-health rules; exit 1 when one fails."""
     with _errors():
         if output_format not in ("table", "json", "github", "junit"):
-            raise UsageError(f"--format: {output_format!r} is not one of table, json, github, junit")
+            raise UsageError(
+                f"--format: {output_format!r} is not one of table, json, github, junit"
+            )
         settings = _settings(preset=preset, clip_eps=clip_eps, clip_eps_high=clip_eps_high)
         cfg = load_config(config, rule, on_policy)
         base = None
@@ -409,7 +445,9 @@ def check(
             try:
                 base = json.loads(baseline.read_text())
             except (OSError, ValueError) as exc:
-                raise UsageError(f"--baseline {baseline}: cannot read a JSON report ({exc})") from None
+                raise UsageError(
+                    f"--baseline {baseline}: cannot read a JSON report ({exc})"
+                ) from None
         src = open_source(files, parse_column_map(column))
         with _progress(progress, src.n_rows(), "check") as tick:
             report = run_check(src, settings, cfg, baseline=base, progress=tick)
@@ -418,7 +456,9 @@ def check(
             try:
                 report_path.write_text(dumps(doc) + "\n")
             except OSError as exc:
-                raise UsageError(f"--report {report_path}: cannot write ({exc.strerror or exc})") from None
+                raise UsageError(
+                    f"--report {report_path}: cannot write ({exc.strerror or exc})"
+                ) from None
         if output_format == "json":
             _emit_json(doc)
         elif output_format == "github":
@@ -431,7 +471,9 @@ def check(
                     with open(target, "a", encoding="utf-8") as fh:
                         fh.write(summary)
                 except OSError as exc:
-                    raise UsageError(f"$GITHUB_STEP_SUMMARY {target}: cannot write ({exc})") from None
+                    raise UsageError(
+                        f"$GITHUB_STEP_SUMMARY {target}: cannot write ({exc})"
+                    ) from None
         elif output_format == "junit":
             sys.stdout.write(check_junit(report))
         else:

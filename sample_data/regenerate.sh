@@ -17,3 +17,4 @@ np.savez(
     mask=np.array([[True, True, True], [True, True, False]]),
 )
 PY
+python make_broken.py  # sample_data/broken/: one file per check rule it breaks

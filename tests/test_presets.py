@@ -33,8 +33,7 @@ def batch(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     ref = np.where(mask, old + rng.normal(0, 0.3, size=(B, L)), 0.0)
     ref[2, 0] = logp[2, 0] + 12.0  # k3 = e¹² − 13: the KL clamp at 10 bites
     path: Path = tmp_path_factory.mktemp("presets") / "batch.npz"
-    np.savez(path, logp=logp, old_logp=old, ref_logp=ref, mask=mask,
-             rewards=REWARDS.reshape(-1, G))
+    np.savez(path, logp=logp, old_logp=old, ref_logp=ref, mask=mask, rewards=REWARDS.reshape(-1, G))
     return {"path": path, "logp": logp, "old": old, "ref": ref, "mask": mask}
 
 
@@ -119,8 +118,9 @@ def test_verl(cli: Cli, batch: dict[str, Any]) -> None:
 
 def test_verl_seq_mean_token_sum_norm_divides_by_l_only(cli: Cli, batch: dict[str, Any]) -> None:
     lp, old, ref, m = batch["logp"], batch["old"], batch["ref"], batch["mask"]
-    doc_trl = run(cli, batch, "--preset", "verl", "--agg", "seq-mean-token-sum-norm",
-                  "--norm-scale", "trl")
+    doc_trl = run(
+        cli, batch, "--preset", "verl", "--agg", "seq-mean-token-sum-norm", "--norm-scale", "trl"
+    )
     doc_verl = run(cli, batch, "--preset", "verl", "--agg", "seq-mean-token-sum-norm")
     assert math.isclose(doc_verl["objective"], B * doc_trl["objective"], rel_tol=1e-12)
     del lp, old, ref, m
@@ -134,7 +134,8 @@ def test_openrlhf(cli: Cli, batch: dict[str, Any]) -> None:
     log_ratio = -(lp - ref)
     kl = np.clip(np.exp(log_ratio) - 1 - log_ratio, -10, 10)
     loss = masked_token_mean(ppo_clip_loss(ratio, adv, 0.2, 0.2), m) + 0.01 * masked_token_mean(
-        kl, m)
+        kl, m
+    )
     doc = run(cli, batch, "--preset", "openrlhf")
     assert math.isclose(doc["objective"], -loss, rel_tol=1e-12)
 
@@ -175,17 +176,27 @@ def test_gspo(cli: Cli, batch: dict[str, Any]) -> None:
 
 
 def test_explicit_flags_override_a_preset(cli: Cli, batch: dict[str, Any]) -> None:
-    doc = run(cli, batch, "--preset", "verl", "--clip-eps", "0.1", "--kl-clamp", "off",
-              "--beta", "0")
+    doc = run(
+        cli, batch, "--preset", "verl", "--clip-eps", "0.1", "--kl-clamp", "off", "--beta", "0"
+    )
     s = doc["settings"]
     assert (s["preset"], s["clip_eps"], s["kl_clamp"], s["beta"], s["dual_clip"]) == (
-        "verl", 0.1, None, 0.0, 3.0)
+        "verl",
+        0.1,
+        None,
+        0.0,
+        3.0,
+    )
 
 
 def test_log_ratio_clamp_by_hand(cli: Cli, tmp_path: Path) -> None:
     # one token, Δ = 30 clamped to 5; A comes from the file
-    np.savez(tmp_path / "c.npz", logp=np.array([[-1.0]]), old_logp=np.array([[-31.0]]),
-             advantages=np.array([-1.0]))
+    np.savez(
+        tmp_path / "c.npz",
+        logp=np.array([[-1.0]]),
+        old_logp=np.array([[-31.0]]),
+        advantages=np.array([-1.0]),
+    )
     doc = cli.json("objective", tmp_path / "c.npz", "--beta", "0", "--log-ratio-clamp", "5")
     assert doc["objective"] == -math.exp(5.0)
     assert doc["ratio"]["max"] == math.exp(30.0)  # diagnostics report the raw ratio

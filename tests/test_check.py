@@ -1,0 +1,203 @@
+"""grpo-cli check: the CI gate. Exit codes, every rule, formats, configuration, baseline."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import SAMPLE, Cli
+
+BROKEN_DIR = SAMPLE / "broken"
+
+
+def _broken_map() -> dict[str, list[str]]:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_broken", SAMPLE / "make_broken.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return dict(mod.BROKEN)
+
+
+BROKEN = _broken_map()
+
+
+def check_json(cli: Cli, *args: str | Path, code: int | None = None) -> dict[str, Any]:
+    r = cli("check", *args, "--format", "json")
+    if code is not None:
+        assert r.exit_code == code, (r.exit_code, r.stdout, r.stderr)
+    doc: dict[str, Any] = json.loads(r.stdout)
+    return doc
+
+
+def statuses(doc: dict[str, Any]) -> dict[str, str]:
+    return {r["rule"]: r["status"] for r in doc["results"]}
+
+
+@pytest.mark.parametrize("name", ["batch.parquet", "batch.npz", "seed_example.npz"])
+def test_sample_data_passes(cli: Cli, name: str) -> None:
+    doc = check_json(cli, SAMPLE / name, code=0)
+    assert doc["passed"] is True
+    assert "fail" not in statuses(doc).values()
+
+
+def test_healthy_broken_baseline_passes_every_rule(cli: Cli) -> None:
+    doc = check_json(cli, BROKEN_DIR / "healthy.parquet", code=0)
+    s = statuses(doc)
+    assert s.pop("on-policy-exact") == "skip"
+    assert set(s.values()) == {"pass"}
+
+
+@pytest.mark.parametrize("name", sorted(BROKEN))
+def test_each_broken_file_fails_exactly_its_rules(cli: Cli, name: str) -> None:
+    extra = ["--on-policy"] if "on-policy-exact" in BROKEN[name] else []
+    doc = check_json(cli, BROKEN_DIR / name, *extra, code=1)
+    assert doc["passed"] is False
+    failed = sorted(r for r, s in statuses(doc).items() if s == "fail")
+    assert failed == sorted(BROKEN[name])
+    for r in doc["results"]:
+        assert set(r) == {"rule", "status", "value", "threshold", "message", "examples"}
+
+
+def test_failure_points_to_the_place(cli: Cli) -> None:
+    doc = check_json(cli, BROKEN_DIR / "nan_logp.parquet", code=1)
+    finite = next(r for r in doc["results"] if r["rule"] == "finite")
+    assert finite["value"] == 1
+    ex = finite["examples"][0]
+    assert (ex["answer"], ex["token"], ex["group"], ex["field"]) == (5, 3, "q1", "logp")
+    assert ex["file"].endswith("nan_logp.parquet")
+    # health rules are not evaluated on broken data: skipped, with the reason
+    kl = next(r for r in doc["results"] if r["rule"] == "kl-mean")
+    assert kl["status"] == "skip" and "integrity failed (finite)" in kl["message"]
+
+
+def test_integrity_examples_for_lengths_and_empty(cli: Cli) -> None:
+    doc = check_json(cli, BROKEN_DIR / "ragged_lengths.parquet", code=1)
+    r = next(x for x in doc["results"] if x["rule"] == "lengths-match")
+    assert r["examples"][0]["answer"] == 4 and r["examples"][0]["field"] == "old_logp"
+    assert r["examples"][0]["length"] == r["examples"][0]["expected"] - 1
+    doc = check_json(cli, BROKEN_DIR / "empty_answer.parquet", code=1)
+    r = next(x for x in doc["results"] if x["rule"] == "mask-nonempty")
+    assert r["value"] == 1 and r["examples"][0]["answer"] == 6
+
+
+def test_on_policy_rule_is_opt_in(cli: Cli) -> None:
+    doc = check_json(cli, BROKEN_DIR / "recomputed.parquet", code=0)
+    assert statuses(doc)["on-policy-exact"] == "skip"
+    doc = check_json(cli, BROKEN_DIR / "recomputed.parquet", "--on-policy", code=1)
+    r = next(x for x in doc["results"] if x["rule"] == "on-policy-exact")
+    assert r["value"] > 0 and "logp" in r["examples"][0] and "old_logp" in r["examples"][0]
+
+
+def test_table_output_readable_without_colour(cli: Cli) -> None:
+    r = cli("check", BROKEN_DIR / "clipped.parquet")
+    assert r.exit_code == 1
+    assert "FAIL  clip-region" in r.stdout and "FAILED" in r.stdout
+    assert "\x1b[" not in r.stdout
+
+
+def test_github_format(cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    summary = tmp_path / "summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    r = cli("check", BROKEN_DIR / "kl_mean.parquet", "--format", "github")
+    assert r.exit_code == 1
+    lines = r.stdout.strip().splitlines()
+    assert lines == [line for line in lines if line.startswith(("::error ", "::warning "))]
+    assert any(line.startswith("::error title=grpo-cli check kl-mean::") for line in lines)
+    text = summary.read_text()
+    assert "grpo-cli check: FAILED" in text and "| `kl-mean` | ❌ fail |" in text
+
+
+def test_junit_format(cli: Cli) -> None:
+    r = cli("check", BROKEN_DIR / "kl_spike.parquet", "--format", "junit")
+    assert r.exit_code == 1
+    suite = ET.fromstring(r.stdout.split("\n", 1)[1])
+    cases = suite.findall("testcase")
+    assert len(cases) == int(suite.get("tests", "0")) == 13
+    failed = [c.get("name") for c in cases if c.find("failure") is not None]
+    assert failed == ["kl-max"] and suite.get("failures") == "1"
+    skipped = [c.get("name") for c in cases if c.find("skipped") is not None]
+    assert skipped == ["on-policy-exact"]
+
+
+def test_config_file_flags_and_severity(cli: Cli, tmp_path: Path) -> None:
+    cfg = tmp_path / "check.toml"
+    cfg.write_text("[rules.kl-mean]\nfail = 5.0\nwarn = 1.0\n")
+    doc = check_json(cli, BROKEN_DIR / "kl_mean.parquet", "--config", cfg, code=0)
+    assert statuses(doc)["kl-mean"] == "warn"
+    # a flag beats the file
+    doc = check_json(
+        cli, BROKEN_DIR / "kl_mean.parquet", "--config", cfg, "--rule", "kl-mean.fail=1.5", code=1
+    )
+    assert statuses(doc)["kl-mean"] == "fail"
+    doc = check_json(cli, BROKEN_DIR / "kl_mean.parquet", "-r", "kl-mean.severity=warn", code=0)
+    assert statuses(doc)["kl-mean"] == "warn"
+    doc = check_json(cli, BROKEN_DIR / "kl_mean.parquet", "-r", "kl-mean.enabled=false", code=0)
+    assert statuses(doc)["kl-mean"] == "skip"
+
+
+def test_pyproject_section_is_found_in_working_directory(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "pyproject.toml").write_text(
+        "[tool.grpo-cli.check]\non-policy = true\n[tool.grpo-cli.check.rules.clip-region]\n"
+        'severity = "warn"\n'
+    )
+    monkeypatch.chdir(tmp_path)
+    doc = check_json(cli, BROKEN_DIR / "clipped.parquet", code=1)  # on-policy now fails
+    s = statuses(doc)
+    assert s["clip-region"] == "warn" and s["on-policy-exact"] == "fail"
+
+
+@pytest.mark.parametrize(
+    ("toml", "text"),
+    [
+        ("colour = true\n", "unknown key(s) colour"),
+        ("[rules.kl-mean]\nlimit = 1\n", "unknown key rules.kl-mean.limit"),
+        ("[rules.no-such-rule]\nfail = 1\n", "unknown rule 'no-such-rule'"),
+        ("[rules.kl-mean]\nfail = 'high'\n", "rules.kl-mean.fail must be a number"),
+        ("[rules\n", "invalid TOML"),
+    ],
+)
+def test_bad_config_is_exit_2(cli: Cli, tmp_path: Path, toml: str, text: str) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(toml)
+    r = cli("check", SAMPLE / "batch.parquet", "--config", cfg)
+    assert r.exit_code == 2 and text in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_bad_flags_and_unreadable_input_are_exit_2(cli: Cli, tmp_path: Path) -> None:
+    assert cli("check", tmp_path / "missing.parquet").exit_code == 2
+    r = cli("check", SAMPLE / "batch.parquet", "--format", "xml")
+    assert r.exit_code == 2 and "--format" in r.stderr
+    r = cli("check", SAMPLE / "batch.parquet", "-r", "kl-mean=1")
+    assert r.exit_code == 2 and "RULE.KEY=VALUE" in r.stderr
+
+
+def test_baseline_drift(cli: Cli, tmp_path: Path) -> None:
+    base = tmp_path / "base.json"
+    r = cli("check", BROKEN_DIR / "healthy.parquet", "--report", base)
+    assert r.exit_code == 0 and json.loads(base.read_text())["passed"] is True
+    same = check_json(cli, BROKEN_DIR / "healthy.parquet", "--baseline", base, code=0)
+    assert statuses(same)["baseline-drift"] == "pass"
+    worse = check_json(
+        cli,
+        BROKEN_DIR / "kl_spike.parquet",
+        "--baseline",
+        base,
+        "-r",
+        "kl-max.severity=warn",
+        code=1,
+    )
+    drift = next(x for x in worse["results"] if x["rule"] == "baseline-drift")
+    assert drift["status"] == "fail"
+    assert {e["rule"] for e in drift["examples"]} >= {"kl-max", "kl-mean"}
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    r = cli("check", SAMPLE / "batch.parquet", "--baseline", bad)
+    assert r.exit_code == 2 and "not a grpo-cli check JSON report" in r.stderr
