@@ -9,7 +9,9 @@ peak RSS (from wait4) of each, as ratios against the baselines measured in the s
 - ``read_stream``: the same columns streamed record batch by record batch;
 - ``padded``: the seed formula on padded ``(N, L)`` numpy arrays with a mask (what a
   notebook does), float32 to fit in memory; skipped when it would not fit;
-- ``grpo-cli``: ``grpo-cli objective FILE --json``.
+- ``grpo-cli``: ``grpo-cli objective FILE --json``;
+- ``cli-serial``: the same with the reader thread and the second worker turned off
+  (``GRPO_CLI_NO_PREFETCH=1 GRPO_CLI_WORKERS=1``), to show what using both cores buys.
 
 Usage: python bench/run.py [--scale 1] [--repeat 3] [--skip-padded]
 ``--scale 1`` is ~70M tokens (51,200 answers, lengths up to 8,192).
@@ -75,12 +77,20 @@ print(json.dumps({"objective": obj, "low": low}))
 """
 
 
-def measure(cmd: list[str], repeat: int) -> dict[str, float | str]:
+def measure(
+    cmd: list[str], repeat: int, env: dict[str, str] | None = None
+) -> dict[str, float | str]:
     """Best wall time and the peak RSS over ``repeat`` fresh processes."""
     best, rss, out = float("inf"), 0, ""
     for _ in range(repeat):
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
         assert proc.stdout is not None
         out = proc.stdout.read()
         _, status, usage = os.wait4(proc.pid, 0)
@@ -129,6 +139,9 @@ def main() -> None:
     results["read_table"] = measure([*py, READ_TABLE, str(path)], args.repeat)
     results["read_stream"] = measure([*py, READ_STREAM, str(path)], args.repeat)
     results["grpo-cli"] = measure([*cli, "objective", str(path), "--json"], args.repeat)
+    # the same on one core: no reader thread, one worker (what using both cores buys)
+    serial = {"GRPO_CLI_WORKERS": "1", "GRPO_CLI_NO_PREFETCH": "1"}
+    results["cli-serial"] = measure([*cli, "objective", str(path), "--json"], args.repeat, serial)
     report = json.loads(str(results["grpo-cli"]["stdout"]))
     tokens, answers = report["counts"]["tokens"], report["counts"]["answers"]
     padded_gib = answers * report["max_len"] * 4 * 9 / 2**30  # ~9 padded float32 arrays live
@@ -166,6 +179,8 @@ def main() -> None:
         )
     else:
         print(f"\npadded: {pad['stdout']}")
+    both = float(results["cli-serial"]["wall_s"]) / float(results["grpo-cli"]["wall_s"])
+    print(f"using both cores (reader thread + 2 workers): {both:.2f}x faster than serial")
     target = float(results["grpo-cli"]["wall_s"]) / float(base["wall_s"])
     print(
         f"targets: wall <= 1.3x read_table: {'PASS' if target <= 1.3 else 'FAIL'} "
