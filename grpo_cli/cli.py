@@ -121,6 +121,7 @@ ColumnOpt = Annotated[
     typer.Option(
         "--column",
         "-c",
+        rich_help_panel="Input",
         metavar="FIELD=NAME",
         help="Read FIELD (group, reward, advantage, logp, old_logp, ref_logp, mask) "
         "from the column/array NAME. Repeatable.",
@@ -128,24 +129,39 @@ ColumnOpt = Annotated[
 ]
 PresetOpt = Annotated[
     str | None,
-    typer.Option(help=f"Set every convention to a trainer's defaults: {', '.join(PRESETS)}."),
+    typer.Option(
+        rich_help_panel="Conventions",
+        help=f"Set every convention to a trainer's defaults: {', '.join(PRESETS)}.",
+    ),
 ]
 ScaleOpt = Annotated[
     str | None,
     typer.Option(
-        help="Advantage scale: group (default), batch, none (Dr. GRPO).", show_default=False
+        rich_help_panel="Advantages",
+        help="Advantage scale: group (default), batch, none (Dr. GRPO).",
+        show_default=False,
     ),
 ]
 DdofOpt = Annotated[
     int | None,
-    typer.Option(help="Std of rewards: 0 population (default), 1 sample.", show_default=False),
+    typer.Option(
+        rich_help_panel="Advantages",
+        help="Std of rewards: 0 population (default), 1 sample.",
+        show_default=False,
+    ),
 ]
 EpsOpt = Annotated[
-    float | None, typer.Option(help="ε added to the reward std (default 1e-8).", show_default=False)
+    float | None,
+    typer.Option(
+        rich_help_panel="Advantages",
+        help="ε added to the reward std (default 1e-8).",
+        show_default=False,
+    ),
 ]
 EstimatorOpt = Annotated[
     str | None,
     typer.Option(
+        rich_help_panel="Advantages",
         help="Advantage baseline: grpo (group mean, default) or rloo (leave-one-out).",
         show_default=False,
     ),
@@ -153,20 +169,31 @@ EstimatorOpt = Annotated[
 SingletonOpt = Annotated[
     str | None,
     typer.Option(
+        rich_help_panel="Advantages",
         help="Group of one answer: zero (A = 0, default) or raw (verl: A = r/(1+ε)).",
         show_default=False,
     ),
 ]
 ClipOpt = Annotated[
-    float | None, typer.Option(help="Clip range ε (ε_low), default 0.2.", show_default=False)
+    float | None,
+    typer.Option(
+        rich_help_panel="Ratio and clipping",
+        help="Clip range ε (ε_low), default 0.2.",
+        show_default=False,
+    ),
 ]
 ClipHighOpt = Annotated[
     str | None,
-    typer.Option(help="Upper clip ε_high (DAPO clip-higher); 'off' = ε.", show_default=False),
+    typer.Option(
+        rich_help_panel="Ratio and clipping",
+        help="Upper clip ε_high (DAPO clip-higher); 'off' = ε.",
+        show_default=False,
+    ),
 ]
 DualClipOpt = Annotated[
     str | None,
     typer.Option(
+        rich_help_panel="Ratio and clipping",
         help="Dual clip c > 1: for A < 0 the term is bounded below by c·A; 'off' to disable.",
         show_default=False,
     ),
@@ -174,6 +201,7 @@ DualClipOpt = Annotated[
 RatioClampOpt = Annotated[
     str | None,
     typer.Option(
+        rich_help_panel="Ratio and clipping",
         help="Clamp log-ratios to [−X, X] before exp (verl/OpenRLHF: 20); 'off' to disable.",
         show_default=False,
     ),
@@ -181,18 +209,25 @@ RatioClampOpt = Annotated[
 RatioLevelOpt = Annotated[
     str | None,
     typer.Option(
-        help="Importance ratio per token (default) or per sequence (GSPO).", show_default=False
+        rich_help_panel="Ratio and clipping",
+        help="Importance ratio per token (default) or per sequence (GSPO).",
+        show_default=False,
     ),
 ]
 BetaOpt = Annotated[
-    float | None, typer.Option(help="KL weight β, default 0.04.", show_default=False)
+    float | None,
+    typer.Option(rich_help_panel="KL", help="KL weight β, default 0.04.", show_default=False),
 ]
 KLEstOpt = Annotated[
-    str | None, typer.Option(help="KL estimator: k1, k2, k3 (default).", show_default=False)
+    str | None,
+    typer.Option(
+        rich_help_panel="KL", help="KL estimator: k1, k2, k3 (default).", show_default=False
+    ),
 ]
 KLClampOpt = Annotated[
     str | None,
     typer.Option(
+        rich_help_panel="KL",
         help="Clamp the KL estimate to [−X, X] (verl/OpenRLHF: 10); 'off' to disable.",
         show_default=False,
     ),
@@ -200,6 +235,7 @@ KLClampOpt = Annotated[
 AggOpt = Annotated[
     str | None,
     typer.Option(
+        rich_help_panel="Aggregation",
         help="Aggregation: seq-mean-token-mean (default), token-mean, seq-mean-token-sum, seq-mean-token-sum-norm.",
         show_default=False,
     ),
@@ -207,12 +243,15 @@ AggOpt = Annotated[
 MaxLenOpt = Annotated[
     int | None,
     typer.Option(
-        help="L_max for seq-mean-token-sum-norm (default: the longest answer).", show_default=False
+        rich_help_panel="Aggregation",
+        help="L_max for seq-mean-token-sum-norm (default: the longest answer).",
+        show_default=False,
     ),
 ]
 NormScaleOpt = Annotated[
     str | None,
     typer.Option(
+        rich_help_panel="Aggregation",
         help="seq-mean-token-sum-norm divisor: trl (N·L_max, default) or verl (L_max).",
         show_default=False,
     ),
