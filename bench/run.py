@@ -76,6 +76,26 @@ low = float(((np.exp(logp - old) < 0.8) & (adv < 0) & mask).sum() / lengths.sum(
 print(json.dumps({"objective": obj, "low": low}))
 """
 
+# The same objective in memory: whole columns as flat float64 arrays, the library's own
+# kernels, exact quantiles (the "straightforward flat numpy version"). Its result must
+# equal the streamed one.
+FLAT = """
+import sys, json, numpy as np, pyarrow.parquet as pq
+from grpo_cli import advantages_by_group, token_terms, aggregate
+t = pq.read_table(sys.argv[1], columns=["group", "reward", "logp", "old_logp", "ref_logp"])
+def flat(name):
+    col = t.column(name).combine_chunks()
+    return col.flatten().to_numpy().astype(np.float64), np.asarray(col.offsets, dtype=np.int64)
+lp, offsets = flat("logp")
+old, _ = flat("old_logp")
+ref, _ = flat("ref_logp")
+enc = t.column("group").combine_chunks().dictionary_encode()
+adv = advantages_by_group(t.column("reward").to_numpy(), np.asarray(enc.indices, dtype=np.int64))
+terms = token_terms(lp, old, ref, adv, offsets)
+q = np.quantile(terms.ratio, [0.01, 0.5, 0.99])
+print(json.dumps({"objective": aggregate(terms.term, offsets), "p50": float(q[1])}))
+"""
+
 
 def measure(
     cmd: list[str], repeat: int, env: dict[str, str] | None = None
@@ -144,6 +164,11 @@ def main() -> None:
     results["cli-serial"] = measure([*cli, "objective", str(path), "--json"], args.repeat, serial)
     report = json.loads(str(results["grpo-cli"]["stdout"]))
     tokens, answers = report["counts"]["tokens"], report["counts"]["answers"]
+    flat_gib = tokens * 8 * 12 / 2**30  # ~12 flat float64 arrays live
+    if flat_gib > 16:
+        results["flat-numpy"] = {"wall_s": float("nan"), "rss_mib": float("nan"), "stdout": ""}
+    else:
+        results["flat-numpy"] = measure([*py, FLAT, str(path)], 1)
     padded_gib = answers * report["max_len"] * 4 * 9 / 2**30  # ~9 padded float32 arrays live
     if args.skip_padded or padded_gib > 20:
         note = "skipped" if args.skip_padded else f"skipped: needs ~{padded_gib:.0f} GiB"
@@ -166,6 +191,13 @@ def main() -> None:
         print(
             f"{name:<12} {w:>8.2f} {m:>13.0f} {w / float(base['wall_s']):>18.2f} "
             f"{m / float(base['rss_mib']):>17.2f}"
+        )
+    if results["flat-numpy"]["stdout"]:
+        flat = json.loads(str(results["flat-numpy"]["stdout"]))
+        rel = abs(flat["objective"] - report["objective"]) / abs(report["objective"])
+        print(
+            f"\nstreamed vs in-memory float64 objective: relative difference {rel:.1e}; "
+            f"ratio p50 {report['ratio']['p50']:.8f} vs exact {flat['p50']:.8f}"
         )
     pad = results["padded"]
     if pad["wall_s"] == pad["wall_s"]:  # not NaN
