@@ -130,7 +130,9 @@ def quantiles_from_counts(values: F64, counts: NDArray[np.int64], qs: F64) -> F6
     x0 = v[np.searchsorted(cum, k0, side="right")]
     x1 = v[np.searchsorted(cum, k1, side="right")]
     frac = h - k0
-    return x0 + (x1 - x0) * frac
+    with np.errstate(invalid="ignore"):  # inf − inf where both neighbours are inf
+        out = x0 + (x1 - x0) * frac
+    return np.where(x0 == x1, x0, out)
 
 
 class Histogram:
@@ -229,7 +231,13 @@ class Sketch:
             return None
         if self.exact is not None:
             x = np.concatenate(self.exact)
-            return np.quantile(x if f is None else f(x), qs)
+            with np.errstate(over="ignore", invalid="ignore"):
+                y = x if f is None else f(x)
+                q = np.quantile(y, qs)
+            if np.isnan(q).any() and not np.isnan(y).any():
+                # interpolating towards an overflowed (inf) value: the quantile is inf
+                q = np.where(np.isnan(q), np.quantile(y, qs, method="higher"), q)
+            return q
         rep = self.hist.representatives()
         vals = rep if f is None else f(rep)
         order = np.argsort(vals, kind="stable")

@@ -1,0 +1,102 @@
+"""More numbers through the CLI, each computed independently: KL, advantage variants,
+aggregations, overflow. And the public surface."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+import grpo_cli
+
+from .conftest import Cli, random_batch, write_parquet
+
+
+def test_every_public_name_imports() -> None:
+    for name in grpo_cli.__all__:
+        assert getattr(grpo_cli, name) is not None, name
+    assert grpo_cli.__version__
+
+
+def test_kl_command_values(cli: Cli, tmp_path: Path) -> None:
+    b = random_batch(np.random.default_rng(41), n=25, width=10)
+    path = write_parquet(tmp_path / "b.parquet", b)
+    x = [lp - r for lp, r in zip(b["logp"], b["ref_logp"], strict=True)]  # log π/π_ref
+    k3 = [np.exp(-v) + v - 1 for v in x]
+    doc = cli.json("kl", path)
+    flat = np.concatenate(k3)
+    assert doc["counts"] == {"answers": 25, "tokens": flat.size}
+    assert math.isclose(doc["kl"]["mean"], flat.mean(), rel_tol=1e-12)
+    assert math.isclose(doc["kl"]["std"], flat.std(), rel_tol=1e-9)
+    assert doc["kl"]["min"] == flat.min() and doc["kl"]["max"] == flat.max()
+    assert math.isclose(doc["kl"]["p95"], float(np.quantile(flat, 0.95)), rel_tol=1e-12)
+    per_answer = np.array([v.mean() for v in k3])
+    assert math.isclose(doc["kl_per_answer"]["mean"], per_answer.mean(), rel_tol=1e-12)
+    assert math.isclose(doc["kl_per_answer"]["p50"], float(np.median(per_answer)), rel_tol=1e-12)
+    k1 = cli.json("kl", path, "--kl-estimator", "k1")
+    assert math.isclose(k1["kl"]["mean"], np.concatenate(x).mean(), rel_tol=1e-12)
+    k2 = cli.json("kl", path, "--kl-estimator", "k2", "--kl-clamp", "0.01")
+    assert k2["kl"]["max"] == 0.01
+    assert k2["settings"] == {"kl_estimator": "k2", "kl_clamp": 0.01, "log_ratio_clamp": None}
+
+
+def test_advantage_variants_through_the_cli(cli: Cli, tmp_path: Path) -> None:
+    r = np.array([[1.0, 2.0, 6.0], [0.0, 0.0, 3.0]])
+    np.savez(tmp_path / "r.npz", rewards=r)
+    batch = cli.json("advantages", tmp_path / "r.npz", "--scale", "batch", "--eps", "0")
+    centred = r - r.mean(axis=1, keepdims=True)
+    np.testing.assert_allclose(batch["advantages"], centred / r.std(), rtol=1e-14)
+    rloo = cli.json("advantages", tmp_path / "r.npz", "--estimator", "rloo", "--scale", "none")
+    np.testing.assert_allclose(rloo["advantages"], centred * 3 / 2, rtol=1e-14)
+    sample = cli.json("advantages", tmp_path / "r.npz", "--ddof", "1", "--eps", "0")
+    np.testing.assert_allclose(
+        sample["advantages"], centred / r.std(axis=1, ddof=1)[:, None], rtol=1e-14
+    )
+    assert sample["groups"][0]["std"] == r[0].std(ddof=1)
+
+
+def test_aggregations_in_json_by_hand(cli: Cli, tmp_path: Path) -> None:
+    # two answers with advantages from the file, on-policy, beta 0: term = A per token
+    logp = np.array([[-1.0, -1.0, -1.0, -1.0], [-2.0, -2.0, 0.0, 0.0]])
+    mask = np.array([[1, 1, 1, 1], [1, 1, 0, 0]], dtype=bool)
+    np.savez(tmp_path / "a.npz", logp=logp, mask=mask, advantages=np.array([1.0, -3.0]))
+    r = cli("objective", tmp_path / "a.npz", "--beta", "0", "--json")
+    assert r.exit_code == 0 and "on-policy" in r.stderr
+    agg = json.loads(r.stdout)["aggregations"]
+    assert agg["seq-mean-token-mean"] == (1.0 - 3.0) / 2
+    assert agg["token-mean"] == (4 * 1.0 - 2 * 3.0) / 6
+    assert agg["seq-mean-token-sum"] == (4.0 - 6.0) / 2
+    assert agg["seq-mean-token-sum-norm"] == (4.0 - 6.0) / (2 * 4)
+
+
+def test_overflowing_ratio_is_reported_not_nan(cli: Cli, tmp_path: Path) -> None:
+    logp = np.array([[-1.0, -1.0], [-1.0, -1.0]])
+    old = np.array([[-801.0, -1.0], [-1.0, -1.0]])  # exp(800) overflows
+    np.savez(tmp_path / "o.npz", logp=logp, old_logp=old, advantages=np.array([0.0, 1.0]))
+    r = cli("objective", tmp_path / "o.npz", "--beta", "0", "--json")
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["objective"] == 0.5  # A = 0 on the overflowing token: it contributes 0
+    assert doc["ratio"]["overflow_tokens"] == 1 and doc["ratio"]["max"] is None  # inf → null
+    assert doc["ratio"]["mean"] is None
+    assert any("overflow" in w for w in doc["warnings"])
+    np.savez(tmp_path / "n.npz", logp=logp, old_logp=old, advantages=np.array([-1.0, 1.0]))
+    r = cli("objective", tmp_path / "n.npz", "--beta", "0", "--json")
+    doc = json.loads(r.stdout)
+    assert doc["objective"] is None and doc["loss"] is None  # −inf: no bound without dual clip
+    assert any("not finite" in w for w in doc["warnings"])
+    dual = cli.json("objective", tmp_path / "n.npz", "--beta", "0", "--dual-clip", "3")
+    assert dual["objective"] == ((-3.0 - 1.0) / 2 + 1.0) / 2
+    assert "NaN" not in r.stdout and "Infinity" not in r.stdout
+
+
+def test_singleton_group_and_zero_variance_summary(cli: Cli, tmp_path: Path) -> None:
+    b = random_batch(np.random.default_rng(42), n=5, width=4)
+    b["group"] = np.array([0, 0, 1, 1, 2])
+    b["reward"] = np.array([1.0, 0.0, 2.0, 2.0, 5.0])
+    doc = cli.json("objective", write_parquet(tmp_path / "s.parquet", b))
+    g = doc["groups"]
+    assert (g["groups"], g["singleton_groups"], g["zero_variance_groups"]) == (3, 1, 2)
+    assert g["frac_zero_std_answers"] == 3 / 5
