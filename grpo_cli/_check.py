@@ -189,14 +189,23 @@ Rule = Callable[[Facts, RuleConfig], Result]
 
 
 # ---------------------------------------------------------------------- integrity
+def _counted(
+    rule: str, c: RuleConfig, n: int, examples: list[dict[str, Any]], found: str, clean: str
+) -> Result:
+    """An integrity verdict on a count of offending items: ``found`` when there are any."""
+    return _judge(rule, c, n, f"{n} {found}" if n else clean, examples)
+
+
 def rule_finite(f: Facts, c: RuleConfig) -> Result:
     s = f.scan
-    msg = (
-        f"{s.nonfinite} NaN/inf value(s) inside the mask"
-        if s.nonfinite
-        else "every valid token's log-probs are finite"
+    return _counted(
+        "finite",
+        c,
+        s.nonfinite,
+        s.nonfinite_ex,
+        "NaN/inf value(s) inside the mask",
+        "every valid token's log-probs are finite",
     )
-    return _judge("finite", c, s.nonfinite, msg, s.nonfinite_ex)
 
 
 def rule_logp_range(f: Facts, c: RuleConfig) -> Result:
@@ -215,20 +224,26 @@ def rule_logp_range(f: Facts, c: RuleConfig) -> Result:
 
 def rule_lengths_match(f: Facts, c: RuleConfig) -> Result:
     s = f.scan
-    msg = (
-        f"{s.mismatch} answer(s) whose token fields differ in length"
-        if s.mismatch
-        else "every answer's token fields have equal lengths"
+    return _counted(
+        "lengths-match",
+        c,
+        s.mismatch,
+        s.mismatch_ex,
+        "answer(s) whose token fields differ in length",
+        "every answer's token fields have equal lengths",
     )
-    return _judge("lengths-match", c, s.mismatch, msg, s.mismatch_ex)
 
 
 def rule_mask_nonempty(f: Facts, c: RuleConfig) -> Result:
     s = f.scan
-    msg = (
-        f"{s.empty} answer(s) with no valid token" if s.empty else "every answer has a valid token"
+    return _counted(
+        "mask-nonempty",
+        c,
+        s.empty,
+        s.empty_ex,
+        "answer(s) with no valid token",
+        "every answer has a valid token",
     )
-    return _judge("mask-nonempty", c, s.empty, msg, s.empty_ex)
 
 
 def rule_group_size(f: Facts, c: RuleConfig) -> Result:

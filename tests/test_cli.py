@@ -90,21 +90,14 @@ def test_npz_and_parquet_give_identical_json(cli: Cli, tmp_path: Path) -> None:
         assert x == y
 
 
-def test_padding_values_never_change_the_cli_result(cli: Cli, tmp_path: Path) -> None:
-    rng = np.random.default_rng(13)
-    b = random_batch(rng, n=10, width=8)
+@pytest.mark.parametrize("fill", [1e30, -7.0, np.nan])
+def test_padding_values_never_change_the_cli_result(cli: Cli, tmp_path: Path, fill: float) -> None:
+    # padding may hold any finite value; NaN in padding is ignored as well (never read)
+    b = random_batch(np.random.default_rng(13), n=10, width=8)
     a = cli.json("objective", write_npz(tmp_path / "a.npz", b, fill=0.0))
-    c = cli.json("objective", write_npz(tmp_path / "c.npz", b, fill=1e30))
+    c = cli.json("objective", write_npz(tmp_path / "c.npz", b, fill=fill))
     a.pop("source"), c.pop("source")
     assert a == c
-
-
-def test_nan_in_padding_is_ignored(cli: Cli, tmp_path: Path) -> None:
-    rng = np.random.default_rng(14)
-    b = random_batch(rng, n=6, width=8)
-    a = cli.json("objective", write_npz(tmp_path / "a.npz", b, fill=0.0))
-    c = cli.json("objective", write_npz(tmp_path / "c.npz", b, fill=np.nan))
-    assert a["objective"] == c["objective"]
 
 
 def test_advantages_json_is_nested_for_2d_rewards(cli: Cli, tmp_path: Path) -> None:
