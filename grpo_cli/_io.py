@@ -49,10 +49,10 @@ FIELDS = ANSWER_FIELDS + TOKEN_FIELDS
 
 # Canonical name first; then the names trainers use for the same thing (DESIGN.md).
 ALIASES: dict[str, tuple[str, ...]] = {
-    "group": ("group", "groups", "group_id", "prompt_id", "uid", "index"),
-    "reward": ("reward", "rewards", "score", "scores", "token_level_scores"),
+    "group": ("group", "groups", "group_id", "prompt_id", "uid"),
+    "reward": ("reward", "rewards", "score", "scores"),
     "advantage": ("advantage", "advantages"),
-    "logp": ("logp", "log_prob", "log_probs", "per_token_logps", "logprobs"),
+    "logp": ("logp", "log_prob", "log_probs", "per_token_logps"),
     "old_logp": ("old_logp", "old_log_probs", "old_per_token_logps", "action_log_probs"),
     "ref_logp": ("ref_logp", "ref_log_prob", "ref_per_token_logps", "base_action_log_probs"),
     "mask": ("mask", "response_mask", "completion_mask", "action_mask", "loss_mask"),
