@@ -96,13 +96,7 @@ class Facts:
     _starts: NDArray[np.int64] | None = None
 
     def where(self, row: int, **extra: Any) -> dict[str, Any]:
-        """An example location: file, answer index, group id, and whatever else is given."""
-        out: dict[str, Any] = {"file": self._file_of(row), "answer": int(row)}
-        a = self.answers
-        if a.codes is not None and a.labels is not None and row < a.codes.shape[0]:
-            out["group"] = a.labels[int(a.codes[row])]
-        out.update(extra)
-        return out
+        return _location(self.answers, self._file_of(row), row, **extra)
 
     def _file_of(self, row: int) -> str:
         if len(self.src.paths) == 1:
@@ -544,16 +538,21 @@ def load_config(
 
 
 # ------------------------------------------------------------------------------- scan
+def _location(answers: Answers, file: str, row: int, **extra: Any) -> dict[str, Any]:
+    """An example location: file, answer index, group id, and whatever else is given."""
+    out: dict[str, Any] = {"file": file, "answer": int(row)}
+    if answers.codes is not None and answers.labels is not None and row < answers.codes.shape[0]:
+        out["group"] = answers.labels[int(answers.codes[row])]
+    out.update(extra)
+    return out
+
+
 def _scan(src: Source, answers: Answers, cfg: CheckConfig) -> Scan:
     s = Scan()
     fields = [f for f in ("logp", "old_logp", "ref_logp") if src.has(f)]
 
-    def where(rb_label: str, row: int, **extra: Any) -> dict[str, Any]:
-        out: dict[str, Any] = {"file": rb_label, "answer": int(row)}
-        if answers.codes is not None and answers.labels is not None and row < answers.n:
-            out["group"] = answers.labels[int(answers.codes[row])]
-        out.update(extra)
-        return out
+    def where(file: str, row: int, **extra: Any) -> dict[str, Any]:
+        return _location(answers, file, row, **extra)
 
     for rb in iter_raw(src, fields):
         first = fields[0]
