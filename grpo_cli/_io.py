@@ -460,7 +460,9 @@ def iter_batches(
         yield from prefetch(_parquet_batches(src, wanted, tokens))
 
 
-def _npz_batches(src: Source, wanted: list[str]) -> Iterator[Batch]:
+def _npz_arrays(src: Source, wanted: list[str]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """The requested ``(N, L)`` token arrays of an npz and its boolean mask (all True when
+    absent), with shapes and dtypes checked: anything else is an :class:`InputError`."""
     path = src.paths[0]
     with np.load(path, allow_pickle=False) as z:
         get = _npz_getter(z, src)
@@ -485,17 +487,20 @@ def _npz_batches(src: Source, wanted: list[str]) -> Iterator[Batch]:
             raise InputError(
                 f"{path}: array {src.name(f)!r} has dtype {arr.dtype}, expected floats"
             )
-    N, L = ref_shape
     if mask_raw is None:
-        mask = np.ones(ref_shape, dtype=np.bool_)
-    else:
-        mname = src.name("mask")
-        if mask_raw.shape != ref_shape:
-            raise InputError(
-                f"{path}: array {mname!r} has shape {mask_raw.shape}, "
-                f"but {ref_name!r} has {ref_shape}"
-            )
-        mask = _mask_values(mask_raw, str(path), f"array {mname!r}")
+        return raw, np.ones(ref_shape, dtype=np.bool_)
+    mname = src.name("mask")
+    if mask_raw.shape != ref_shape:
+        raise InputError(
+            f"{path}: array {mname!r} has shape {mask_raw.shape}, but {ref_name!r} has {ref_shape}"
+        )
+    return raw, _mask_values(mask_raw, str(path), f"array {mname!r}")
+
+
+def _npz_batches(src: Source, wanted: list[str]) -> Iterator[Batch]:
+    path = src.paths[0]
+    raw, mask = _npz_arrays(src, wanted)
+    N, L = mask.shape
     empty = np.flatnonzero(~mask.any(axis=1))
     if empty.size:
         raise InputError(
@@ -507,7 +512,6 @@ def _npz_batches(src: Source, wanted: list[str]) -> Iterator[Batch]:
     np.cumsum(lengths, out=offsets[1:])
     flat: dict[str, F64] = {}
     for f, arr in raw.items():
-        assert arr is not None
         v = _floating(arr[mask])
         _check_finite(v, offsets, 0, str(path), f"array {src.name(f)!r}", positions=mask)
         flat[f] = v
@@ -603,7 +607,9 @@ def _parquet_batches(src: Source, wanted: list[str], batch_tokens: int) -> Itera
     mname = src.name("mask") if src.has("mask") else None
     cols = names + ([mname] if mname else [])
     for rb, start, label in _parquet_record_batches(src, cols, batch_tokens):
-        yield _record_batch(rb, wanted, names, mname, start, label)
+        yield _record_batch(
+            _raw_record_batch(rb, wanted, names, mname, start, label), wanted, names, mname
+        )
 
 
 @dataclass(frozen=True)
@@ -641,36 +647,16 @@ def iter_raw(
     if not wanted:
         return
     if src.kind == "npz":
-        path = src.paths[0]
-        with np.load(path, allow_pickle=False) as z:
-            get = _npz_getter(z, src)
-            raw = {f: get(f) for f in wanted}
-            mask_raw = get("mask")
-        shape = next(iter(raw.values())).shape
-        for f, arr in raw.items():
-            assert arr is not None
-            if arr.ndim != 2 or arr.shape != shape:
-                raise InputError(
-                    f"{path}: array {src.name(f)!r} has shape {arr.shape}, "
-                    f"expected (N, L) = {shape}"
-                )
-        N, L = shape
-        offsets = np.arange(0, N * L + 1, max(L, 1), dtype=np.int64)[: N + 1]
-        mask = None
-        if mask_raw is not None:
-            if mask_raw.shape != shape:
-                raise InputError(
-                    f"{path}: array {src.name('mask')!r} has shape "
-                    f"{mask_raw.shape}, expected {shape}"
-                )
-            mask = _mask_values(mask_raw, str(path), f"array {src.name('mask')!r}").reshape(-1)
+        raw, mask = _npz_arrays(src, wanted)
+        N, L = mask.shape
+        offsets = np.arange(N + 1, dtype=np.int64) * L
         yield RawBatch(
             start=0,
-            label=str(path),
+            label=str(src.paths[0]),
             unit="answer",
             offsets={f: offsets for f in raw},
-            values={f: np.asarray(a).reshape(-1) for f, a in raw.items()},
-            mask=mask,
+            values={f: a.reshape(-1) for f, a in raw.items()},
+            mask=mask.reshape(-1),
         )
         return
     names = [src.name(f) for f in wanted]
@@ -678,18 +664,30 @@ def iter_raw(
     cols = names + ([mname] if mname else [])
     tokens = BATCH_TOKENS if batch_tokens is None else batch_tokens
     for rb, start, label in _parquet_record_batches(src, cols, tokens):
-        offs: dict[str, I64] = {}
-        vals: dict[str, np.ndarray] = {}
-        for f, name in zip(wanted, names, strict=True):
-            offs[f], vals[f] = _list_column(rb.column(name), label, name, start)
-        mask = None
-        if mname is not None:
-            moff, mvals = _list_column(rb.column(mname), label, mname, start, boolean=True)
-            if np.array_equal(moff, offs[wanted[0]]):
-                mask = _mask_values(mvals, label, f"column {mname!r}")
-            else:
-                offs["mask"] = moff
-        yield RawBatch(start=start, label=label, unit="row", offsets=offs, values=vals, mask=mask)
+        yield _raw_record_batch(rb, wanted, names, mname, start, label)
+
+
+def _raw_record_batch(
+    rb: pa.RecordBatch,
+    wanted: list[str],
+    names: list[str],
+    mname: str | None,
+    start: int,
+    label: str,
+) -> RawBatch:
+    """The list columns of a record batch as flat arrays and offsets, values unchecked."""
+    offs: dict[str, I64] = {}
+    vals: dict[str, np.ndarray] = {}
+    for f, name in zip(wanted, names, strict=True):
+        offs[f], vals[f] = _list_column(rb.column(name), label, name, start)
+    mask = None
+    if mname is not None:
+        moff, mvals = _list_column(rb.column(mname), label, mname, start, boolean=True)
+        if np.array_equal(moff, offs[wanted[0]]):
+            mask = _mask_values(mvals, label, f"column {mname!r}")
+        else:
+            offs["mask"] = moff
+    return RawBatch(start=start, label=label, unit="row", offsets=offs, values=vals, mask=mask)
 
 
 def _list_column(
@@ -732,35 +730,23 @@ def _list_column(
     return off, vals
 
 
-def _record_batch(
-    rb: pa.RecordBatch,
-    wanted: list[str],
-    names: list[str],
-    mname: str | None,
-    start: int,
-    label: str,
-) -> Batch:
-    flats: dict[str, np.ndarray] = {}
-    offsets: I64 | None = None
-    for f, name in zip(wanted, names, strict=True):
-        off, vals = _list_column(rb.column(name), label, name, start)
-        if offsets is None:
-            offsets = off
-        elif not np.array_equal(off, offsets):
-            _raise_length_mismatch(off, offsets, label, name, names[0], start)
-        flats[f] = vals
-    assert offsets is not None
+def _record_batch(raw: RawBatch, wanted: list[str], names: list[str], mname: str | None) -> Batch:
+    """Validate a raw record batch into a :class:`Batch` (valid tokens only), or raise."""
+    label, start = raw.label, raw.start
+    offsets = raw.offsets[wanted[0]]
+    for f, name in zip(wanted[1:], names[1:], strict=True):
+        if not np.array_equal(raw.offsets[f], offsets):
+            _raise_length_mismatch(raw.offsets[f], offsets, label, name, names[0], start)
+    if "mask" in raw.offsets:
+        assert mname is not None
+        _raise_length_mismatch(raw.offsets["mask"], offsets, label, mname, names[0], start)
     width = np.diff(offsets)
-    if mname is not None:
-        moff, mvals = _list_column(rb.column(mname), label, mname, start, boolean=True)
-        if not np.array_equal(moff, offsets):
-            _raise_length_mismatch(moff, offsets, label, mname, names[0], start)
-        m = _mask_values(mvals, label, f"column {mname!r}") if mvals.dtype != np.bool_ else mvals
+    m = raw.mask
+    if m is not None:
         counts = np.zeros(offsets.shape[0], dtype=np.int64)
         np.cumsum(m, out=counts[1:])
         new_offsets = counts[offsets]
     else:
-        m = None
         new_offsets = offsets
     lengths = np.diff(new_offsets)
     empty = np.flatnonzero(lengths == 0)
@@ -771,12 +757,12 @@ def _record_batch(
         )
     out: dict[str, F64] = {}
     for f, name in zip(wanted, names, strict=True):
-        v = flats[f] if m is None else flats[f][m]
-        v = _floating(v)
+        values = raw.values[f]
+        v = _floating(values if m is None else values[m])
         if m is None:
             _check_finite(v, new_offsets, start, label, f"column {name!r}", unit="row")
         else:
-            _check_finite_masked(flats[f], m, offsets, start, label, name)
+            _check_finite_masked(values, m, offsets, start, label, name)
         out[f] = v
     return Batch(start=start, offsets=new_offsets, fields=out, width=width)
 

@@ -201,3 +201,11 @@ def test_baseline_drift(cli: Cli, tmp_path: Path) -> None:
     bad.write_text("{}")
     r = cli("check", SAMPLE / "batch.parquet", "--baseline", bad)
     assert r.exit_code == 2 and "not a grpo-cli check JSON report" in r.stderr
+
+
+def test_unreadable_token_array_is_exit_2_not_a_traceback(cli: Cli, tmp_path: Path) -> None:
+    import numpy as np
+
+    np.savez(tmp_path / "s.npz", logp=np.full((2, 3), "x"), rewards=np.ones((1, 2)))
+    r = cli("check", tmp_path / "s.npz")
+    assert r.exit_code == 2 and "'logp' has dtype <U1" in r.stderr and "Traceback" not in r.stderr
