@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ._core import advantages_by_group
-from ._io import Answers, Source, iter_raw, load_answers, pq_rows
+from ._io import Answers, Batch, RawBatch, Source, iter_raw, load_answers, pq_rows, raw_to_batch
 from ._report import ObjectiveReport, objective_report
 from ._settings import Settings
 from .errors import InputError, UsageError
@@ -547,114 +547,114 @@ def _location(answers: Answers, file: str, row: int, **extra: Any) -> dict[str, 
     return out
 
 
-def _scan(src: Source, answers: Answers, cfg: CheckConfig) -> Scan:
-    s = Scan()
-    fields = [f for f in ("logp", "old_logp", "ref_logp") if src.has(f)]
+def _scan_batch(s: Scan, rb: RawBatch, src: Source, answers: Answers, cfg: CheckConfig) -> None:
+    """Fold one raw batch into the integrity scan: count every problem, keep a few places."""
+    fields = list(rb.values)
 
     def where(file: str, row: int, **extra: Any) -> dict[str, Any]:
         return _location(answers, file, row, **extra)
 
-    for rb in iter_raw(src, fields):
-        first = fields[0]
-        off0 = rb.offsets[first]
-        lengths0 = np.diff(off0)
-        s.rows += rb.n
-        m = rb.mask if rb.mask is not None else np.ones(int(off0[-1]), dtype=np.bool_)
-        if "mask" in rb.offsets:  # mask lists of another length
-            bad = np.flatnonzero(np.diff(rb.offsets["mask"]) != lengths0)
+    first = fields[0]
+    off0 = rb.offsets[first]
+    lengths0 = np.diff(off0)
+    s.rows += rb.n
+    m = rb.mask if rb.mask is not None else np.ones(int(off0[-1]), dtype=np.bool_)
+    if "mask" in rb.offsets:  # mask lists of another length
+        bad = np.flatnonzero(np.diff(rb.offsets["mask"]) != lengths0)
+        s.mismatch += int(bad.size)
+        for i in bad[: MAX_EXAMPLES - len(s.mismatch_ex)]:
+            s.mismatch_ex.append(
+                where(
+                    rb.label,
+                    rb.start + int(i),
+                    field="mask",
+                    length=int(np.diff(rb.offsets["mask"])[i]),
+                    expected=int(lengths0[i]),
+                )
+            )
+    valid_per_row = (
+        np.add.reduceat(m, off0[:-1], dtype=np.int64) if m.size else np.zeros(rb.n, dtype=np.int64)
+    )
+    valid_per_row[lengths0 == 0] = 0
+    s.tokens += int(valid_per_row.sum())
+    empty = np.flatnonzero(valid_per_row == 0)
+    s.empty += int(empty.size)
+    for i in empty[: max(0, MAX_EXAMPLES - len(s.empty_ex))]:
+        s.empty_ex.append(where(rb.label, rb.start + int(i), tokens=int(lengths0[i])))
+    for f in fields:
+        off, v = rb.offsets[f], rb.values[f]
+        if f != first and not np.array_equal(off, off0):
+            bad = np.flatnonzero(np.diff(off) != lengths0)
             s.mismatch += int(bad.size)
-            for i in bad[: MAX_EXAMPLES - len(s.mismatch_ex)]:
+            for i in bad[: max(0, MAX_EXAMPLES - len(s.mismatch_ex))]:
                 s.mismatch_ex.append(
                     where(
                         rb.label,
                         rb.start + int(i),
-                        field="mask",
-                        length=int(np.diff(rb.offsets["mask"])[i]),
+                        field=src.name(f),
+                        length=int(np.diff(off)[i]),
                         expected=int(lengths0[i]),
                     )
                 )
-        valid_per_row = (
-            np.add.reduceat(m, off0[:-1], dtype=np.int64)
-            if m.size
-            else np.zeros(rb.n, dtype=np.int64)
-        )
-        valid_per_row[lengths0 == 0] = 0
-        s.tokens += int(valid_per_row.sum())
-        empty = np.flatnonzero(valid_per_row == 0)
-        s.empty += int(empty.size)
-        for i in empty[: max(0, MAX_EXAMPLES - len(s.empty_ex))]:
-            s.empty_ex.append(where(rb.label, rb.start + int(i), tokens=int(lengths0[i])))
-        for f in fields:
-            off, v = rb.offsets[f], rb.values[f]
-            if f != first and not np.array_equal(off, off0):
-                bad = np.flatnonzero(np.diff(off) != lengths0)
-                s.mismatch += int(bad.size)
-                for i in bad[: max(0, MAX_EXAMPLES - len(s.mismatch_ex))]:
-                    s.mismatch_ex.append(
-                        where(
-                            rb.label,
-                            rb.start + int(i),
-                            field=src.name(f),
-                            length=int(np.diff(off)[i]),
-                            expected=int(lengths0[i]),
-                        )
+            continue  # values of a misaligned field cannot be matched to the mask
+        vf = v.astype(np.float64, copy=False)
+        nonfinite = ~np.isfinite(vf) & m
+        if nonfinite.any():
+            idx = np.flatnonzero(nonfinite)
+            s.nonfinite += int(idx.size)
+            for k in idx[: max(0, MAX_EXAMPLES - len(s.nonfinite_ex))]:
+                i = int(np.searchsorted(off0, k, side="right") - 1)
+                s.nonfinite_ex.append(
+                    where(
+                        rb.label,
+                        rb.start + i,
+                        field=src.name(f),
+                        token=int(k - off0[i]),
+                        value=str(vf[k]),
                     )
-                continue  # values of a misaligned field cannot be matched to the mask
-            vf = v.astype(np.float64, copy=False)
-            nonfinite = ~np.isfinite(vf) & m
-            if nonfinite.any():
-                idx = np.flatnonzero(nonfinite)
-                s.nonfinite += int(idx.size)
-                for k in idx[: max(0, MAX_EXAMPLES - len(s.nonfinite_ex))]:
-                    i = int(np.searchsorted(off0, k, side="right") - 1)
-                    s.nonfinite_ex.append(
-                        where(
-                            rb.label,
-                            rb.start + i,
-                            field=src.name(f),
-                            token=int(k - off0[i]),
-                            value=str(vf[k]),
-                        )
+                )
+        with np.errstate(invalid="ignore"):
+            pos = (vf > 0) & m
+        if pos.any():
+            idx = np.flatnonzero(pos)
+            s.positive += int(idx.size)
+            for k in idx[: max(0, MAX_EXAMPLES - len(s.positive_ex))]:
+                i = int(np.searchsorted(off0, k, side="right") - 1)
+                s.positive_ex.append(
+                    where(
+                        rb.label,
+                        rb.start + i,
+                        field=src.name(f),
+                        token=int(k - off0[i]),
+                        value=float(vf[k]),
                     )
-            with np.errstate(invalid="ignore"):
-                pos = (vf > 0) & m
-            if pos.any():
-                idx = np.flatnonzero(pos)
-                s.positive += int(idx.size)
-                for k in idx[: max(0, MAX_EXAMPLES - len(s.positive_ex))]:
-                    i = int(np.searchsorted(off0, k, side="right") - 1)
-                    s.positive_ex.append(
-                        where(
-                            rb.label,
-                            rb.start + i,
-                            field=src.name(f),
-                            token=int(k - off0[i]),
-                            value=float(vf[k]),
-                        )
+                )
+        if f == "logp":
+            s.zero += int(np.count_nonzero((vf == 0) & m))
+    if cfg.on_policy and "old_logp" in fields and np.array_equal(rb.offsets["old_logp"], off0):
+        a = rb.values["logp"].astype(np.float64, copy=False)
+        b = rb.values["old_logp"].astype(np.float64, copy=False)
+        with np.errstate(invalid="ignore"):
+            diff = (a != b) & m & np.isfinite(a) & np.isfinite(b)
+        if diff.any():
+            idx = np.flatnonzero(diff)
+            s.offpolicy += int(idx.size)
+            s.offpolicy_max = max(s.offpolicy_max, float(np.max(np.abs(a[idx] - b[idx]))))
+            for k in idx[: max(0, MAX_EXAMPLES - len(s.offpolicy_ex))]:
+                i = int(np.searchsorted(off0, k, side="right") - 1)
+                s.offpolicy_ex.append(
+                    where(
+                        rb.label,
+                        rb.start + i,
+                        token=int(k - off0[i]),
+                        logp=float(a[k]),
+                        old_logp=float(b[k]),
                     )
-            if f == "logp":
-                s.zero += int(np.count_nonzero((vf == 0) & m))
-        if cfg.on_policy and "old_logp" in fields and np.array_equal(rb.offsets["old_logp"], off0):
-            a = rb.values["logp"].astype(np.float64, copy=False)
-            b = rb.values["old_logp"].astype(np.float64, copy=False)
-            with np.errstate(invalid="ignore"):
-                diff = (a != b) & m & np.isfinite(a) & np.isfinite(b)
-            if diff.any():
-                idx = np.flatnonzero(diff)
-                s.offpolicy += int(idx.size)
-                s.offpolicy_max = max(s.offpolicy_max, float(np.max(np.abs(a[idx] - b[idx]))))
-                for k in idx[: max(0, MAX_EXAMPLES - len(s.offpolicy_ex))]:
-                    i = int(np.searchsorted(off0, k, side="right") - 1)
-                    s.offpolicy_ex.append(
-                        where(
-                            rb.label,
-                            rb.start + i,
-                            token=int(k - off0[i]),
-                            logp=float(a[k]),
-                            old_logp=float(b[k]),
-                        )
-                    )
-    return s
+                )
+
+
+def _fields(src: Source) -> list[str]:
+    return [f for f in ("logp", "old_logp", "ref_logp") if src.has(f)]
 
 
 # -------------------------------------------------------------------------------- run
@@ -667,28 +667,60 @@ def run_check(
 ) -> CheckReport:
     """Evaluate every rule of ``cfg`` on ``src``; optionally compare with a baseline report."""
     answers = load_answers(src, need_rewards=False, allow_nonfinite=True)
-    scan = _scan(src, answers, cfg)
+    scan = Scan()
+    fields = _fields(src)
+    why = ""
+    finite_answers = all(
+        x is None or bool(np.isfinite(x).all()) for x in (answers.reward, answers.advantage)
+    )
+    if answers.advantage is None and answers.reward is None:
+        why = "not evaluated: no advantages or rewards in the input"
+    elif not src.has("logp"):
+        why = "not evaluated: no logp in the input"
+    elif not finite_answers:
+        why = "not evaluated: integrity failed (rewards-finite)"
+    valid = [not why]  # every batch so far validated: the objective may be computed
+
+    def batches() -> Iterator[Batch]:
+        """One pass: scan each raw batch, and while all is valid, feed the objective."""
+        for raw in iter_raw(src, fields):
+            _scan_batch(scan, raw, src, answers, cfg)
+            if valid[0]:
+                try:
+                    batch = raw_to_batch(src, raw, fields)
+                except InputError:
+                    valid[0] = False
+                    continue
+                yield batch
+
+    report = None
+    stream = batches()
+    if valid[0]:
+        s = settings if src.has("ref_logp") else replace(settings, beta=0.0)
+        band = cfg.rules["ratio-extreme"].params.get("band", 10.0)
+        try:
+            report = objective_report(
+                src, s, progress=progress, ratio_band=band, answers=answers, batches=stream
+            )
+        except InputError:
+            if valid[0]:
+                raise  # not a problem the scan counts: the input is unreadable
+    for _ in stream:  # finish the scan whatever happened to the objective
+        pass
     facts = Facts(
         src=src,
         answers=answers,
         scan=scan,
-        report=None,
-        why_no_report="",
+        report=report if valid[0] else None,
+        why_no_report=why,
         advantages=answers.advantage,
         config=cfg,
     )
     integrity = {rid: RULES[rid][0](facts, cfg.rules[rid]) for rid in INTEGRITY}
     broken = [rid for rid, r in integrity.items() if r.status == "fail"]
     if broken:
+        facts.report = None
         facts.why_no_report = f"not evaluated: integrity failed ({', '.join(broken)})"
-    elif answers.advantage is None and answers.reward is None:
-        facts.why_no_report = "not evaluated: no advantages or rewards in the input"
-    elif not src.has("logp"):
-        facts.why_no_report = "not evaluated: no logp in the input"
-    else:
-        s = settings if src.has("ref_logp") else replace(settings, beta=0.0)
-        band = cfg.rules["ratio-extreme"].params.get("band", 10.0)
-        facts.report = objective_report(src, s, progress=progress, ratio_band=band)
     if (
         facts.advantages is None
         and answers.reward is not None

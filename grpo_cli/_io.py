@@ -38,6 +38,7 @@ __all__ = [
     "load_answers",
     "open_source",
     "parse_column_map",
+    "raw_to_batch",
 ]
 
 F64 = NDArray[np.float64]
@@ -498,8 +499,13 @@ def _npz_arrays(src: Source, wanted: list[str]) -> tuple[dict[str, np.ndarray], 
 
 
 def _npz_batches(src: Source, wanted: list[str]) -> Iterator[Batch]:
-    path = src.paths[0]
     raw, mask = _npz_arrays(src, wanted)
+    yield _npz_batch(src, raw, mask)
+
+
+def _npz_batch(src: Source, raw: dict[str, np.ndarray], mask: NDArray[np.bool_]) -> Batch:
+    """Padded ``(N, L)`` arrays and mask to one validated batch of valid tokens."""
+    path = src.paths[0]
     N, L = mask.shape
     empty = np.flatnonzero(~mask.any(axis=1))
     if empty.size:
@@ -515,7 +521,22 @@ def _npz_batches(src: Source, wanted: list[str]) -> Iterator[Batch]:
         v = _floating(arr[mask])
         _check_finite(v, offsets, 0, str(path), f"array {src.name(f)!r}", positions=mask)
         flat[f] = v
-    yield Batch(start=0, offsets=offsets, fields=flat, width=np.full(N, L, dtype=np.int64))
+    return Batch(start=0, offsets=offsets, fields=flat, width=np.full(N, L, dtype=np.int64))
+
+
+def raw_to_batch(src: Source, raw: RawBatch, fields: Sequence[str]) -> Batch:
+    """Validate a :class:`RawBatch` from :func:`iter_raw` into a :class:`Batch`, or raise
+    the same :class:`InputError` :func:`iter_batches` would."""
+    wanted = [f for f in fields if src.has(f)]
+    if raw.unit == "answer":  # npz: the padded arrays, flattened
+        assert raw.mask is not None
+        N = raw.n
+        L = int(raw.mask.shape[0] // N) if N else 0
+        arrays = {f: raw.values[f].reshape(N, L) for f in wanted}
+        return _npz_batch(src, arrays, raw.mask.reshape(N, L))
+    names = [src.name(f) for f in wanted]
+    mname = src.name("mask") if src.has("mask") else None
+    return _record_batch(raw, wanted, names, mname)
 
 
 def _floating(v: np.ndarray) -> F64:
@@ -742,8 +763,8 @@ def _record_batch(raw: RawBatch, wanted: list[str], names: list[str], mname: str
         _raise_length_mismatch(raw.offsets["mask"], offsets, label, mname, names[0], start)
     width = np.diff(offsets)
     m = raw.mask
-    if m is not None:
-        counts = np.zeros(offsets.shape[0], dtype=np.int64)
+    if m is not None:  # valid tokens before each position, read at the answers' offsets
+        counts = np.zeros(m.shape[0] + 1, dtype=np.int64)
         np.cumsum(m, out=counts[1:])
         new_offsets = counts[offsets]
     else:

@@ -10,7 +10,7 @@ import math
 import os
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -57,6 +57,8 @@ QUANTILES: dict[str, float] = {
     "p99": 0.99,
 }
 _Q = np.array(list(QUANTILES.values()))
+
+TOKEN_FIELDS = ("logp", "old_logp", "ref_logp")
 
 # Fine histograms behind streamed quantiles (README "Quantile resolution").
 LOG_RATIO_BINS = (-20.0, 20.0, 400_000)  # width 1e-4 on log-ratios: Δ and logp − ref_logp
@@ -629,8 +631,14 @@ def objective_report(
     recompute_advantages: bool = False,
     workers: int | None = None,
     ratio_band: float = 10.0,
+    answers: Answers | None = None,
+    batches: Iterable[Batch] | None = None,
 ) -> ObjectiveReport:
-    """The GRPO objective of ``src`` and its diagnostics, streamed batch by batch."""
+    """The GRPO objective of ``src`` and its diagnostics, streamed batch by batch.
+
+    ``answers`` (pass 1) and ``batches`` (pass 2) may be given by a caller that reads the
+    data itself (``check`` scans the raw arrays and validates them in the same pass).
+    """
     warnings: list[str] = []
     if not src.has("logp"):
         raise InputError(
@@ -645,7 +653,8 @@ def objective_report(
     if on_policy:
         warnings.append(f"no {src.name('old_logp')!r}: treating the batch as on-policy (ratio = 1)")
 
-    answers = load_answers(src, need_rewards=False)
+    if answers is None:
+        answers = load_answers(src, need_rewards=False)
     stats = None
     if answers.advantage is not None and not recompute_advantages:
         adv, adv_source = answers.advantage, "file"
@@ -668,7 +677,7 @@ def objective_report(
         acc.update(b, adv[b.start : b.start + b.n])
 
     acc = fold_batches(
-        iter_batches(src, ["logp", "old_logp", "ref_logp"]),
+        iter(batches) if batches is not None else iter_batches(src, TOKEN_FIELDS),
         lambda: TokenPartial(settings, exact_cap=exact_cap),
         fold,
         workers=workers,

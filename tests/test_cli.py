@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -245,3 +246,27 @@ def test_python_dash_m_entry_point() -> None:
         [sys.executable, "-m", "grpo_cli", "--version"], capture_output=True, text=True, check=False
     )
     assert r.returncode == 0 and r.stdout.startswith("grpo-cli ")
+
+
+def test_parquet_mask_column_equals_npz_mask(cli: Cli, tmp_path: Path) -> None:
+    # the same valid tokens: npz pads and masks; parquet keeps every token in its lists
+    # and masks some of them (e.g. tool output inside an answer)
+    rng = np.random.default_rng(19)
+    b = random_batch(rng, n=12, width=9, groups=3)
+    keep = [rng.random(k) < 0.7 for k in b["lengths"]]
+    for k in keep:
+        k[0] = True  # every answer keeps a token
+    kept = {
+        f: [x[k] for x, k in zip(b[f], keep, strict=True)] for f in ("logp", "old_logp", "ref_logp")
+    }
+    only = {**b, **kept, "lengths": np.array([int(k.sum()) for k in keep])}
+    a = cli.json("objective", write_npz(tmp_path / "a.npz", only))
+    masked = write_parquet(
+        tmp_path / "m.parquet",
+        b,
+        mask=pa.array([k.tolist() for k in keep], type=pa.list_(pa.bool_())),
+    )
+    p = cli.json("objective", masked)
+    for doc in (a, p):
+        doc.pop("source"), doc.pop("max_len"), doc.pop("aggregations"), doc.pop("length_weights")
+    assert a == p
