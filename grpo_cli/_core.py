@@ -424,13 +424,14 @@ def kl_k3(logp: ArrayLike, ref_logp: ArrayLike) -> F64:
 
 # ------------------------------------------------------------------- ratio and clip
 def log_ratio(logp: F64, old_logp: F64, *, clamp: float | None = None) -> F64:
-    """Per-token log importance ratio ``Δ = logp − old_logp``, optionally clamped to ``[−c, c]``.
+    """Per-token log importance ratio ``Δ = logp − old_logp`` in float64 (float32 inputs are
+    widened inside the subtraction), optionally clamped to ``[−c, c]``.
 
     verl and OpenRLHF clamp at 20 before ``exp``; TRL does not clamp.
     """
-    d = logp - old_logp
+    d = np.subtract(logp, old_logp, dtype=np.float64)
     if clamp is not None:
-        d = np.clip(d, -clamp, clamp)
+        np.clip(d, -clamp, clamp, out=d)
     return d
 
 
@@ -591,7 +592,7 @@ def token_terms(
     if old_logp is None:
         delta = np.zeros(logp.shape[0], dtype=np.float64)
     else:
-        delta = np.subtract(logp, old_logp, dtype=np.float64)
+        delta = log_ratio(logp, old_logp)
     used = delta if log_ratio_clamp is None else np.clip(delta, -log_ratio_clamp, log_ratio_clamp)
     if ratio_level == "sequence":
         used = sequence_log_ratio(used, offsets)

@@ -63,8 +63,6 @@ TOKEN_FIELDS = ("logp", "old_logp", "ref_logp")
 # Fine histograms behind streamed quantiles (README "Quantile resolution").
 LOG_RATIO_BINS = (-20.0, 20.0, 400_000)  # width 1e-4 on log-ratios: Δ and logp − ref_logp
 ANSWER_BINS = (-10.0, 10.0, 200_000)  # width 1e-4 on per-answer means
-# A log-ratio outside [-20, 20) is "extreme" (verl / OpenRLHF clamp there): the end bins.
-EXTREME_LOG_RATIO = LOG_RATIO_BINS[1]
 
 
 # ------------------------------------------------------------------------- records
@@ -455,7 +453,8 @@ class TokenPartial:
 
     @property
     def extreme(self) -> int:
-        """Tokens with Δ outside [−20, 20): the open end bins of the log-ratio histogram."""
+        """Tokens with Δ outside [−20, 20), where verl and OpenRLHF clamp: the open end bins
+        of the log-ratio histogram (LOG_RATIO_BINS)."""
         return int(self.delta.hist.counts[0] + self.delta.hist.counts[-1])
 
     def aggregate(self, key: str, agg: str) -> float:
