@@ -267,9 +267,14 @@ def load_answers(src: Source, *, need_rewards: bool, allow_nonfinite: bool = Fal
     Non-finite rewards or advantages are an error, unless ``allow_nonfinite`` (``check``
     counts them instead).
     """
-    if src.kind == "npz":
-        return _npz_answers(src, need_rewards, allow_nonfinite)
-    return _parquet_answers(src, need_rewards, allow_nonfinite)
+    answers = (
+        _npz_answers(src, need_rewards, allow_nonfinite)
+        if src.kind == "npz"
+        else _parquet_answers(src, need_rewards, allow_nonfinite)
+    )
+    if answers.n == 0:
+        raise InputError(f"{src.label}: no answers (0 rows): nothing to compute")
+    return answers
 
 
 def _npz_answers(src: Source, need_rewards: bool, allow_nonfinite: bool = False) -> Answers:

@@ -610,6 +610,8 @@ def kl_report(
         workers=workers,
         progress=progress,
     )
+    if acc.answers == 0:
+        raise InputError(f"{src.label}: no answers (0 rows): nothing to compute")
     return KLReport(
         source=src.label,
         settings=settings,

@@ -183,3 +183,21 @@ def test_usage_errors_exit_2(cli: Cli) -> None:
     assert r.exit_code == 2
     r = cli("objective", SAMPLE / "batch.parquet", "--clip-eps", "abc")
     assert r.exit_code == 2 and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("cmd", ["objective", "kl", "advantages", "check"])
+def test_empty_input_is_a_clear_error(cli: Cli, tmp_path: Path, cmd: str) -> None:
+    t = pa.table(
+        {
+            "group": pa.array([], pa.int64()),
+            "reward": pa.array([], pa.float64()),
+            **{f: pa.array([], pa.list_(pa.float32())) for f in ("logp", "old_logp", "ref_logp")},
+        }
+    )
+    pq.write_table(t, tmp_path / "empty.parquet")
+    _fails(cli, cmd, tmp_path / "empty.parquet", contains=["empty.parquet", "no answers"])
+    empty = np.zeros((0, 3))
+    np.savez(
+        tmp_path / "empty.npz", rewards=np.zeros((0, 4)), logp=empty, old_logp=empty, ref_logp=empty
+    )
+    _fails(cli, cmd, tmp_path / "empty.npz", contains=["empty.npz", "no answers"])
