@@ -526,7 +526,9 @@ def _length_weights(p: TokenPartial) -> list[dict[str, float]]:
 
 
 # --------------------------------------------------------------------- the fold
-DEFAULT_WORKERS = int(os.environ.get("GRPO_CLI_WORKERS", 0)) or max(1, min(2, os.cpu_count() or 1))
+# Fixed, not the core count: the result depends on the worker count (the order floats are
+# added in), so a fixed default keeps JSON identical across machines. GRPO_CLI_WORKERS overrides.
+DEFAULT_WORKERS = int(os.environ.get("GRPO_CLI_WORKERS", 0)) or 2
 
 
 def fold_batches(
