@@ -4,6 +4,7 @@ resolution where quantiles come from the histogram)."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -175,3 +176,24 @@ def test_progress_counts_every_answer(tmp_path: Path, monkeypatch: pytest.Monkey
     seen: list[int] = []
     objective_report(src, resolve_settings(), progress=seen.append)
     assert sum(seen) == 50 and len(seen) > 1
+
+
+def test_bad_row_late_in_a_stream_is_a_clean_error(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    b = random_batch(np.random.default_rng(34), n=120, width=20)
+    b["old_logp"][97][0] = np.inf
+    path = write_parquet(tmp_path / "b.parquet", b)
+    monkeypatch.setattr("grpo_cli._io.BATCH_TOKENS", 32)
+    for cmd in ("objective", "kl"):
+        r = cli(cmd, path, "--json")
+        if cmd == "kl":  # kl reads logp and ref_logp only: the bad old_logp is not its concern
+            assert r.exit_code == 0
+            continue
+        assert r.exit_code == 2 and r.stdout == ""
+        assert "'old_logp' has inf inside the mask at row 97, token 0" in r.stderr
+    r = cli("check", path, "--format", "json")
+    assert r.exit_code == 1
+    doc = json.loads(r.stdout)
+    finite = next(x for x in doc["results"] if x["rule"] == "finite")
+    assert finite["status"] == "fail" and finite["examples"][0]["answer"] == 97
