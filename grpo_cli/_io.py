@@ -39,6 +39,7 @@ __all__ = [
     "open_source",
     "parse_column_map",
     "raw_to_batch",
+    "write_advantages",
 ]
 
 F64 = NDArray[np.float64]
@@ -815,6 +816,20 @@ def _raise_length_mismatch(
     raise InputError(
         f"{label}: row {start + i}: column {name!r} has {a[i]} tokens but {ref_name!r} has {b[i]}"
     )
+
+
+# ----------------------------------------------------------------------------- output
+def write_advantages(out: Path, advantages: np.ndarray, groups: list[Any]) -> None:
+    """Write advantages: .npz ``advantages`` (shaped like the rewards), or .parquet with
+    ``group`` and ``advantage`` per answer in row order."""
+    try:
+        if out.suffix.lower() == ".npz":
+            np.savez(out, advantages=advantages)
+        else:
+            table = pa.table({"group": groups, "advantage": advantages.reshape(-1)})
+            pq.write_table(table, out)
+    except OSError as exc:
+        raise UsageError(f"--out {out}: cannot write ({exc.strerror or exc})") from None
 
 
 # --------------------------------------------------------------------------- prefetch

@@ -22,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from . import __version__
 from ._check import load_config, run_check
-from ._io import open_source, parse_column_map
+from ._io import open_source, parse_column_map, write_advantages
 from ._render import (
     advantages_json,
     check_github,
@@ -293,33 +293,18 @@ def advantages(
         settings = _settings(
             preset=preset, scale=scale, ddof=ddof, eps=eps, estimator=estimator, singleton=singleton
         )
+        if out is not None and out.suffix.lower() not in (".npz", ".parquet", ".pq"):
+            raise UsageError(f"--out {out}: the file must end in .npz or .parquet")
         src = open_source(files, parse_column_map(column))
         report = advantages_report(src, settings)
         if out is not None:
-            _write_advantages(out, report)
+            adv = report.advantages.reshape(report.shape) if report.shape else report.advantages
+            labels = [report.labels[c] for c in report.codes.tolist()]
+            write_advantages(out, adv, labels)
         if json_out:
             _emit_json(advantages_json(report))
         else:
             _stdout().print(render_advantages(report, max_groups=max_groups))
-
-
-def _write_advantages(out: Path, report: Any) -> None:
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    suffix = out.suffix.lower()
-    try:
-        if suffix == ".npz":
-            adv = report.advantages.reshape(report.shape) if report.shape else report.advantages
-            np.savez(out, advantages=adv)
-        elif suffix in (".parquet", ".pq"):
-            labels = [report.labels[c] for c in report.codes.tolist()]
-            pq.write_table(pa.table({"group": labels, "advantage": report.advantages}), out)
-        else:
-            raise UsageError(f"--out {out}: the file must end in .npz or .parquet")
-    except OSError as exc:
-        raise UsageError(f"--out {out}: cannot write ({exc.strerror or exc})") from None
 
 
 @app.command()
