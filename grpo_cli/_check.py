@@ -374,6 +374,24 @@ def rule_on_policy_exact(f: Facts, c: RuleConfig) -> Result:
     return _judge("on-policy-exact", c, s.offpolicy, msg, s.offpolicy_ex)
 
 
+def rule_rollout_mismatch(f: Facts, c: RuleConfig) -> Result:
+    if (skip := _need_report("rollout-mismatch", f)) is not None:
+        return skip
+    assert f.report is not None
+    ro = f.report.rollout
+    if ro is None:
+        return _skip("rollout-mismatch", "no rollout_logp: the sampler's log-probs are not logged")
+    return _judge(
+        "rollout-mismatch",
+        c,
+        ro.kl_k3,
+        f"sampler vs trainer: mismatch KL (k3) {ro.kl_k3:.4g}, mean |δ| {ro.abs_diff_mean:.3g} "
+        f"(max {ro.abs_diff_max:.3g}), IS weight mean {ro.is_weight_mean:.4g}, ESS "
+        f"{ro.ess_token:.3g} (tokens) / {ro.ess_sequence:.3g} (answers), mean |Δp| "
+        f"{ro.prob_abs_diff_mean:.3g}",
+    )
+
+
 def rule_advantage_mean(f: Facts, c: RuleConfig) -> Result:
     a = f.answers
     if f.advantages is None or a.codes is None or a.labels is None:
@@ -415,6 +433,7 @@ RULES: dict[str, tuple[Rule, RuleConfig]] = {
     "clip-region": (rule_clip_region, RuleConfig(warn=0.1, fail=0.3)),
     "ratio-extreme": (rule_ratio_extreme, RuleConfig(warn=1e-4, fail=1e-3, params={"band": 10.0})),
     "on-policy-exact": (rule_on_policy_exact, RuleConfig(fail=0)),
+    "rollout-mismatch": (rule_rollout_mismatch, RuleConfig(warn=0.01, fail=0.1)),
     "advantage-mean": (rule_advantage_mean, RuleConfig(warn=1e-6, fail=1e-3)),
 }
 INTEGRITY = ("finite", "logp-range", "lengths-match", "mask-nonempty", "rewards-finite")
@@ -654,7 +673,7 @@ def _scan_batch(s: Scan, rb: RawBatch, src: Source, answers: Answers, cfg: Check
 
 
 def _fields(src: Source) -> list[str]:
-    return [f for f in ("logp", "old_logp", "ref_logp") if src.has(f)]
+    return [f for f in ("logp", "old_logp", "ref_logp", "rollout_logp") if src.has(f)]
 
 
 # -------------------------------------------------------------------------------- run

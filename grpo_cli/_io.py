@@ -46,7 +46,7 @@ F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
 
 ANSWER_FIELDS = ("group", "reward", "advantage")
-TOKEN_FIELDS = ("logp", "old_logp", "ref_logp", "mask")
+TOKEN_FIELDS = ("logp", "old_logp", "ref_logp", "rollout_logp", "mask")
 FIELDS = ANSWER_FIELDS + TOKEN_FIELDS
 
 # Canonical name first; then the names trainers use for the same thing (DESIGN.md).
@@ -57,6 +57,12 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "logp": ("logp", "log_prob", "log_probs", "per_token_logps"),
     "old_logp": ("old_logp", "old_log_probs", "old_per_token_logps", "action_log_probs"),
     "ref_logp": ("ref_logp", "ref_log_prob", "ref_per_token_logps", "base_action_log_probs"),
+    "rollout_logp": (
+        "rollout_logp",
+        "rollout_log_probs",
+        "sampling_per_token_logps",
+        "rollout_logprobs",
+    ),
     "mask": ("mask", "response_mask", "completion_mask", "action_mask", "loss_mask"),
 }
 

@@ -153,6 +153,7 @@ def objective_json(r: ObjectiveReport) -> dict[str, Any]:
         "advantage": r.advantage.to_json(),
         "groups": r.group_summary.to_json() if r.group_summary is not None else None,
         "length_weights": r.length_weights,
+        "rollout": r.rollout.to_json() if r.rollout is not None else None,
         "settings": r.settings.to_json(),
         "warnings": r.warnings,
     }
@@ -386,11 +387,38 @@ def render_objective(r: ObjectiveReport, compare: bool = False) -> RenderableTyp
             digits=5,
         )
     )
+    if r.rollout is not None:
+        parts.append(_rollout_table(r))
     if compare:
         parts.append(_compare_table(r))
     for w in r.warnings:
         parts.append(Text(f"note: {w}", style="yellow"))
     return Group(*parts)
+
+
+def _rollout_table(r: ObjectiveReport) -> RenderableType:
+    ro = r.rollout
+    assert ro is not None
+    old = "logp (on-policy)" if r.on_policy else "old_logp"
+    return _kv_table(
+        f"Sampler vs trainer  (rollout_logp vs {old}, δ = trainer − sampler)",
+        [
+            ("mean |δ|", fmt(ro.abs_diff_mean)),
+            ("max |δ|", fmt(ro.abs_diff_max)),
+            ("mismatch KL k1  mean(−δ)", fmt(ro.kl_k1)),
+            ("mismatch KL k3  mean(ρ − δ − 1)", fmt(ro.kl_k3)),
+            ("chi² per token  mean(ρ²) − 1", fmt(ro.chi2_token)),
+            (
+                "IS weight ρ mean [min, max]",
+                f"{fmt(ro.is_weight_mean)} "
+                f"[{fmt(ro.is_weight_min, 4)}, {fmt(ro.is_weight_max, 4)}]",
+            ),
+            ("ESS tokens / answers", f"{fmt(ro.ess_token, 4)} / {fmt(ro.ess_sequence, 4)}"),
+            ("mean |p_trainer − p_sampler|", fmt(ro.prob_abs_diff_mean)),
+        ],
+        note="Alarms practitioners use: |mismatch KL| > 0.1, IS mean outside [0.5, 2], "
+        "ESS < 0.3, mean |Δp| > 0.01 (engine precision).",
+    )
 
 
 def _compare_table(r: ObjectiveReport) -> RenderableType:

@@ -58,7 +58,7 @@ QUANTILES: dict[str, float] = {
 }
 _Q = np.array(list(QUANTILES.values()))
 
-TOKEN_FIELDS = ("logp", "old_logp", "ref_logp")
+TOKEN_FIELDS = ("logp", "old_logp", "ref_logp", "rollout_logp")
 
 # Fine histograms behind streamed quantiles (README "Quantile resolution").
 LOG_RATIO_BINS = (-20.0, 20.0, 400_000)  # width 1e-4 on log-ratios: Δ and logp − ref_logp
@@ -259,6 +259,7 @@ class ObjectiveReport:
     length_weights: list[dict[str, float]]
     ratio_band: float = 10.0
     ratio_outside_band: float = 0.0  # share of tokens with ρ outside [1/band, band]
+    rollout: RolloutReport | None = None  # sampler vs trainer, when rollout_logp is logged
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -302,6 +303,135 @@ def advantages_report(src: Source, settings: Settings) -> AdvantagesReport:
 
 
 # ------------------------------------------------------------------- token partials
+@dataclass(frozen=True)
+class RolloutReport:
+    """Sampler vs trainer: the inference engine's log-probs ``rollout_logp`` against the
+    trainer's recomputation ``old_logp`` (``logp`` when there is none), over valid tokens.
+
+    With ``δ = old_logp − rollout_logp`` and the importance weight ``ρ = exp(δ)`` (verl
+    ``rollout_corr``, TRL ``sampling/*``; REFERENCE.md "Sampler vs trainer"):
+    ``kl_k1 = mean(−δ)``, ``kl_k3 = mean(ρ − δ − 1)``, ``chi2_token = mean(ρ²) − 1``,
+    ``ess_token = mean(ρ)² / mean(ρ²)``, ``ess_sequence`` the same for answer weights
+    ``exp(Σ_t δ)`` (in (0, 1]: 1 means no mismatch), ``prob_abs_diff_mean = mean|p_old −
+    p_rollout|`` (verl ``training/rollout_probs_diff_mean``).
+    """
+
+    tokens: int
+    answers: int
+    abs_diff_mean: float
+    abs_diff_max: float
+    kl_k1: float
+    kl_k3: float
+    chi2_token: float
+    is_weight_mean: float
+    is_weight_min: float
+    is_weight_max: float
+    ess_token: float
+    ess_sequence: float
+    prob_abs_diff_mean: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+class RolloutPartial:
+    """Mergeable sums behind :class:`RolloutReport`; answer weights kept in log space
+    (running max plus rescaled sums), so no sequence weight ever overflows."""
+
+    def __init__(self) -> None:
+        self.tokens = 0
+        self.answers = 0
+        self.abs_sum = 0.0
+        self.abs_max = 0.0
+        self.d_sum = 0.0
+        self.k3_sum = 0.0
+        self.r_sum = 0.0
+        self.r2_sum = 0.0
+        self.r_min = math.inf
+        self.r_max = -math.inf
+        self.p_sum = 0.0
+        # answers' log weights s_i = Σ_t δ: their max, Σ exp(s − max), Σ exp(2(s − max))
+        self.s_max = -math.inf
+        self.s1 = 0.0
+        self.s2 = 0.0
+
+    def update(self, delta: F64, old: F64, rollout: F64, offsets: I64) -> None:
+        if delta.shape[0] == 0:
+            return
+        self.tokens += int(delta.shape[0])
+        self.answers += int(offsets.shape[0] - 1)
+        a = np.abs(delta)
+        self.abs_sum += float(np.sum(a))
+        self.abs_max = max(self.abs_max, float(np.max(a)))
+        self.d_sum += float(np.sum(delta))
+        with np.errstate(over="ignore", invalid="ignore"):
+            r = np.exp(delta)
+            k3 = r - delta
+            k3 -= 1.0
+            self.k3_sum += float(np.sum(k3))
+            self.r_sum += float(np.sum(r))
+            self.r2_sum += float(np.einsum("i,i->", r, r))
+            # probabilities: a difference, not a ratio, of exponentials is the metric itself
+            p_old = np.exp(np.asarray(old, dtype=np.float64))
+            p_rollout = np.exp(np.asarray(rollout, dtype=np.float64))
+            self.p_sum += float(np.sum(np.abs(p_old - p_rollout)))
+        self.r_min = min(self.r_min, float(np.min(r)))
+        self.r_max = max(self.r_max, float(np.max(r)))
+        s = segment_sum(delta, offsets)
+        top = float(np.max(s))
+        self._merge_weights(
+            top, float(np.sum(np.exp(s - top))), float(np.sum(np.exp(2.0 * (s - top))))
+        )
+
+    def _merge_weights(self, m: float, s1: float, s2: float) -> None:
+        if m == -math.inf:
+            return
+        if self.s_max == -math.inf:
+            self.s_max, self.s1, self.s2 = m, s1, s2
+            return
+        top = max(self.s_max, m)
+        self.s1 = self.s1 * math.exp(self.s_max - top) + s1 * math.exp(m - top)
+        self.s2 = self.s2 * math.exp(2.0 * (self.s_max - top)) + s2 * math.exp(2.0 * (m - top))
+        self.s_max = top
+
+    def merge(self, o: RolloutPartial) -> RolloutPartial:
+        self.tokens += o.tokens
+        self.answers += o.answers
+        self.abs_sum += o.abs_sum
+        self.abs_max = max(self.abs_max, o.abs_max)
+        self.d_sum += o.d_sum
+        self.k3_sum += o.k3_sum
+        self.r_sum += o.r_sum
+        self.r2_sum += o.r2_sum
+        self.r_min = min(self.r_min, o.r_min)
+        self.r_max = max(self.r_max, o.r_max)
+        self.p_sum += o.p_sum
+        self._merge_weights(o.s_max, o.s1, o.s2)
+        return self
+
+    def report(self) -> RolloutReport | None:
+        n = self.tokens
+        if n == 0:
+            return None
+        mean_r, mean_r2 = self.r_sum / n, self.r2_sum / n
+        ess_token = mean_r * mean_r / mean_r2 if math.isfinite(mean_r2) else 0.0
+        return RolloutReport(
+            tokens=n,
+            answers=self.answers,
+            abs_diff_mean=self.abs_sum / n,
+            abs_diff_max=self.abs_max,
+            kl_k1=-self.d_sum / n,
+            kl_k3=self.k3_sum / n,
+            chi2_token=mean_r2 - 1.0,
+            is_weight_mean=mean_r,
+            is_weight_min=self.r_min,
+            is_weight_max=self.r_max,
+            ess_token=ess_token,
+            ess_sequence=self.s1 * self.s1 / (self.answers * self.s2),
+            prob_abs_diff_mean=self.p_sum / n,
+        )
+
+
 class TokenPartial:
     """Mergeable partial statistics of the per-token GRPO terms over a run of answers.
 
@@ -328,6 +458,7 @@ class TokenPartial:
         self.kl_d = Sketch(*LOG_RATIO_BINS, **cap)  # d = ref_logp − logp; KL is f(d)
         self.kl_answer = Moments()
         self.kl_answer_q = Sketch(*ANSWER_BINS, **cap)
+        self.rollout = RolloutPartial()
 
     def _sums(self, key: str, v: F64, b: Batch) -> F64:
         seg = segment_sum(v, b.offsets)
@@ -405,6 +536,11 @@ class TokenPartial:
         self.ratio_sum += total
         self.ratio_sq += float(np.einsum("i,i->", raw_ratio, raw_ratio))
         self.delta.update(d)
+        rollout = b.fields.get("rollout_logp")
+        if rollout is not None:  # the trainer's old policy is logp itself when on-policy
+            old = b.fields.get("old_logp", b.fields["logp"])
+            delta_r = np.subtract(old, rollout, dtype=np.float64)
+            self.rollout.update(delta_r, old, rollout, b.offsets)
 
     def merge(self, o: TokenPartial) -> TokenPartial:
         self.answers += o.answers
@@ -422,6 +558,7 @@ class TokenPartial:
         self.kl_d.merge(o.kl_d)
         self.kl_answer.merge(o.kl_answer)
         self.kl_answer_q.merge(o.kl_answer_q)
+        self.rollout.merge(o.rollout)
         return self
 
     # ---- results
@@ -760,5 +897,6 @@ def _objective_record(
         advantage=_values_distribution(adv),
         group_summary=_group_summary(stats) if stats is not None else None,
         length_weights=_length_weights(acc),
+        rollout=acc.rollout.report(),
         warnings=warnings,
     )

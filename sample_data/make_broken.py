@@ -29,6 +29,7 @@ BROKEN = {
     "ratio_overflow.parquet": ["ratio-extreme"],
     "recomputed.parquet": ["on-policy-exact"],
     "bad_advantages.parquet": ["advantage-mean"],
+    "rollout_mismatch.parquet": ["rollout-mismatch"],
 }
 
 G = 4
@@ -74,7 +75,9 @@ def write(
     advantage: np.ndarray | None = None,
 ) -> None:
     cols: dict[str, pa.Array] = {"group": pa.array(d["group"]), "reward": pa.array(d["reward"])}
-    for f in ("logp", "old_logp", "ref_logp"):
+    for f in ("logp", "old_logp", "ref_logp", "rollout_logp"):
+        if f not in d:
+            continue
         cols[f] = pa.array(
             [np.asarray(x, dtype=np.float32).tolist() for x in d[f]], type=pa.list_(pa.float32())
         )
@@ -145,6 +148,10 @@ def main() -> None:
 
     d = base()
     write("bad_advantages.parquet", d, advantage=np.asarray(d["reward"]))  # not centred
+
+    d = base()
+    d["rollout_logp"] = [o - 0.5 for o in d["old_logp"]]  # sampler disagrees: k3 = e^½ − 1.5
+    write("rollout_mismatch.parquet", d)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from grpo_cli._check import RULES
+
 from .conftest import SAMPLE, Cli
 
 BROKEN_DIR = SAMPLE / "broken"
@@ -49,7 +51,8 @@ def test_sample_data_passes(cli: Cli, name: str) -> None:
 def test_healthy_broken_baseline_passes_every_rule(cli: Cli) -> None:
     doc = check_json(cli, BROKEN_DIR / "healthy.parquet", code=0)
     s = statuses(doc)
-    assert s.pop("on-policy-exact") == "skip"
+    assert s.pop("on-policy-exact") == "skip"  # opt-in
+    assert s.pop("rollout-mismatch") == "skip"  # no rollout_logp logged
     assert set(s.values()) == {"pass"}
 
 
@@ -118,11 +121,11 @@ def test_junit_format(cli: Cli) -> None:
     assert r.exit_code == 1
     suite = ET.fromstring(r.stdout.split("\n", 1)[1])
     cases = suite.findall("testcase")
-    assert len(cases) == int(suite.get("tests", "0")) == 13
+    assert len(cases) == int(suite.get("tests", "0")) == len(RULES)
     failed = [c.get("name") for c in cases if c.find("failure") is not None]
     assert failed == ["kl-max"] and suite.get("failures") == "1"
     skipped = [c.get("name") for c in cases if c.find("skipped") is not None]
-    assert skipped == ["on-policy-exact"]
+    assert skipped == ["on-policy-exact", "rollout-mismatch"]
 
 
 def test_config_file_flags_and_severity(cli: Cli, tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import grpo_cli
 
@@ -100,3 +101,58 @@ def test_singleton_group_and_zero_variance_summary(cli: Cli, tmp_path: Path) -> 
     g = doc["groups"]
     assert (g["groups"], g["singleton_groups"], g["zero_variance_groups"]) == (3, 1, 2)
     assert g["frac_zero_std_answers"] == 3 / 5
+
+
+def test_sampler_vs_trainer_by_hand(cli: Cli, tmp_path: Path) -> None:
+    old = np.array([[-1.0, -1.0], [-2.0, 0.0]])
+    rollout = np.array([[-1.5, -0.8], [-2.0, 0.0]])  # δ = old − rollout: 0.5, −0.2 | 0
+    mask = np.array([[True, True], [True, False]])
+    np.savez(
+        tmp_path / "r.npz",
+        logp=old,
+        old_logp=old,
+        rollout_log_probs=rollout,
+        mask=mask,
+        advantages=np.array([1.0, -1.0]),
+    )
+    ro = cli.json("objective", tmp_path / "r.npz", "--beta", "0")["rollout"]
+    d = np.array([0.5, -0.2, 0.0])
+    rho = np.exp(d)
+    assert ro["tokens"] == 3 and ro["answers"] == 2
+    assert math.isclose(ro["abs_diff_mean"], 0.7 / 3, rel_tol=1e-12)
+    assert ro["abs_diff_max"] == 0.5
+    assert math.isclose(ro["kl_k1"], -0.1, rel_tol=1e-12)
+    assert math.isclose(ro["kl_k3"], float(np.mean(rho - d - 1)), rel_tol=1e-12)
+    assert math.isclose(ro["chi2_token"], float(np.mean(rho**2)) - 1, rel_tol=1e-12)
+    assert math.isclose(ro["is_weight_mean"], float(rho.mean()), rel_tol=1e-12)
+    assert math.isclose(ro["is_weight_min"], math.exp(-0.2), rel_tol=1e-14)
+    assert ro["is_weight_max"] == math.exp(0.5)
+    assert math.isclose(ro["ess_token"], float(rho.mean() ** 2 / np.mean(rho**2)), rel_tol=1e-12)
+    w = np.array([math.exp(0.3), 1.0])  # answer weights exp(Σ δ)
+    assert math.isclose(ro["ess_sequence"], float(w.sum() ** 2 / (2 * (w**2).sum())), rel_tol=1e-12)
+    dp = [abs(math.exp(-1.0) - math.exp(-1.5)), abs(math.exp(-1.0) - math.exp(-0.8)), 0.0]
+    assert math.isclose(ro["prob_abs_diff_mean"], sum(dp) / 3, rel_tol=1e-12)
+    # no rollout_logp: the section is absent
+    assert (
+        cli.json("objective", tmp_path / "r.npz", "-c", "rollout_logp=logp", "--beta", "0")[
+            "rollout"
+        ]["kl_k3"]
+        == 0.0
+    )
+
+
+def test_sampler_vs_trainer_streams_like_one_batch(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pyarrow as pa
+
+    b = random_batch(np.random.default_rng(43), n=80, width=15)
+    rng = np.random.default_rng(44)
+    rollout = [o + rng.normal(0, 0.05, size=o.size) for o in b["old_logp"]]
+    col = pa.array([r.tolist() for r in rollout], type=pa.list_(pa.float64()))
+    path = write_parquet(tmp_path / "b.parquet", b, rollout_logp=col)
+    whole = cli.json("objective", path)["rollout"]
+    monkeypatch.setattr("grpo_cli._io.BATCH_TOKENS", 40)
+    parts = cli.json("objective", path)["rollout"]
+    for k, v in whole.items():  # chi² = mean(ρ²) − 1 is a difference near 0: absolute
+        assert math.isclose(parts[k], v, rel_tol=1e-12, abs_tol=1e-12), k
