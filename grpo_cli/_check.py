@@ -632,6 +632,8 @@ def _scan_batch(s: Scan, rb: RawBatch, src: Source, answers: Answers, cfg: Check
                         value=str(vf[k]),
                     )
                 )
+        if f == "entropy":  # an entropy is >= 0 by nature: only its finiteness is checked
+            continue
         with np.errstate(invalid="ignore"):
             pos = (vf > 0) & m
         if pos.any():
@@ -676,6 +678,11 @@ def _fields(src: Source) -> list[str]:
     return [f for f in ("logp", "old_logp", "ref_logp", "rollout_logp") if src.has(f)]
 
 
+def _token_fields(src: Source) -> list[str]:
+    """The fields the objective reads: the log-probs, plus the entropy when logged."""
+    return _fields(src) + (["entropy"] if src.has("entropy") else [])
+
+
 # -------------------------------------------------------------------------------- run
 def run_check(
     src: Source,
@@ -687,7 +694,7 @@ def run_check(
     """Evaluate every rule of ``cfg`` on ``src``; optionally compare with a baseline report."""
     answers = load_answers(src, need_rewards=False, allow_nonfinite=True)
     scan = Scan()
-    fields = _fields(src)
+    fields = _token_fields(src)
     why = ""
     finite_answers = all(
         x is None or bool(np.isfinite(x).all()) for x in (answers.reward, answers.advantage)

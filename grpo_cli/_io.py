@@ -46,7 +46,7 @@ F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
 
 ANSWER_FIELDS = ("group", "reward", "advantage")
-TOKEN_FIELDS = ("logp", "old_logp", "ref_logp", "rollout_logp", "mask")
+TOKEN_FIELDS = ("logp", "old_logp", "ref_logp", "rollout_logp", "entropy", "mask")
 FIELDS = ANSWER_FIELDS + TOKEN_FIELDS
 
 # Canonical name first; then the names trainers use for the same thing (DESIGN.md).
@@ -63,6 +63,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
         "sampling_per_token_logps",
         "rollout_logprobs",
     ),
+    "entropy": ("entropy", "entropys", "entropies", "token_entropy"),
     "mask": ("mask", "response_mask", "completion_mask", "action_mask", "loss_mask"),
 }
 

@@ -154,6 +154,7 @@ def objective_json(r: ObjectiveReport) -> dict[str, Any]:
         "groups": r.group_summary.to_json() if r.group_summary is not None else None,
         "length_weights": r.length_weights,
         "rollout": r.rollout.to_json() if r.rollout is not None else None,
+        "entropy": r.entropy.to_json() if r.entropy is not None else None,
         "settings": r.settings.to_json(),
         "warnings": r.warnings,
     }
@@ -380,13 +381,10 @@ def render_objective(r: ObjectiveReport, compare: bool = False) -> RenderableTyp
     if r.group_summary is not None:
         count_rows += _groups_rows(r.group_summary)[3:5]
     parts.append(_kv_table("Counts", count_rows))
-    parts.append(
-        _dist_table(
-            "Answer lengths and advantages",
-            {"length": r.lengths, "advantage": r.advantage},
-            digits=5,
-        )
-    )
+    dists = {"length": r.lengths, "advantage": r.advantage}
+    if r.entropy is not None:
+        dists["entropy"] = r.entropy
+    parts.append(_dist_table("Answer lengths, advantages and entropy", dists, digits=5))
     if r.rollout is not None:
         parts.append(_rollout_table(r))
     if compare:

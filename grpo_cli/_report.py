@@ -58,11 +58,12 @@ QUANTILES: dict[str, float] = {
 }
 _Q = np.array(list(QUANTILES.values()))
 
-TOKEN_FIELDS = ("logp", "old_logp", "ref_logp", "rollout_logp")
+TOKEN_FIELDS = ("logp", "old_logp", "ref_logp", "rollout_logp", "entropy")
 
 # Fine histograms behind streamed quantiles (README "Quantile resolution").
 LOG_RATIO_BINS = (-20.0, 20.0, 400_000)  # width 1e-4 on log-ratios: Δ and logp − ref_logp
 ANSWER_BINS = (-10.0, 10.0, 200_000)  # width 1e-4 on per-answer means
+ENTROPY_BINS = (0.0, 20.0, 200_000)  # width 1e-4 on per-token entropies (nats)
 
 
 # ------------------------------------------------------------------------- records
@@ -260,6 +261,7 @@ class ObjectiveReport:
     ratio_band: float = 10.0
     ratio_outside_band: float = 0.0  # share of tokens with ρ outside [1/band, band]
     rollout: RolloutReport | None = None  # sampler vs trainer, when rollout_logp is logged
+    entropy: Distribution | None = None  # per-token policy entropy, when logged
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -459,6 +461,8 @@ class TokenPartial:
         self.kl_answer = Moments()
         self.kl_answer_q = Sketch(*ANSWER_BINS, **cap)
         self.rollout = RolloutPartial()
+        self.entropy = Moments()
+        self.entropy_q = Sketch(*ENTROPY_BINS, **cap)
 
     def _sums(self, key: str, v: F64, b: Batch) -> F64:
         seg = segment_sum(v, b.offsets)
@@ -536,6 +540,11 @@ class TokenPartial:
         self.ratio_sum += total
         self.ratio_sq += float(np.einsum("i,i->", raw_ratio, raw_ratio))
         self.delta.update(d)
+        entropy = b.fields.get("entropy")
+        if entropy is not None:
+            e = np.asarray(entropy, dtype=np.float64)
+            self.entropy.update(e)
+            self.entropy_q.update(e)
         rollout = b.fields.get("rollout_logp")
         if rollout is not None:  # the trainer's old policy is logp itself when on-policy
             old = b.fields.get("old_logp", b.fields["logp"])
@@ -559,6 +568,8 @@ class TokenPartial:
         self.kl_answer.merge(o.kl_answer)
         self.kl_answer_q.merge(o.kl_answer_q)
         self.rollout.merge(o.rollout)
+        self.entropy.merge(o.entropy)
+        self.entropy_q.merge(o.entropy_q)
         return self
 
     # ---- results
@@ -898,5 +909,6 @@ def _objective_record(
         group_summary=_group_summary(stats) if stats is not None else None,
         length_weights=_length_weights(acc),
         rollout=acc.rollout.report(),
+        entropy=_distribution(acc.entropy, acc.entropy_q) if acc.entropy.n else None,
         warnings=warnings,
     )

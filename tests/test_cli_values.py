@@ -156,3 +156,35 @@ def test_sampler_vs_trainer_streams_like_one_batch(
     parts = cli.json("objective", path)["rollout"]
     for k, v in whole.items():  # chi² = mean(ρ²) − 1 is a difference near 0: absolute
         assert math.isclose(parts[k], v, rel_tol=1e-12, abs_tol=1e-12), k
+
+
+def test_entropy_statistics_and_checks(cli: Cli, tmp_path: Path) -> None:
+    import pyarrow as pa
+
+    b = random_batch(np.random.default_rng(45), n=30, width=12)
+    rng = np.random.default_rng(46)
+    ent = [rng.exponential(1.0, size=k) for k in b["lengths"]]
+    col = pa.array([e.tolist() for e in ent], type=pa.list_(pa.float64()))
+    path = write_parquet(tmp_path / "e.parquet", b, entropys=col)  # verl's name
+    doc = cli.json("objective", path)
+    flat = np.concatenate(ent)
+    e = doc["entropy"]
+    assert e["count"] == flat.size and e["max"] == flat.max() and e["min"] == flat.min()
+    assert math.isclose(e["mean"], flat.mean(), rel_tol=1e-12)
+    assert math.isclose(e["p50"], float(np.median(flat)), rel_tol=1e-12)
+    assert cli.json("objective", write_parquet(tmp_path / "n.parquet", b))["entropy"] is None
+    # entropies are positive: check must not count them as log-probs above 0
+    r = cli("check", path, "--format", "json")
+    rng_rule = next(x for x in json.loads(r.stdout)["results"] if x["rule"] == "logp-range")
+    positive = sum(int((x > 0).sum()) for f in ("logp", "old_logp", "ref_logp") for x in b[f])
+    assert rng_rule["value"] == positive
+    assert all(ex["field"] != "entropys" for ex in rng_rule["examples"])
+    # a NaN entropy inside the mask: objective refuses, check points at it
+    ent[4][2] = np.nan
+    col = pa.array([x.tolist() for x in ent], type=pa.list_(pa.float64()))
+    bad = write_parquet(tmp_path / "b.parquet", b, entropys=col)
+    r = cli("objective", bad)
+    assert r.exit_code == 2 and "'entropys' has nan inside the mask at row 4, token 2" in r.stderr
+    r = cli("check", bad, "--format", "json")
+    finite = next(x for x in json.loads(r.stdout)["results"] if x["rule"] == "finite")
+    assert r.exit_code == 1 and finite["examples"][0]["field"] == "entropys"
