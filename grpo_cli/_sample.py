@@ -21,6 +21,8 @@ from .errors import UsageError
 
 __all__ = ["SampleSpec", "generate_chunks", "write_sample"]
 
+TOKEN_FIELDS = ("logp", "old_logp", "ref_logp", "rollout_logp", "entropy")
+
 
 @dataclass(frozen=True)
 class SampleSpec:
@@ -32,6 +34,7 @@ class SampleSpec:
     drift: float = 0.05  # std of logp − old_logp per token
     shuffle: bool = True  # parquet: answers of a group are not adjacent
     rewards_only: bool = False  # npz: only rewards (P, G)
+    extras: bool = False  # also rollout_logp (the sampler's own log-probs) and entropy
 
 
 def _check(spec: SampleSpec) -> None:
@@ -66,7 +69,7 @@ def generate_chunks(spec: SampleSpec, groups_per_chunk: int = 2048) -> Iterator[
         logp = np.minimum(old + step, -1e-6)
         ref = np.minimum(old + rng.normal(0.0, 0.04, size=T), -1e-6)
         ids = np.repeat(np.arange(g0, g0 + ng), G)
-        yield {
+        chunk: dict[str, object] = {
             "group": np.array([f"prompt-{i:06d}" for i in ids]),
             "reward": reward,
             "lengths": lengths,
@@ -74,6 +77,13 @@ def generate_chunks(spec: SampleSpec, groups_per_chunk: int = 2048) -> Iterator[
             "old_logp": old.astype(np.float32),
             "ref_logp": ref.astype(np.float32),
         }
+        if spec.extras:  # drawn last: the fields above are the same with or without them
+            # the engine's log-probs differ from the trainer's by kernel/precision noise
+            rollout = np.minimum(old + rng.normal(0.0, 0.01, size=T), -1e-6)
+            chunk["rollout_logp"] = rollout.astype(np.float32)
+            entropy = np.minimum(-old + rng.exponential(0.3, size=T), np.log(150_000))  # ≤ log V
+            chunk["entropy"] = entropy.astype(np.float32)
+        yield chunk
 
 
 def _to_table(chunk: dict[str, object], rng: np.random.Generator, shuffle: bool) -> pa.Table:
@@ -84,8 +94,9 @@ def _to_table(chunk: dict[str, object], rng: np.random.Generator, shuffle: bool)
         "group": pa.array(chunk["group"]),
         "reward": pa.array(chunk["reward"]),
     }
-    for f in ("logp", "old_logp", "ref_logp"):
-        cols[f] = pa.ListArray.from_arrays(pa.array(offsets), pa.array(chunk[f]))
+    for f in TOKEN_FIELDS:
+        if f in chunk:
+            cols[f] = pa.ListArray.from_arrays(pa.array(offsets), pa.array(chunk[f]))
     table = pa.table(cols)
     if shuffle:
         table = table.take(pa.array(rng.permutation(table.num_rows)))
@@ -129,7 +140,7 @@ def write_sample(out: Path, spec: SampleSpec) -> tuple[int, int]:
     N, L = lengths.shape[0], int(lengths.max())
     mask = np.arange(L)[None, :] < lengths[:, None]
     arrays: dict[str, np.ndarray] = {"mask": mask}
-    for f in ("logp", "old_logp", "ref_logp"):
+    for f in (f for f in TOKEN_FIELDS if f in chunks[0]):
         padded = np.zeros((N, L), dtype=np.float32)  # padding value: any finite number
         padded[mask] = np.concatenate([np.asarray(c[f]) for c in chunks])
         arrays[f] = padded

@@ -519,12 +519,19 @@ def sample(
     rewards_only: Annotated[
         bool, typer.Option("--rewards-only", help=".npz only: write just rewards (P, G).")
     ] = False,
+    extras: Annotated[
+        bool,
+        typer.Option(
+            "--extras", help="Also write rollout_logp (the sampler's log-probs) and entropy."
+        ),
+    ] = False,
 ) -> None:
     """Write synthetic GRPO rollouts of any size (for demos, tests and benchmarks)."""
     with _errors():
         if rewards_only and out.suffix.lower() != ".npz":
             raise UsageError("--rewards-only writes .npz files only")
         spec = SampleSpec(
+            extras=extras,
             groups=groups,
             group_size=group_size,
             mean_len=mean_len,

@@ -2,7 +2,7 @@
 # Regenerates every file in sample_data/ (deterministic: fixed seeds).
 set -euo pipefail
 cd "$(dirname "$0")"
-grpo-cli sample batch.parquet --groups 32 --group-size 8 --mean-len 120 --seed 7
+grpo-cli sample batch.parquet --groups 32 --group-size 8 --mean-len 120 --seed 7 --extras
 grpo-cli sample batch.npz --groups 16 --group-size 8 --mean-len 60 --seed 11
 grpo-cli sample rewards.npz --rewards-only --groups 12 --group-size 6 --seed 3
 python - <<'PY'

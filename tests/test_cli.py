@@ -270,3 +270,14 @@ def test_parquet_mask_column_equals_npz_mask(cli: Cli, tmp_path: Path) -> None:
     for doc in (a, p):
         doc.pop("source"), doc.pop("max_len"), doc.pop("aggregations"), doc.pop("length_weights")
     assert a == p
+
+
+def test_sample_extras_add_fields_without_changing_the_others(cli: Cli, tmp_path: Path) -> None:
+    args = ["--groups", "3", "--group-size", "4", "--mean-len", "20", "--seed", "9"]
+    assert cli("sample", tmp_path / "a.parquet", *args).exit_code == 0
+    assert cli("sample", tmp_path / "b.parquet", *args, "--extras").exit_code == 0
+    a, b = pq.read_table(tmp_path / "a.parquet"), pq.read_table(tmp_path / "b.parquet")
+    assert set(b.column_names) - set(a.column_names) == {"rollout_logp", "entropy"}
+    assert b.select(a.column_names).equals(a)
+    doc = cli.json("objective", tmp_path / "b.parquet")
+    assert doc["rollout"]["kl_k3"] < 1e-3 and 0 <= doc["entropy"]["min"]
