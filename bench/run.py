@@ -128,11 +128,12 @@ def main() -> None:
     ap.add_argument("--scale", type=float, default=1.0, help="1 = ~70M tokens")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--skip-padded", action="store_true")
+    ap.add_argument("--data", type=Path, default=DATA, help="where generated files are kept")
     args = ap.parse_args()
 
-    groups = int(6400 * args.scale)
-    DATA.mkdir(exist_ok=True)
-    path = DATA / f"rollouts_x{args.scale:g}.parquet"
+    groups = max(1, int(6400 * args.scale))
+    args.data.mkdir(parents=True, exist_ok=True)
+    path = args.data / f"rollouts_x{args.scale:g}.parquet"
     cli = [sys.executable, "-m", "grpo_cli"]
     if not path.exists():
         print(f"generating {path} ...", file=sys.stderr)
