@@ -690,6 +690,7 @@ def run_check(
     cfg: CheckConfig,
     baseline: dict[str, Any] | None = None,
     progress: Callable[[int], None] | None = None,
+    workers: int | None = None,
 ) -> CheckReport:
     """Evaluate every rule of ``cfg`` on ``src``; optionally compare with a baseline report."""
     answers = load_answers(src, need_rewards=False, allow_nonfinite=True)
@@ -726,7 +727,13 @@ def run_check(
         band = cfg.rules["ratio-extreme"].params.get("band", 10.0)
         try:
             report = objective_report(
-                src, s, progress=progress, ratio_band=band, answers=answers, batches=stream
+                src,
+                s,
+                progress=progress,
+                ratio_band=band,
+                answers=answers,
+                batches=stream,
+                workers=workers,
             )
         except InputError:
             if valid[0]:

@@ -197,3 +197,15 @@ def test_bad_row_late_in_a_stream_is_a_clean_error(
     doc = json.loads(r.stdout)
     finite = next(x for x in doc["results"] if x["rule"] == "finite")
     assert finite["status"] == "fail" and finite["examples"][0]["answer"] == 97
+
+
+def test_workers_option(cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    b = random_batch(np.random.default_rng(35), n=60, width=20)
+    path = write_parquet(tmp_path / "b.parquet", b)
+    monkeypatch.setattr("grpo_cli._io.BATCH_TOKENS", 32)
+    docs = [cli.json("objective", path, "--workers", str(w)) for w in (1, 2, 3)]
+    for d in docs[1:]:
+        assert math.isclose(d["objective"], docs[0]["objective"], rel_tol=1e-12)
+    assert cli("objective", path, "--workers", "0").exit_code == 2
+    for cmd in (["kl", path, "--json"], ["check", path, "--format", "json"]):
+        assert cli(*cmd, "--workers", "3").exit_code in (0, 1)
