@@ -207,5 +207,6 @@ def test_workers_option(cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     for d in docs[1:]:
         assert math.isclose(d["objective"], docs[0]["objective"], rel_tol=1e-12)
     assert cli("objective", path, "--workers", "0").exit_code == 2
-    for cmd in (["kl", path, "--json"], ["check", path, "--format", "json"]):
+    commands: list[list[str | Path]] = [["kl", path, "--json"], ["check", path, "--format", "json"]]
+    for cmd in commands:
         assert cli(*cmd, "--workers", "3").exit_code in (0, 1)
