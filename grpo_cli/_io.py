@@ -530,10 +530,13 @@ def _npz_batch(src: Source, raw: dict[str, np.ndarray], mask: NDArray[np.bool_])
     offsets = np.zeros(N + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     flat: dict[str, F64] = {}
+    padded_offsets = np.arange(N + 1, dtype=np.int64) * L  # token = column of the padded array
     for f, arr in raw.items():
-        v = _floating(arr[mask])
-        _check_finite(v, offsets, 0, str(path), f"array {src.name(f)!r}", positions=mask)
-        flat[f] = v
+        what = f"array {src.name(f)!r}"
+        _check_finite(
+            arr.reshape(-1), mask.reshape(-1), padded_offsets, 0, str(path), what, unit="answer"
+        )
+        flat[f] = _floating(arr[mask])
     return Batch(start=0, offsets=offsets, fields=flat, width=np.full(N, L, dtype=np.int64))
 
 
@@ -573,30 +576,6 @@ def _mask_values(m: np.ndarray, label: str, what: str) -> NDArray[np.bool_]:
             )
         return m.astype(np.bool_)
     raise InputError(f"{label}: {what} has dtype {m.dtype}, expected booleans or 0/1")
-
-
-def _check_finite(
-    v: F64,
-    offsets: I64,
-    start: int,
-    label: str,
-    what: str,
-    positions: Any = None,
-    unit: str = "answer",
-) -> None:
-    finite = np.isfinite(v)
-    if finite.all():
-        return
-    k = int(np.flatnonzero(~finite)[0])
-    i = int(np.searchsorted(offsets, k, side="right") - 1)
-    if positions is not None:  # padded (N, L): report the column in the padded array
-        t = int(np.flatnonzero(positions[i])[k - offsets[i]])
-    else:
-        t = k - int(offsets[i])
-    raise InputError(
-        f"{label}: {what} has {v[k]} inside the mask at {unit} {start + i}, token {t} "
-        f"({int((~finite).sum())} non-finite valid token(s) in all)"
-    )
 
 
 def _rows_per_batch(pf: pq.ParquetFile, col: str, batch_tokens: int) -> int:
@@ -792,26 +771,32 @@ def _record_batch(raw: RawBatch, wanted: list[str], names: list[str], mname: str
     out: dict[str, F64] = {}
     for f, name in zip(wanted, names, strict=True):
         values = raw.values[f]
-        v = _floating(values if m is None else values[m])
-        if m is None:
-            _check_finite(v, new_offsets, start, label, f"column {name!r}", unit="row")
-        else:
-            _check_finite_masked(values, m, offsets, start, label, name)
-        out[f] = v
+        _check_finite(values, m, offsets, start, label, f"column {name!r}")
+        out[f] = _floating(values if m is None else values[m])
     return Batch(start=start, offsets=new_offsets, fields=out, width=width)
 
 
-def _check_finite_masked(
-    raw: np.ndarray, m: np.ndarray, offsets: I64, start: int, label: str, name: str
+def _check_finite(
+    raw: np.ndarray,
+    m: NDArray[np.bool_] | None,
+    offsets: I64,
+    start: int,
+    label: str,
+    what: str,
+    unit: str = "row",
 ) -> None:
-    bad = ~np.isfinite(raw) & m
+    """Raise on the first NaN/inf of ``raw`` where the mask ``m`` (None: everywhere) is True,
+    naming the answer and its token position (in a padded array, the column)."""
+    bad = ~np.isfinite(raw)
+    if m is not None:
+        bad &= m
     if bad.any():
         k = int(np.flatnonzero(bad)[0])
         i = int(np.searchsorted(offsets, k, side="right") - 1)
         raise InputError(
-            f"{label}: column {name!r} has {raw[k]} inside the mask at row {start + i}, "
-            f"token {k - int(offsets[i])} "
-            f"({int(bad.sum())} non-finite valid token(s) in this batch)"
+            f"{label}: {what} has {raw[k]} inside the mask at {unit} {start + i}, "
+            f"token {k - int(offsets[i])} ({int(bad.sum())} non-finite valid token(s) in this "
+            f"batch)"
         )
 
 
