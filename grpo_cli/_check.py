@@ -566,6 +566,18 @@ def _location(answers: Answers, file: str, row: int, **extra: Any) -> dict[str, 
     return out
 
 
+def _flagged(
+    flags: NDArray[np.bool_], offsets: NDArray[np.int64], room: int
+) -> tuple[int, list[tuple[int, int, int]]]:
+    """How many flags are set, and (flat index, answer in batch, token) of the first ``room``."""
+    idx = np.flatnonzero(flags)
+    places = []
+    for k in idx[: max(0, room)]:
+        i = int(np.searchsorted(offsets, k, side="right") - 1)
+        places.append((int(k), i, int(k - offsets[i])))
+    return int(idx.size), places
+
+
 def _scan_batch(s: Scan, rb: RawBatch, src: Source, answers: Answers, cfg: CheckConfig) -> None:
     """Fold one raw batch into the integrity scan: count every problem, keep a few places."""
     fields = list(rb.values)
@@ -617,39 +629,22 @@ def _scan_batch(s: Scan, rb: RawBatch, src: Source, answers: Answers, cfg: Check
                 )
             continue  # values of a misaligned field cannot be matched to the mask
         vf = v.astype(np.float64, copy=False)
-        nonfinite = ~np.isfinite(vf) & m
-        if nonfinite.any():
-            idx = np.flatnonzero(nonfinite)
-            s.nonfinite += int(idx.size)
-            for k in idx[: max(0, MAX_EXAMPLES - len(s.nonfinite_ex))]:
-                i = int(np.searchsorted(off0, k, side="right") - 1)
-                s.nonfinite_ex.append(
-                    where(
-                        rb.label,
-                        rb.start + i,
-                        field=src.name(f),
-                        token=int(k - off0[i]),
-                        value=str(vf[k]),
-                    )
-                )
+        n, places = _flagged(~np.isfinite(vf) & m, off0, MAX_EXAMPLES - len(s.nonfinite_ex))
+        s.nonfinite += n
+        s.nonfinite_ex += [
+            where(rb.label, rb.start + i, field=src.name(f), token=t, value=str(vf[k]))
+            for k, i, t in places
+        ]
         if f == "entropy":  # an entropy is >= 0 by nature: only its finiteness is checked
             continue
         with np.errstate(invalid="ignore"):
             pos = (vf > 0) & m
-        if pos.any():
-            idx = np.flatnonzero(pos)
-            s.positive += int(idx.size)
-            for k in idx[: max(0, MAX_EXAMPLES - len(s.positive_ex))]:
-                i = int(np.searchsorted(off0, k, side="right") - 1)
-                s.positive_ex.append(
-                    where(
-                        rb.label,
-                        rb.start + i,
-                        field=src.name(f),
-                        token=int(k - off0[i]),
-                        value=float(vf[k]),
-                    )
-                )
+        n, places = _flagged(pos, off0, MAX_EXAMPLES - len(s.positive_ex))
+        s.positive += n
+        s.positive_ex += [
+            where(rb.label, rb.start + i, field=src.name(f), token=t, value=float(vf[k]))
+            for k, i, t in places
+        ]
         if f == "logp":
             s.zero += int(np.count_nonzero((vf == 0) & m))
     if cfg.on_policy and "old_logp" in fields and np.array_equal(rb.offsets["old_logp"], off0):
@@ -657,21 +652,14 @@ def _scan_batch(s: Scan, rb: RawBatch, src: Source, answers: Answers, cfg: Check
         b = rb.values["old_logp"].astype(np.float64, copy=False)
         with np.errstate(invalid="ignore"):
             diff = (a != b) & m & np.isfinite(a) & np.isfinite(b)
-        if diff.any():
-            idx = np.flatnonzero(diff)
-            s.offpolicy += int(idx.size)
-            s.offpolicy_max = max(s.offpolicy_max, float(np.max(np.abs(a[idx] - b[idx]))))
-            for k in idx[: max(0, MAX_EXAMPLES - len(s.offpolicy_ex))]:
-                i = int(np.searchsorted(off0, k, side="right") - 1)
-                s.offpolicy_ex.append(
-                    where(
-                        rb.label,
-                        rb.start + i,
-                        token=int(k - off0[i]),
-                        logp=float(a[k]),
-                        old_logp=float(b[k]),
-                    )
-                )
+        n, places = _flagged(diff, off0, MAX_EXAMPLES - len(s.offpolicy_ex))
+        if n:
+            s.offpolicy += n
+            s.offpolicy_max = max(s.offpolicy_max, float(np.max(np.abs(a[diff] - b[diff]))))
+            s.offpolicy_ex += [
+                where(rb.label, rb.start + i, token=t, logp=float(a[k]), old_logp=float(b[k]))
+                for k, i, t in places
+            ]
 
 
 def _fields(src: Source) -> list[str]:
