@@ -31,8 +31,10 @@ __all__ = [
     "ALIASES",
     "Answers",
     "Batch",
+    "BatchError",
     "RawBatch",
     "Source",
+    "iter_batch_streams",
     "iter_batches",
     "iter_raw",
     "load_answers",
@@ -623,6 +625,81 @@ def _parquet_batches(src: Source, wanted: list[str], batch_tokens: int) -> Itera
         yield _record_batch(
             _raw_record_batch(rb, wanted, names, mname, start, label), wanted, names, mname
         )
+
+
+class BatchError(Exception):
+    """An :class:`InputError` met while reading the batch that starts at dataset row
+    ``start``, raised by a stream of :func:`iter_batch_streams` so that the consumer can
+    report the first problem in row order, whichever stream met it first."""
+
+    def __init__(self, start: int, error: InputError) -> None:
+        super().__init__(str(error))
+        self.start, self.error = start, error
+
+
+def _parquet_chunks(src: Source) -> list[tuple[Path, int, int]]:
+    """Every non-empty row group: (file, row group, dataset index of its first row)."""
+    chunks, start = [], 0
+    for p in src.paths:
+        md = _parquet_file(p).metadata
+        for rg in range(md.num_row_groups):
+            rows = md.row_group(rg).num_rows
+            if rows:
+                chunks.append((p, rg, start))
+            start += rows
+    return chunks
+
+
+def iter_batch_streams(
+    src: Source, fields: Sequence[str], streams: int, *, batch_tokens: int | None = None
+) -> list[Iterator[Batch]] | None:
+    """Pass 2 as ``streams`` streams read in parallel, each by its own thread: row group
+    ``j`` of the dataset (files in order) goes to stream ``j mod streams``, so decoding, the
+    slowest part once the kernel is compiled, uses every core too.
+
+    Each stream yields its batches in row order and raises :class:`BatchError` on bad
+    data. None when there are fewer row groups than streams (or one npz): then
+    :func:`iter_batches` is the one stream.
+    """
+    if src.kind == "npz" or streams < 2 or os.environ.get("GRPO_CLI_NO_PREFETCH"):
+        return None
+    chunks = _parquet_chunks(src)
+    if len(chunks) < streams:
+        return None
+    wanted = [f for f in fields if src.has(f)]
+    tokens = BATCH_TOKENS if batch_tokens is None else batch_tokens
+    return [
+        prefetch(_chunk_batches(src, chunks[k::streams], wanted, tokens)) for k in range(streams)
+    ]
+
+
+def _chunk_batches(
+    src: Source, chunks: list[tuple[Path, int, int]], wanted: list[str], batch_tokens: int
+) -> Iterator[Batch]:
+    names = [src.name(f) for f in wanted]
+    mname = src.name("mask") if src.has("mask") else None
+    cols = names + ([mname] if mname else [])
+    current: tuple[Path, pq.ParquetFile, int] | None = None
+    for p, rg, start in chunks:
+        if current is None or current[0] != p:
+            pf = _parquet_file(p)
+            current = (p, pf, _rows_per_batch(pf, cols[0], batch_tokens))
+        _, pf, rows = current
+        it = pf.iter_batches(batch_size=rows, row_groups=[rg], columns=cols, use_threads=False)
+        while True:
+            try:
+                try:
+                    rb = next(it)
+                except StopIteration:
+                    break
+                except Exception as exc:
+                    raise InputError(f"{p}: cannot read columns {cols} ({_why(exc)})") from None
+                raw = _raw_record_batch(rb, wanted, names, mname, start, str(p))
+                batch = _record_batch(raw, wanted, names, mname)
+            except InputError as exc:
+                raise BatchError(start, exc) from None
+            yield batch
+            start += batch.n
 
 
 @dataclass(frozen=True)

@@ -10,13 +10,14 @@ import math
 import os
 import queue
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
+from . import _fast
 from ._core import (
     AGGREGATIONS,
     GroupStats,
@@ -26,7 +27,15 @@ from ._core import (
     segment_sum,
     token_terms,
 )
-from ._io import Answers, Batch, Source, iter_batches, load_answers
+from ._io import (
+    Answers,
+    Batch,
+    BatchError,
+    Source,
+    iter_batch_streams,
+    iter_batches,
+    load_answers,
+)
 from ._settings import Settings
 from ._stats import IntCounts, Moments, Sketch
 from .errors import InputError, UsageError
@@ -463,9 +472,14 @@ class TokenPartial:
         self.rollout = RolloutPartial()
         self.entropy = Moments()
         self.entropy_q = Sketch(*ENTROPY_BINS, **cap)
+        # the compiled kernel folds token-level ratios; GSPO's sequence ratio stays in numpy
+        self.compiled = settings.ratio_level == "token" and _fast.available()
 
     def _sums(self, key: str, v: F64, b: Batch) -> F64:
-        seg = segment_sum(v, b.offsets)
+        return self._answer_sums(key, segment_sum(v, b.offsets), b)
+
+    def _answer_sums(self, key: str, seg: F64, b: Batch) -> F64:
+        """Fold in per-answer sums of a per-token value; returns the per-answer means."""
         means = seg / b.lengths
         self.sums[key] += (float(np.sum(seg)), float(np.sum(means)))
         return means
@@ -502,6 +516,61 @@ class TokenPartial:
 
     def update(self, b: Batch, adv: F64) -> None:
         """Fold in a batch of answers with their advantages ``(b.n,)``."""
+        if self.compiled:
+            self._update_compiled(b, adv)
+        else:
+            self._update_numpy(b, adv)
+        self._update_extras(b)
+
+    def _update_compiled(self, b: Batch, adv: F64) -> None:
+        """The same statistics as :meth:`_update_numpy`, from one pass of the kernel."""
+        s, f = self.s, b.fields
+        logp, old, ref = f["logp"], f.get("old_logp"), f.get("ref_logp")
+        if s.beta != 0.0 and ref is None:
+            raise UsageError("beta > 0 needs ref_logp (the reference policy's log-probs)")
+        self._count(b)
+        out = _fast.fold(
+            logp=logp,
+            old_logp=old,
+            ref_logp=ref,
+            adv=adv,
+            offsets=b.offsets,
+            clip_low=s.clip_eps,
+            clip_high=s.eps_high,
+            dual_clip=s.dual_clip,
+            log_ratio_clamp=s.log_ratio_clamp,
+            beta=s.beta,
+            kl_estimator=s.kl_estimator,
+            kl_clamp=s.kl_clamp,
+            d_hist=self.delta.hist.counts,
+            x_hist=self.kl_d.hist.counts,
+            bins=LOG_RATIO_BINS,
+        )
+        t, n = out.totals, int(b.offsets[-1])
+        self._answer_sums("term", out.term, b)
+        self._answer_sums("policy", out.policy, b)
+        if out.kl is not None:
+            assert ref is not None
+            per_answer = self._answer_sums("kl", out.kl, b)
+            self.kl.merge(
+                Moments.from_sums(n, t.k_inf, t.k_total, t.kf_sum, t.kf_sq, t.k_min, t.k_max)
+            )
+            self.kl_d.counted(n, t.x_min, t.x_max, lambda: np.subtract(ref, logp, dtype=np.float64))
+            self.kl_answer.update(per_answer)
+            self.kl_answer_q.update(per_answer)
+        self.clip += (t.n_low, t.n_high, t.n_low + t.n_high, t.n_outside, t.n_dual)
+        self.ratio_sum += t.r_sum
+        self.ratio_sq += t.r2_sum
+        self.ratio_inf += t.r_inf
+
+        def delta() -> F64:
+            if old is None:
+                return np.zeros(n)
+            return np.subtract(logp, old, dtype=np.float64)
+
+        self.delta.counted(n, t.d_min, t.d_max, delta)
+
+    def _update_numpy(self, b: Batch, adv: F64) -> None:
         s = self.s
         self._count(b)
         terms = token_terms(
@@ -540,6 +609,9 @@ class TokenPartial:
         self.ratio_sum += total
         self.ratio_sq += float(np.einsum("i,i->", raw_ratio, raw_ratio))
         self.delta.update(d)
+
+    def _update_extras(self, b: Batch) -> None:
+        """Entropy and sampler-vs-trainer statistics, when those fields are logged."""
         entropy = b.fields.get("entropy")
         if entropy is not None:
             e = np.asarray(entropy, dtype=np.float64)
@@ -738,6 +810,85 @@ def fold_batches(
     return total
 
 
+def fold_streams(
+    streams: list[Iterator[Batch]],
+    new: Callable[[], TokenPartial],
+    fold: Callable[[TokenPartial, Batch], None],
+    *,
+    progress: Progress | None = None,
+) -> TokenPartial:
+    """Fold each stream (from :func:`grpo_cli._io.iter_batch_streams`) on its own thread
+    into its own partial, then merge them in stream order: bit-for-bit the same result
+    from run to run.
+
+    On bad data the error reported is the first in row order, as if read in one stream:
+    a stream that meets a problem at row ``r`` lets the others run up to row ``r``.
+    """
+    parts = [new() for _ in streams]
+    failures: list[tuple[int, BaseException]] = []  # (row where it happened, error)
+    lock = threading.Lock()
+
+    def first_failure() -> float:
+        with lock:
+            return min((row for row, _ in failures), default=math.inf)
+
+    def run(k: int) -> None:
+        stream = streams[k]
+        try:
+            for b in stream:
+                if b.start >= first_failure():
+                    break
+                try:
+                    fold(parts[k], b)
+                except InputError as exc:
+                    with lock:
+                        failures.append((b.start, exc))
+                    break
+                if progress:
+                    with lock:
+                        progress(b.n)
+        except BatchError as exc:
+            with lock:
+                failures.append((exc.start, exc.error))
+        except BaseException as exc:  # a bug, not bad data: report it first
+            with lock:
+                failures.append((-1, exc))
+        finally:
+            close = getattr(stream, "close", None)
+            if close is not None:
+                close()  # stops its reader thread
+
+    threads = [threading.Thread(target=run, args=(k,), daemon=True) for k in range(len(streams))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if failures:
+        raise min(failures, key=lambda f: f[0])[1]
+    total = parts[0]
+    for p in parts[1:]:
+        total.merge(p)
+    return total
+
+
+def _fold_source(
+    src: Source,
+    fields: Sequence[str],
+    new: Callable[[], TokenPartial],
+    fold: Callable[[TokenPartial, Batch], None],
+    *,
+    workers: int | None,
+    progress: Progress | None,
+) -> TokenPartial:
+    """Pass 2 over ``src``: parallel streams when the data has enough row groups, else one
+    reader thread feeding the workers."""
+    w = DEFAULT_WORKERS if workers is None else max(1, int(workers))
+    streams = iter_batch_streams(src, fields, w)
+    if streams is not None:
+        return fold_streams(streams, new, fold, progress=progress)
+    return fold_batches(iter_batches(src, fields), new, fold, workers=w, progress=progress)
+
+
 # ----------------------------------------------------------------------- KL command
 def kl_report(
     src: Source,
@@ -753,8 +904,9 @@ def kl_report(
                 f"{src.label}: {src.name(f)!r} is missing (the KL needs logp and "
                 f"ref_logp; the file has: {', '.join(src.present)})"
             )
-    acc = fold_batches(
-        iter_batches(src, ["logp", "ref_logp"]),
+    acc = _fold_source(
+        src,
+        ["logp", "ref_logp"],
         lambda: TokenPartial(settings, exact_cap=exact_cap),
         TokenPartial.update_kl,
         workers=workers,
@@ -827,13 +979,13 @@ def objective_report(
             raise InputError(f"{src.label}: more token rows than answers ({adv.shape[0]})")
         acc.update(b, adv[b.start : b.start + b.n])
 
-    acc = fold_batches(
-        iter(batches) if batches is not None else iter_batches(src, TOKEN_FIELDS),
-        lambda: TokenPartial(settings, exact_cap=exact_cap),
-        fold,
-        workers=workers,
-        progress=progress,
-    )
+    def new() -> TokenPartial:
+        return TokenPartial(settings, exact_cap=exact_cap)
+
+    if batches is None:
+        acc = _fold_source(src, TOKEN_FIELDS, new, fold, workers=workers, progress=progress)
+    else:
+        acc = fold_batches(iter(batches), new, fold, workers=workers, progress=progress)
     if acc.answers != adv.shape[0]:
         raise InputError(
             f"{src.label}: {acc.answers} token rows but {adv.shape[0]} answers (rewards/advantages)"

@@ -79,6 +79,22 @@ class Moments:
             other.m2 = max(float(np.sum(np.square(y, out=y))) - s1 * s1 / nf, 0.0)
         return self.merge(other)
 
+    @classmethod
+    def from_sums(
+        cls, n: int, n_inf: int, total: float, s1: float, s2: float, lo: float, hi: float
+    ) -> Moments:
+        """A partial from power sums over finite values (``s1 = Σx``, ``s2 = Σx²``), as
+        ``update`` computes them with ``fast=True``; ``total`` sums every value."""
+        m = cls(fast=True)
+        if n == 0:
+            return m
+        m.n, m.n_inf, m.total, m.lo, m.hi = n, n_inf, total, lo, hi
+        nf = n - n_inf
+        if nf:
+            m.mean_f = s1 / nf
+            m.m2 = max(s2 - s1 * s1 / nf, 0.0)
+        return m
+
     def merge(self, o: Moments) -> Moments:
         na, nb = self.n - self.n_inf, o.n - o.n_inf
         nf = na + nb
@@ -205,6 +221,21 @@ class Sketch:
         if self.exact is not None:
             if self.n <= self.exact_cap:
                 self.exact.append(np.array(x, dtype=np.float64, copy=True))
+            else:
+                self.exact = None
+        return self
+
+    def counted(self, n: int, lo: float, hi: float, values: Callable[[], F64]) -> Sketch:
+        """Note ``n`` values (min ``lo``, max ``hi``) already added to ``hist.counts`` by
+        the compiled kernel; ``values()`` gives them, asked only while the sketch is exact."""
+        if n == 0:
+            return self
+        self.hist.vmin = min(self.hist.vmin, lo)
+        self.hist.vmax = max(self.hist.vmax, hi)
+        self.n += n
+        if self.exact is not None:
+            if self.n <= self.exact_cap:
+                self.exact.append(values())
             else:
                 self.exact = None
         return self

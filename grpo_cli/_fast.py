@@ -1,0 +1,215 @@
+"""The optional compiled kernel (``_kernel.c``), loaded with ctypes.
+
+``setup.py`` builds it when a C compiler is at hand; without it, or with
+``GRPO_CLI_KERNEL=numpy``, grpo-cli computes the same statistics with numpy
+(:meth:`grpo_cli._report.TokenPartial.update`), about three times more slowly.
+``GRPO_CLI_KERNEL=c`` makes a missing kernel an error instead (CI sets it, so the
+compiled path is the one tested there).
+
+The kernel folds one record batch in one pass over its token columns; see
+:func:`fold`. A ctypes call releases the GIL, so worker threads run it in parallel.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import math
+import os
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from .errors import UsageError
+
+F64 = NDArray[np.float64]
+I64 = NDArray[np.int64]
+
+
+class Params(ctypes.Structure):
+    _fields_ = [
+        ("lo", ctypes.c_double),
+        ("hi", ctypes.c_double),
+        ("dual", ctypes.c_double),
+        ("lrc", ctypes.c_double),
+        ("beta", ctypes.c_double),
+        ("kl_clamp", ctypes.c_double),
+        ("kl_est", ctypes.c_int64),
+        ("h_lo", ctypes.c_double),
+        ("h_inv_w", ctypes.c_double),
+        ("h_nb", ctypes.c_int64),
+    ]
+
+
+class Totals(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_double)
+        for name in (
+            "r_sum",
+            "r2_sum",
+            "d_min",
+            "d_max",
+            "k_total",
+            "kf_sum",
+            "kf_sq",
+            "k_min",
+            "k_max",
+            "x_min",
+            "x_max",
+        )
+    ] + [
+        (name, ctypes.c_int64)
+        for name in ("r_inf", "k_inf", "n_low", "n_high", "n_outside", "n_dual")
+    ]
+
+
+_ptr, _i64 = ctypes.c_void_p, ctypes.c_int64
+# grpo_fold(params, n, offsets, adv, logp, old, ref, f32, term, policy, kl, d_hist, x_hist,
+#           totals, vector)
+_ARGS: list[Any] = [ctypes.POINTER(Params), _i64, *[_ptr] * 5, _i64, *[_ptr] * 5]
+_ARGS += [ctypes.POINTER(Totals), _i64]
+
+
+@cache
+def _library() -> ctypes.CDLL | None:
+    try:
+        spec = importlib.util.find_spec("grpo_cli._kernel")
+    except ImportError:
+        return None
+    if spec is None or spec.origin is None:
+        return None
+    lib = ctypes.CDLL(spec.origin)
+    lib.grpo_fold.argtypes = _ARGS
+    lib.grpo_fold.restype = _i64
+    lib.grpo_vector_exp.restype = _i64
+    return lib
+
+
+def mode() -> str:
+    """``GRPO_CLI_KERNEL``: auto (default), c, or numpy."""
+    m = os.environ.get("GRPO_CLI_KERNEL", "auto").strip().lower() or "auto"
+    if m not in ("auto", "c", "numpy"):
+        raise UsageError(f"GRPO_CLI_KERNEL must be auto, c or numpy, got {m!r}")
+    return m
+
+
+def available() -> bool:
+    """Whether token batches go through the compiled kernel."""
+    m = mode()
+    if m == "numpy":
+        return False
+    if _library() is None:
+        if m == "c":
+            raise UsageError(
+                "GRPO_CLI_KERNEL=c but the compiled kernel is not built "
+                "(reinstall with a C compiler: pip install -e .)"
+            )
+        return False
+    return True
+
+
+def engine() -> str:
+    """What computes the token statistics: 'c+avx2', 'c' or 'numpy'."""
+    if not available():
+        return "numpy"
+    lib = _library()
+    assert lib is not None
+    return "c+avx2" if lib.grpo_vector_exp() else "c"
+
+
+@dataclass(frozen=True)
+class Folded:
+    """What :func:`fold` returns for a batch of ``n`` answers."""
+
+    term: F64  # (n,) Σ_t of the per-token term policy − β·KL
+    policy: F64  # (n,) Σ_t of the clipped surrogate
+    kl: F64 | None  # (n,) Σ_t of the KL estimate, when ref_logp is given
+    totals: Totals
+
+
+def _same_dtype(*arrays: np.ndarray | None) -> tuple[bool, list[np.ndarray | None]]:
+    """All float32 (as logged) or all float64, C-contiguous; float32 widens exactly."""
+    f32 = all(a.dtype == np.float32 for a in arrays if a is not None)
+    dt = np.float32 if f32 else np.float64
+    return f32, [None if a is None else np.ascontiguousarray(a, dtype=dt) for a in arrays]
+
+
+def fold(
+    *,
+    logp: np.ndarray,
+    old_logp: np.ndarray | None,
+    ref_logp: np.ndarray | None,
+    adv: F64,
+    offsets: I64,
+    clip_low: float,
+    clip_high: float,
+    dual_clip: float | None,
+    log_ratio_clamp: float | None,
+    beta: float,
+    kl_estimator: str,
+    kl_clamp: float | None,
+    d_hist: I64,
+    x_hist: I64,
+    bins: tuple[float, float, int],
+    vector: bool = True,
+) -> Folded:
+    """One pass over a batch: per-answer sums, clip counts, ratio and KL moments.
+
+    ``d_hist`` and ``x_hist`` (``nbins + 2`` int64 counts of the log-ratio ``Δ`` and of
+    ``d = ref_logp − logp`` on ``bins``) are incremented in place, binned exactly as
+    :class:`grpo_cli._stats.Histogram` bins. ``vector=False`` takes the scalar path even
+    on an AVX2 machine (the tests compare both with numpy).
+    """
+    lib = _library()
+    assert lib is not None
+    f32, (lp, old, ref) = _same_dtype(logp, old_logp, ref_logp)
+    assert lp is not None
+    lo, hi, nb = bins
+    params = Params(
+        lo=1.0 - clip_low,
+        hi=1.0 + clip_high,
+        dual=math.nan if dual_clip is None else dual_clip,
+        lrc=math.inf if log_ratio_clamp is None else log_ratio_clamp,
+        beta=beta,
+        kl_clamp=math.inf if kl_clamp is None else kl_clamp,
+        kl_est={"k1": 1, "k2": 2, "k3": 3}[kl_estimator],
+        h_lo=lo,
+        h_inv_w=nb / (hi - lo),
+        h_nb=nb,
+    )
+    n = int(offsets.shape[0] - 1)
+    term, policy = np.empty(n), np.empty(n)
+    kl = np.empty(n) if ref is not None else None
+    tot = Totals(
+        d_min=math.inf, d_max=-math.inf, k_min=math.inf, k_max=-math.inf,
+        x_min=math.inf, x_max=-math.inf,
+    )  # fmt: skip
+    offs = np.ascontiguousarray(offsets, dtype=np.int64)
+    a = np.ascontiguousarray(adv, dtype=np.float64)
+    for h in (d_hist, x_hist):
+        assert h.dtype == np.int64 and h.flags.c_contiguous and h.shape[0] == nb + 2
+
+    def p(x: np.ndarray | None) -> int | None:
+        return None if x is None else x.ctypes.data
+
+    lib.grpo_fold(
+        ctypes.byref(params),
+        n,
+        p(offs),
+        p(a),
+        p(lp),
+        p(old),
+        p(ref),
+        int(f32),
+        p(term),
+        p(policy),
+        p(kl),
+        p(d_hist),
+        p(x_hist),
+        ctypes.byref(tot),
+        int(vector),
+    )
+    return Folded(term=term, policy=policy, kl=kl, totals=tot)
