@@ -474,6 +474,7 @@ class TokenPartial:
         self.entropy_q = Sketch(*ENTROPY_BINS, **cap)
         # the compiled kernel folds token-level ratios; GSPO's sequence ratio stays in numpy
         self.compiled = settings.ratio_level == "token" and _fast.available()
+        self.vector = True  # the kernel's AVX2 path where the CPU has it (tests turn it off)
 
     def _sums(self, key: str, v: F64, b: Batch) -> F64:
         return self._answer_sums(key, segment_sum(v, b.offsets), b)
@@ -545,6 +546,7 @@ class TokenPartial:
             d_hist=self.delta.hist.counts,
             x_hist=self.kl_d.hist.counts,
             bins=LOG_RATIO_BINS,
+            vector=self.vector,
         )
         t, n = out.totals, int(b.offsets[-1])
         self._answer_sums("term", out.term, b)

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from grpo_cli import objective_report, open_source, resolve_settings
-from grpo_cli._io import iter_batches
+from grpo_cli._io import iter_batch_streams, iter_batches
 from grpo_cli._report import LOG_RATIO_BINS, QUANTILES, kl_report
 from grpo_cli._stats import Histogram, IntCounts, Moments, Sketch, quantiles_from_counts
 
@@ -210,3 +210,59 @@ def test_workers_option(cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     commands: list[list[str | Path]] = [["kl", path, "--json"], ["check", path, "--format", "json"]]
     for cmd in commands:
         assert cli(*cmd, "--workers", "3").exit_code in (0, 1)
+
+
+# ------------------------------------------------------------- row groups in parallel
+def _row_groups(path: Path, rows: int) -> Path:
+    """Rewrite a parquet file with ``rows`` rows per row group."""
+    table = pq.read_table(path)
+    pq.write_table(table, path, row_group_size=rows)
+    return path
+
+
+def test_row_group_streams_equal_one_stream(tmp_path: Path) -> None:
+    b = random_batch(np.random.default_rng(36), n=230, width=30, groups=17)
+    path = _row_groups(write_parquet(tmp_path / "b.parquet", b), 20)  # 12 row groups
+    src = open_source([str(path)])
+    streams = iter_batch_streams(src, ["logp"], 2)
+    assert streams is not None and len(streams) == 2
+    # row groups alternate between the streams; each stream keeps row order
+    starts = [[x.start for x in s] for s in streams]
+    assert starts[0] == list(range(0, 230, 40)) and starts[1] == list(range(20, 230, 40))
+    s = resolve_settings()
+    one = objective_report(src, s, workers=1)  # one stream, no threads
+    two = objective_report(src, s, workers=2)  # two row-group streams
+    three = objective_report(src, s, workers=3)
+    for r in (two, three):
+        assert (r.answers, r.tokens, r.clip) == (one.answers, one.tokens, one.clip)
+        assert math.isclose(r.objective, one.objective, rel_tol=1e-12)
+        assert r.ratio.quantiles == one.ratio.quantiles
+    assert objective_report(src, s, workers=2).objective == two.objective  # deterministic
+    k1, k2 = kl_report(src, s, workers=1), kl_report(src, s, workers=2)
+    assert k1.token.count == k2.token.count and k2.token.mean is not None
+    assert math.isclose(k2.token.mean, k1.token.mean or 0.0, rel_tol=1e-12)
+    # fewer row groups than streams: the single reader feeds the workers instead
+    single = write_parquet(tmp_path / "one.parquet", b)
+    assert iter_batch_streams(open_source([str(single)]), ["logp"], 2) is None
+
+
+@pytest.mark.parametrize(
+    ("bad_rows", "reported"),
+    [((13, 25), 13), ((25, 13), 13), ((5, 15), 5), ((25,), 25), ((15,), 15)],
+)
+def test_first_bad_row_is_reported_whichever_stream_meets_it(
+    cli: Cli,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    bad_rows: tuple[int, ...],
+    reported: int,
+) -> None:
+    # row groups of 10 rows: rows 0-9 and 20-29 go to stream 0, rows 10-19 to stream 1
+    b = random_batch(np.random.default_rng(37), n=60, width=12)
+    for row in bad_rows:
+        b["old_logp"][row][0] = np.nan
+    path = _row_groups(write_parquet(tmp_path / "b.parquet", b), 10)
+    monkeypatch.setattr("grpo_cli._io.BATCH_TOKENS", 16)
+    r = cli("objective", path, "--json")
+    assert r.exit_code == 2 and r.stdout == ""
+    assert f"'old_logp' has nan inside the mask at row {reported}, token 0" in r.stderr

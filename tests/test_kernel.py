@@ -1,0 +1,242 @@
+"""The compiled kernel (grpo_cli/_kernel.c) against the numpy path it replaces.
+
+Both fold the same batches into a TokenPartial; every count and histogram bin must be
+equal, every sum equal up to summation order (tolerances scale with the sum of the
+magnitudes summed), on random ragged batches with every setting, overflowing ratios and
+KL values, float32 and float64 columns, and answers longer than the kernel's block.
+
+CI sets GRPO_CLI_KERNEL=c, so there a missing kernel fails these tests instead of
+skipping them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from grpo_cli import _fast, objective_report, open_source, resolve_settings
+from grpo_cli._core import token_terms
+from grpo_cli._io import Batch
+from grpo_cli._report import TokenPartial
+from grpo_cli._settings import Settings
+from grpo_cli.errors import UsageError
+
+from .conftest import SAMPLE, Cli
+
+built = _fast._library() is not None
+pytestmark = pytest.mark.skipif(
+    not built and os.environ.get("GRPO_CLI_KERNEL") != "c",
+    reason="compiled kernel not built (no C compiler at install)",
+)
+
+
+def _batch(rng: np.random.Generator, lengths: list[int], dtype: Any, spread: float) -> Batch:
+    offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
+    t = int(offsets[-1])
+    logp = -rng.exponential(1.0, size=t)
+    # log-ratios: mostly near 0, some far out (spread 800 overflows exp to inf)
+    far = rng.random(t) < 0.05
+    old = logp - np.where(far, rng.uniform(-spread, spread, size=t), rng.normal(0, 0.2, size=t))
+    ref = logp + np.where(
+        rng.random(t) < 0.05, rng.uniform(-spread, spread, t), rng.normal(0, 0.1, t)
+    )
+    fields = {"logp": logp, "old_logp": old, "ref_logp": ref}
+    fields = {k: v.astype(dtype) for k, v in fields.items()}
+    lengths_arr = np.diff(offsets)
+    return Batch(start=0, offsets=offsets, fields=fields, width=lengths_arr)
+
+
+def _fold(batch: Batch, adv: np.ndarray, s: Settings, compiled: bool, vector: bool) -> TokenPartial:
+    p = TokenPartial(s)
+    p.compiled, p.vector = compiled, vector
+    p.update(batch, adv)
+    return p
+
+
+def _scale(batch: Batch, adv: np.ndarray, s: Settings) -> dict[str, float]:
+    """Σ|v| of each per-token value summed: the size of a sum's rounding error."""
+    f = batch.fields
+    t = token_terms(
+        np.asarray(f["logp"], dtype=np.float64),
+        None if "old_logp" not in f else np.asarray(f["old_logp"], dtype=np.float64),
+        None if "ref_logp" not in f else np.asarray(f["ref_logp"], dtype=np.float64),
+        adv,
+        batch.offsets,
+        **s.term_kwargs(),
+    )
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = {"term": float(np.sum(np.abs(t.term))), "policy": float(np.sum(np.abs(t.policy)))}
+        out["kl"] = float(np.sum(np.abs(t.kl))) if t.kl is not None else 0.0
+    return out
+
+
+def _near(a: float, b: float, scale: float, what: str) -> None:
+    assert not (math.isnan(a) or math.isnan(b)), what
+    if math.isinf(a) or math.isinf(b) or math.isinf(scale):
+        assert a == b or math.isinf(scale), (what, a, b)
+        return
+    assert abs(a - b) <= 1e-12 * scale + 1e-300, (what, a, b, scale)
+
+
+def _same(c: TokenPartial, n: TokenPartial, scale: dict[str, float]) -> None:
+    """Compiled partial ``c`` against numpy partial ``n``."""
+    assert (c.answers, c.tokens, c.max_width) == (n.answers, n.tokens, n.max_width)
+    np.testing.assert_array_equal(c.clip, n.clip)
+    for key in ("term", "policy", "kl"):
+        for i in range(2):
+            _near(float(c.sums[key][i]), float(n.sums[key][i]), scale[key], f"{key}[{i}]")
+    assert c.ratio_inf == n.ratio_inf
+    if c.ratio_inf == 0:
+        assert math.isclose(c.ratio_sum, n.ratio_sum, rel_tol=1e-12)
+        assert math.isclose(c.ratio_sq, n.ratio_sq, rel_tol=1e-12)
+    else:
+        assert c.ratio_sum == n.ratio_sum == math.inf
+    # Δ and d are computed with the same operations: histograms and extremes are exact
+    for sk_c, sk_n in ((c.delta, n.delta), (c.kl_d, n.kl_d)):
+        assert sk_c.n == sk_n.n
+        np.testing.assert_array_equal(sk_c.hist.counts, sk_n.hist.counts)
+        assert (sk_c.hist.vmin, sk_c.hist.vmax) == (sk_n.hist.vmin, sk_n.hist.vmax)
+        assert sk_c.exact is not None and sk_n.exact is not None
+        if sk_c.n:
+            np.testing.assert_array_equal(np.concatenate(sk_c.exact), np.concatenate(sk_n.exact))
+    kc, kn = c.kl, n.kl
+    assert (kc.n, kc.n_inf) == (kn.n, kn.n_inf)
+    if kc.n:
+        _near(kc.total, kn.total, scale["kl"], "kl total")
+        # extremes: the vector exp is within 4 ulp of numpy's, and k3 = e^x − x − 1 cancels
+        for a, b in ((kc.lo, kn.lo), (kc.hi, kn.hi)):
+            assert math.isclose(a, b, rel_tol=1e-13, abs_tol=1e-14), (a, b)
+
+
+SETTINGS = st.builds(
+    lambda eps, high, dual, lrc, beta, est, kl_clamp: replace(
+        resolve_settings(),
+        clip_eps=eps,
+        clip_eps_high=high,
+        dual_clip=dual,
+        log_ratio_clamp=lrc,
+        beta=beta,
+        kl_estimator=est,
+        kl_clamp=kl_clamp,
+    ),
+    st.sampled_from([0.0, 0.2, 0.28]),
+    st.sampled_from([None, 0.28, 5.0]),
+    st.sampled_from([None, 3.0]),
+    st.sampled_from([None, 1.0, 20.0]),
+    st.sampled_from([0.0, 0.04, 1.0]),
+    st.sampled_from(["k1", "k2", "k3"]),
+    st.sampled_from([None, 10.0]),
+)
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    lengths=st.lists(st.integers(1, 40), min_size=1, max_size=12),
+    s=SETTINGS,
+    dtype=st.sampled_from([np.float32, np.float64]),
+    spread=st.sampled_from([1.0, 60.0, 800.0]),
+    zero_adv=st.booleans(),
+    vector=st.booleans(),
+)
+def test_kernel_equals_numpy(
+    seed: int,
+    lengths: list[int],
+    s: Settings,
+    dtype: Any,
+    spread: float,
+    zero_adv: bool,
+    vector: bool,
+) -> None:
+    rng = np.random.default_rng(seed)
+    b = _batch(rng, lengths, dtype, spread)
+    adv = rng.normal(0, 1, size=b.n)
+    if zero_adv:
+        adv[rng.random(b.n) < 0.5] = 0.0
+    with np.errstate(over="ignore", invalid="ignore"):
+        _same(_fold(b, adv, s, True, vector), _fold(b, adv, s, False, False), _scale(b, adv, s))
+
+
+@pytest.mark.parametrize("vector", [True, False])
+def test_long_answers_cross_the_kernel_block(vector: bool) -> None:
+    # the kernel works in blocks of 512 tokens: lengths around and well past that
+    rng = np.random.default_rng(7)
+    b = _batch(rng, [511, 512, 513, 1, 1500, 4, 2049], np.float32, 60.0)
+    adv = rng.normal(0, 1, size=b.n)
+    s = replace(resolve_settings(), dual_clip=3.0)
+    with np.errstate(over="ignore", invalid="ignore"):
+        _same(_fold(b, adv, s, True, vector), _fold(b, adv, s, False, False), _scale(b, adv, s))
+
+
+def test_on_policy_and_no_reference() -> None:
+    rng = np.random.default_rng(8)
+    b = _batch(rng, [5, 9, 3], np.float64, 1.0)
+    adv = np.array([1.0, -2.0, 0.5])
+    for drop in (["old_logp"], ["ref_logp"], ["old_logp", "ref_logp"]):
+        fields = {k: v for k, v in b.fields.items() if k not in drop}
+        bb = replace(b, fields=fields)
+        s = replace(resolve_settings(), beta=0.0 if "ref_logp" in drop else 0.04)
+        c, n = _fold(bb, adv, s, True, True), _fold(bb, adv, s, False, False)
+        _same(c, n, _scale(bb, adv, s))
+        if "old_logp" in drop:  # ratio 1 everywhere: the policy term is A, token by token
+            assert c.ratio_sum == c.tokens
+            assert c.sums["policy"][0] == pytest.approx(float(adv @ np.diff(bb.offsets)))
+
+
+def test_hand_worked_batch() -> None:
+    # two answers, values chosen so that every branch is taken and the sums are by hand
+    lp = np.array([-1.0, -1.0, -1.0, -2.0, -2.0])
+    old = lp - np.log([0.5, 1.0, 1.5, 0.5, 10.0])  # ratios 0.5, 1, 1.5 | 0.5, 10
+    ref = lp + np.array([0.0, 0.0, 0.0, 0.0, 1.0])  # d = 0 except the last token: k3 = e − 2
+    b = Batch(
+        start=0,
+        offsets=np.array([0, 3, 5]),
+        fields={"logp": lp, "old_logp": old, "ref_logp": ref},
+        width=np.array([3, 2]),
+    )
+    adv = np.array([1.0, -1.0])
+    s = replace(resolve_settings(), dual_clip=3.0, beta=0.1)
+    p = _fold(b, adv, s, True, True)
+    # A = 1: min(ρ, 1.2) → 0.5 + 1 + 1.2; A = −1: −min(max(ρ, 0.8), 3) → −0.8 − 3
+    assert p.sums["policy"][0] == pytest.approx(2.7 - 3.8, rel=1e-15)
+    assert p.sums["kl"][0] == pytest.approx(math.e - 2, rel=1e-15)
+    assert p.sums["term"][0] == pytest.approx(2.7 - 3.8 - 0.1 * (math.e - 2), rel=1e-15)
+    assert p.sums["policy"][1] == pytest.approx(2.7 / 3 - 3.8 / 2, rel=1e-15)
+    # low: ρ < 0.8 with A < 0 (0.5); high: ρ > 1.2 with A > 0 (1.5); outside: 0.5,1.5,0.5,10
+    # dual: ρ > 3 with A < 0 (10)
+    assert p.clip.tolist() == [1, 1, 2, 4, 1]
+    assert p.ratio_sum == pytest.approx(0.5 + 1 + 1.5 + 0.5 + 10, rel=1e-15)
+
+
+def test_cli_results_agree_with_numpy(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = SAMPLE / "batch.parquet"
+    compiled = cli.json("objective", path, "--preset", "verl")
+    monkeypatch.setenv("GRPO_CLI_KERNEL", "numpy")
+    plain = cli.json("objective", path, "--preset", "verl")
+    assert compiled["counts"] == plain["counts"]
+    assert compiled["clip_fraction"] == plain["clip_fraction"]
+    for key in ("objective", "policy_term", "kl_term"):
+        assert math.isclose(compiled[key], plain[key], rel_tol=1e-11), key
+    assert compiled["ratio"]["p50"] == plain["ratio"]["p50"]
+
+
+def test_engine_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GRPO_CLI_KERNEL", "numpy")
+    assert _fast.engine() == "numpy" and not _fast.available()
+    src = open_source([str(SAMPLE / "batch.parquet")])
+    assert objective_report(src, resolve_settings()).tokens > 0
+    monkeypatch.setenv("GRPO_CLI_KERNEL", "fast")
+    with pytest.raises(UsageError, match="GRPO_CLI_KERNEL must be auto, c or numpy"):
+        _fast.available()
+    monkeypatch.setenv("GRPO_CLI_KERNEL", "c")
+    assert _fast.engine() in ("c", "c+avx2")
+    monkeypatch.setattr(_fast, "_library", lambda: None)
+    with pytest.raises(UsageError, match="compiled kernel is not built"):
+        _fast.available()
