@@ -564,7 +564,10 @@ def sample(
 
 def _version(value: bool) -> None:
     if value:
-        typer.echo(f"grpo-cli {__version__}")
+        from ._fast import engine
+
+        # the token kernel in use: results differ between kernels in the last digits only
+        typer.echo(f"grpo-cli {__version__} (token kernel: {engine()})")
         raise typer.Exit()
 
 

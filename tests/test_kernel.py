@@ -227,6 +227,13 @@ def test_cli_results_agree_with_numpy(cli: Cli, monkeypatch: pytest.MonkeyPatch)
     assert compiled["ratio"]["p50"] == plain["ratio"]["p50"]
 
 
+def test_version_names_the_kernel(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    r = cli("--version")
+    assert r.exit_code == 0 and r.stdout.strip().endswith(f"(token kernel: {_fast.engine()})")
+    monkeypatch.setenv("GRPO_CLI_KERNEL", "numpy")
+    assert cli("--version").stdout.strip().endswith("(token kernel: numpy)")
+
+
 def test_engine_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GRPO_CLI_KERNEL", "numpy")
     assert _fast.engine() == "numpy" and not _fast.available()
