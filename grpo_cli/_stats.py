@@ -178,7 +178,11 @@ class Histogram:
         pos = np.multiply(x, self.inv_width)
         pos += 1.0 - self.lo * self.inv_width
         np.clip(pos, 0.0, float(self.nbins + 1), out=pos)
-        self.counts += np.bincount(pos.astype(np.intp), minlength=self.nbins + 2)
+        idx = pos.astype(np.intp)
+        if idx.shape[0] * 64 < self.nbins:  # a few values (per-answer means): no full pass
+            np.add.at(self.counts, idx, 1)
+        else:
+            self.counts += np.bincount(idx, minlength=self.nbins + 2)
         self.vmin = min(self.vmin, float(np.min(x)) if lo is None else lo)
         self.vmax = max(self.vmax, float(np.max(x)) if hi is None else hi)
         return self

@@ -7,6 +7,7 @@ Every :class:`~grpo_cli.errors.GrpoCliError` becomes one line on stderr and exit
 from __future__ import annotations
 
 import ctypes
+import gc
 import json
 import math
 import os
@@ -603,6 +604,9 @@ def _tune_allocator() -> None:
 def main() -> None:
     """Console-script entry point."""
     _tune_allocator()
+    # everything imported so far lives as long as the process: keep the garbage collector
+    # from traversing it again on every full collection while batches stream
+    gc.freeze()
     try:
         app()
     except BrokenPipeError:  # `grpo-cli ... | head`

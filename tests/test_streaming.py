@@ -70,6 +70,19 @@ def test_histogram_bins_and_open_ends() -> None:
     assert (h.vmin, h.vmax) == (-5.0, 7.0)
 
 
+def test_histogram_counts_alike_in_few_or_many_values() -> None:
+    # few values per update are added one by one, many at once by bincount: same counts,
+    # and the same as numpy's own histogram on the inner bins
+    x = np.random.default_rng(5).normal(0, 0.3, size=5000)
+    few, many = Histogram(-1.0, 1.0, 100_000), Histogram(-1.0, 1.0, 100_000).update(x)
+    for chunk in np.array_split(x, 500):
+        few.update(chunk)
+    np.testing.assert_array_equal(few.counts, many.counts)
+    inner, _ = np.histogram(x, bins=100_000, range=(-1.0, 1.0))
+    assert abs(int(np.abs(many.counts[1:-1] - inner).sum())) <= 2  # edge rounding only
+    assert many.counts[0] == np.sum(x < -1.0) and many.counts[-1] == np.sum(x >= 1.0)
+
+
 @pytest.mark.parametrize("cap", [0, 10])
 def test_sketch_quantiles_within_documented_resolution(cap: int) -> None:
     rng = np.random.default_rng(3)
