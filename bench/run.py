@@ -15,7 +15,7 @@ peak RSS (from wait4) of each, as ratios against the baselines measured in the s
 - ``cli-numpy``: the same with numpy instead of the compiled kernel
   (``GRPO_CLI_KERNEL=numpy``), what a machine without a C compiler runs.
 
-Usage: python bench/run.py [--scale 1] [--repeat 3] [--skip-padded]
+Usage: python bench/run.py [--scale 1] [--repeat 5] [--skip-padded]
 ``--scale 1`` is ~70M tokens (51,200 answers, lengths up to 8,192).
 """
 
@@ -139,7 +139,7 @@ def engine(cli: list[str]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scale", type=float, default=1.0, help="1 = ~70M tokens")
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--skip-padded", action="store_true")
     ap.add_argument("--data", type=Path, default=DATA, help="where generated files are kept")
     args = ap.parse_args()
