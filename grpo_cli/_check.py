@@ -21,7 +21,17 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ._core import advantages_by_group
-from ._io import Answers, Batch, RawBatch, Source, iter_raw, load_answers, pq_rows, raw_to_batch
+from ._io import (
+    Answers,
+    Batch,
+    RawBatch,
+    Source,
+    iter_raw,
+    load_answers,
+    pq_rows,
+    prefetch,
+    raw_to_batch,
+)
 from ._report import ObjectiveReport, objective_report
 from ._settings import Settings
 from .errors import InputError, UsageError
@@ -698,7 +708,7 @@ def run_check(
 
     def batches() -> Iterator[Batch]:
         """One pass: scan each raw batch, and while all is valid, feed the objective."""
-        for raw in iter_raw(src, fields):
+        for raw in prefetch(iter_raw(src, fields)):  # decoding overlaps the scan
             _scan_batch(scan, raw, src, answers, cfg)
             if valid[0]:
                 try:
