@@ -553,8 +553,7 @@ def raw_to_batch(src: Source, raw: RawBatch, fields: Sequence[str]) -> Batch:
         L = int(raw.mask.shape[0] // N) if N else 0
         arrays = {f: raw.values[f].reshape(N, L) for f in wanted}
         return _npz_batch(src, arrays, raw.mask.reshape(N, L))
-    names = [src.name(f) for f in wanted]
-    mname = src.name("mask") if src.has("mask") else None
+    names, mname, _ = _token_columns(src, wanted)
     return _record_batch(raw, wanted, names, mname)
 
 
@@ -606,22 +605,33 @@ def _parquet_record_batches(
     for p in src.paths:
         pf = _parquet_file(p)
         rows = _rows_per_batch(pf, cols[0], batch_tokens)
-        it = pf.iter_batches(batch_size=rows, columns=cols, use_threads=False)
-        while True:
-            try:
-                rb = next(it)
-            except StopIteration:
-                break
-            except Exception as exc:
-                raise InputError(f"{p}: cannot read columns {cols} ({_why(exc)})") from None
+        for rb in _read(p, pf.iter_batches(batch_size=rows, columns=cols, use_threads=False), cols):
             yield rb, start, str(p)
             start += rb.num_rows
 
 
-def _parquet_batches(src: Source, wanted: list[str], batch_tokens: int) -> Iterator[Batch]:
+def _read(p: Path, it: Iterator[pa.RecordBatch], cols: list[str]) -> Iterator[pa.RecordBatch]:
+    """The record batches of ``it``; a failure to read them is an :class:`InputError`."""
+    while True:
+        try:
+            rb = next(it)
+        except StopIteration:
+            return
+        except Exception as exc:
+            raise InputError(f"{p}: cannot read columns {cols} ({_why(exc)})") from None
+        yield rb
+
+
+def _token_columns(src: Source, wanted: list[str]) -> tuple[list[str], str | None, list[str]]:
+    """The file's names of the ``wanted`` token fields, of the mask (None: no mask), and
+    the columns to read."""
     names = [src.name(f) for f in wanted]
     mname = src.name("mask") if src.has("mask") else None
-    cols = names + ([mname] if mname else [])
+    return names, mname, names + ([mname] if mname else [])
+
+
+def _parquet_batches(src: Source, wanted: list[str], batch_tokens: int) -> Iterator[Batch]:
+    names, mname, cols = _token_columns(src, wanted)
     for rb, start, label in _parquet_record_batches(src, cols, batch_tokens):
         yield _record_batch(
             _raw_record_batch(rb, wanted, names, mname, start, label), wanted, names, mname
@@ -677,9 +687,7 @@ def iter_batch_streams(
 def _chunk_batches(
     src: Source, chunks: list[tuple[Path, int, int]], wanted: list[str], batch_tokens: int
 ) -> Iterator[Batch]:
-    names = [src.name(f) for f in wanted]
-    mname = src.name("mask") if src.has("mask") else None
-    cols = names + ([mname] if mname else [])
+    names, mname, cols = _token_columns(src, wanted)
     current: tuple[Path, pq.ParquetFile, int] | None = None
     for p, rg, start in chunks:
         if current is None or current[0] != p:
@@ -687,20 +695,14 @@ def _chunk_batches(
             current = (p, pf, _rows_per_batch(pf, cols[0], batch_tokens))
         _, pf, rows = current
         it = pf.iter_batches(batch_size=rows, row_groups=[rg], columns=cols, use_threads=False)
-        while True:
-            try:
-                try:
-                    rb = next(it)
-                except StopIteration:
-                    break
-                except Exception as exc:
-                    raise InputError(f"{p}: cannot read columns {cols} ({_why(exc)})") from None
+        try:
+            for rb in _read(p, it, cols):
                 raw = _raw_record_batch(rb, wanted, names, mname, start, str(p))
                 batch = _record_batch(raw, wanted, names, mname)
-            except InputError as exc:
-                raise BatchError(start, exc) from None
-            yield batch
-            start += batch.n
+                yield batch
+                start += batch.n
+        except InputError as exc:
+            raise BatchError(start, exc) from None
 
 
 @dataclass(frozen=True)
@@ -750,9 +752,7 @@ def iter_raw(
             mask=mask.reshape(-1),
         )
         return
-    names = [src.name(f) for f in wanted]
-    mname = src.name("mask") if src.has("mask") else None
-    cols = names + ([mname] if mname else [])
+    names, mname, cols = _token_columns(src, wanted)
     tokens = BATCH_TOKENS if batch_tokens is None else batch_tokens
     for rb, start, label in _parquet_record_batches(src, cols, tokens):
         yield _raw_record_batch(rb, wanted, names, mname, start, label)
