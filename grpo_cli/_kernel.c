@@ -234,16 +234,12 @@ __attribute__((target("avx2,fma"))) static inline double hmax(V v) {
     return a > b ? a : b;
 }
 
-__attribute__((target("avx2,fma"))) static inline void count_bins(V x, V inv_w, V c0, V top,
-                                                                   int64_t *hist) {
+/* The bins of four values, stored at idx; the counts are incremented after the loop. */
+__attribute__((target("avx2,fma"))) static inline void bins4(V x, V inv_w, V c0, V top,
+                                                              int32_t *idx) {
     V pos = ADD(MUL(x, inv_w), c0);
     pos = VMIN(VMAX(pos, _mm256_setzero_pd()), top); /* NaN-free: pos > 0 ? pos : 0 */
-    int32_t idx[4];
     _mm_storeu_si128((__m128i *)idx, _mm256_cvttpd_epi32(pos));
-    hist[idx[0]]++;
-    hist[idx[1]]++;
-    hist[idx[2]]++;
-    hist[idx[3]]++;
 }
 
 /* The same as phase2_scalar, four tokens at a time; the last m % 4 go to phase2_scalar. */
@@ -264,6 +260,7 @@ __attribute__((target("avx2,fma"))) static void phase2_avx2(const grpo_params *p
     V dmin = SET1(tot->d_min), dmax = SET1(tot->d_max), kmin = SET1(tot->k_min);
     V kmax = SET1(tot->k_max), xmin = SET1(tot->x_min), xmax = SET1(tot->x_max);
     int64_t n_low = 0, n_high = 0, n_out = 0, n_dual = 0, r_inf = 0, k_inf = 0;
+    int32_t di[BLOCK], xi[BLOCK];
     for (int64_t j = 0; j < m4; j += 4) {
         const V r = _mm256_loadu_pd(B->r + j);
         const V below = CMP(r, lo, _CMP_LT_OQ), above = CMP(r, hi, _CMP_GT_OQ);
@@ -289,7 +286,7 @@ __attribute__((target("avx2,fma"))) static void phase2_avx2(const grpo_params *p
         const V d = _mm256_loadu_pd(B->dl + j);
         dmin = VMIN(d, dmin);
         dmax = VMAX(d, dmax);
-        count_bins(d, inv_w, c0, top, d_hist);
+        bins4(d, inv_w, c0, top, di + j);
         if (!has_ref) {
             s_term = ADD(s_term, pol);
             continue;
@@ -304,9 +301,12 @@ __attribute__((target("avx2,fma"))) static void phase2_avx2(const grpo_params *p
         kmax = VMAX(k, kmax);
         xmin = VMIN(x, xmin);
         xmax = VMAX(x, xmax);
-        count_bins(x, inv_w, c0, top, x_hist);
+        bins4(x, inv_w, c0, top, xi + j);
         s_term = ADD(s_term, use_beta ? _mm256_sub_pd(pol, MUL(beta, k)) : pol);
     }
+    for (int64_t j = 0; j < m4; j++) d_hist[di[j]]++;
+    if (has_ref)
+        for (int64_t j = 0; j < m4; j++) x_hist[xi[j]]++;
     s->pol += hsum(s_pol);
     s->term += hsum(s_term);
     s->r += hsum(s_r);
