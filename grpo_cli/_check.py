@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import tomllib
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -708,15 +709,16 @@ def run_check(
 
     def batches() -> Iterator[Batch]:
         """One pass: scan each raw batch, and while all is valid, feed the objective."""
-        for raw in prefetch(iter_raw(src, fields)):  # decoding overlaps the scan
-            _scan_batch(scan, raw, src, answers, cfg)
-            if valid[0]:
-                try:
-                    batch = raw_to_batch(src, raw, fields)
-                except InputError:
-                    valid[0] = False
-                    continue
-                yield batch
+        with closing(prefetch(iter_raw(src, fields))) as raws:  # decoding overlaps the scan
+            for raw in raws:
+                _scan_batch(scan, raw, src, answers, cfg)
+                if valid[0]:
+                    try:
+                        batch = raw_to_batch(src, raw, fields)
+                    except InputError:
+                        valid[0] = False
+                        continue
+                    yield batch
 
     report = None
     stream = batches()

@@ -17,6 +17,7 @@ import os
 import queue
 import threading
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -474,7 +475,8 @@ def iter_batches(
         yield from _npz_batches(src, wanted)
     else:
         tokens = BATCH_TOKENS if batch_tokens is None else batch_tokens
-        yield from prefetch(_parquet_batches(src, wanted, tokens))
+        with closing(prefetch(_parquet_batches(src, wanted, tokens))) as stream:
+            yield from stream
 
 
 def _npz_arrays(src: Source, wanted: list[str]) -> tuple[dict[str, np.ndarray], np.ndarray]:
@@ -663,14 +665,15 @@ def _parquet_chunks(src: Source) -> list[tuple[Path, int, int]]:
 
 def iter_batch_streams(
     src: Source, fields: Sequence[str], streams: int, *, batch_tokens: int | None = None
-) -> list[Iterator[Batch]] | None:
+) -> list[Prefetch[Batch]] | None:
     """Pass 2 as ``streams`` streams read in parallel, each by its own thread: row group
     ``j`` of the dataset (files in order) goes to stream ``j mod streams``, so decoding, the
     slowest part once the kernel is compiled, uses every core too.
 
     Each stream yields its batches in row order and raises :class:`BatchError` on bad
-    data. None when there are fewer row groups than streams (or one npz): then
-    :func:`iter_batches` is the one stream.
+    data; its thread starts decoding at once, and ``close()`` stops it. None when there
+    are fewer row groups than streams (or one npz): then :func:`iter_batches` is the one
+    stream.
     """
     if src.kind == "npz" or streams < 2 or os.environ.get("GRPO_CLI_NO_PREFETCH"):
         return None
@@ -680,7 +683,7 @@ def iter_batch_streams(
     wanted = [f for f in fields if src.has(f)]
     tokens = BATCH_TOKENS if batch_tokens is None else batch_tokens
     return [
-        prefetch(_chunk_batches(src, chunks[k::streams], wanted, tokens)) for k in range(streams)
+        Prefetch(_chunk_batches(src, chunks[k::streams], wanted, tokens)) for k in range(streams)
     ]
 
 
@@ -909,42 +912,75 @@ T = TypeVar("T")
 _DONE = object()
 
 
-def prefetch(items: Iterable[T], depth: int = 2) -> Iterator[T]:
-    """Produce ``items`` in a background thread, ``depth`` ahead of the consumer.
+class Prefetch(Iterator[T]):
+    """``items`` produced by a background thread, ``depth`` ahead of the consumer; the
+    thread starts at once, so decoding begins while the caller still prepares.
 
-    Decoding (pyarrow, GIL released) then overlaps with the numpy computation of the
-    previous batch on the other core. Exceptions are re-raised in the consumer.
+    Decoding (pyarrow, GIL released) then overlaps with the computation on the other
+    core. Exceptions are re-raised in the consumer. ``close()`` stops the thread; a
+    consumer that may stop early must call it.
     """
-    if os.environ.get("GRPO_CLI_NO_PREFETCH"):
-        yield from items
-        return
-    q: queue.Queue[Any] = queue.Queue(maxsize=depth)
-    stop = threading.Event()
 
-    def run() -> None:
+    def __init__(self, items: Iterable[T], depth: int = 2) -> None:
+        self._q: queue.Queue[Any] = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._done = False
+        self._th = threading.Thread(
+            target=self._run, args=(items,), daemon=True, name="grpo-cli-prefetch"
+        )
+        self._th.start()
+
+    def _run(self, items: Iterable[T]) -> None:
         try:
             for item in items:
-                if stop.is_set():
+                if self._stop.is_set():
                     return
-                q.put(item)
-            q.put(_DONE)
+                self._q.put(item)
+            self._q.put(_DONE)
         except BaseException as exc:
-            q.put(exc)
+            self._q.put(exc)
 
-    th = threading.Thread(target=run, daemon=True, name="grpo-cli-prefetch")
-    th.start()
-    try:
-        while True:
-            item = q.get()
-            if item is _DONE:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
-        while th.is_alive():  # unblock a producer waiting on a full queue
+    def __next__(self) -> T:
+        if self._done:
+            raise StopIteration
+        item = self._q.get()
+        if item is _DONE:
+            self.close()
+            raise StopIteration
+        if isinstance(item, BaseException):
+            self.close()
+            raise item
+        out: T = item
+        return out
+
+    def close(self) -> None:
+        self._done = True
+        self._stop.set()
+        while self._th.is_alive():  # unblock a producer waiting on a full queue
             try:
-                q.get_nowait()
+                self._q.get_nowait()
             except queue.Empty:
-                th.join(timeout=0.05)
+                self._th.join(timeout=0.05)
+
+
+class _Inline(Iterator[T]):
+    """``items`` in the consumer's thread, with the same ``close()``."""
+
+    def __init__(self, items: Iterable[T]) -> None:
+        self._it = iter(items)
+
+    def __next__(self) -> T:
+        return next(self._it)
+
+    def close(self) -> None:
+        close = getattr(self._it, "close", None)
+        if close is not None:
+            close()
+
+
+def prefetch(items: Iterable[T], depth: int = 2) -> Prefetch[T] | _Inline[T]:
+    """:class:`Prefetch` of ``items``, or ``items`` in the caller's thread with
+    ``GRPO_CLI_NO_PREFETCH`` set (both have ``close()``)."""
+    if os.environ.get("GRPO_CLI_NO_PREFETCH"):
+        return _Inline(items)
+    return Prefetch(items, depth)

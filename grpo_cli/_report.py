@@ -31,6 +31,7 @@ from ._io import (
     Answers,
     Batch,
     BatchError,
+    Prefetch,
     Source,
     iter_batch_streams,
     iter_batches,
@@ -813,7 +814,7 @@ def fold_batches(
 
 
 def fold_streams(
-    streams: list[Iterator[Batch]],
+    streams: list[Prefetch[Batch]],
     new: Callable[[], TokenPartial],
     fold: Callable[[TokenPartial, Batch], None],
     *,
@@ -856,9 +857,7 @@ def fold_streams(
             with lock:
                 failures.append((-1, exc))
         finally:
-            close = getattr(stream, "close", None)
-            if close is not None:
-                close()  # stops its reader thread
+            stream.close()  # stops its reader thread
 
     threads = [threading.Thread(target=run, args=(k,), daemon=True) for k in range(len(streams))]
     for t in threads:
@@ -873,6 +872,10 @@ def fold_streams(
     return total
 
 
+def _worker_count(workers: int | None) -> int:
+    return DEFAULT_WORKERS if workers is None else max(1, int(workers))
+
+
 def _fold_source(
     src: Source,
     fields: Sequence[str],
@@ -881,13 +884,14 @@ def _fold_source(
     *,
     workers: int | None,
     progress: Progress | None,
+    streams: list[Prefetch[Batch]] | None,
 ) -> TokenPartial:
-    """Pass 2 over ``src``: parallel streams when the data has enough row groups, else one
-    reader thread feeding the workers."""
-    w = DEFAULT_WORKERS if workers is None else max(1, int(workers))
-    streams = iter_batch_streams(src, fields, w)
+    """Pass 2 over ``src``: the parallel ``streams`` of :func:`iter_batch_streams` when the
+    data has enough row groups (None: it has not), else one reader thread feeding the
+    workers."""
     if streams is not None:
         return fold_streams(streams, new, fold, progress=progress)
+    w = _worker_count(workers)
     return fold_batches(iter_batches(src, fields), new, fold, workers=w, progress=progress)
 
 
@@ -906,13 +910,15 @@ def kl_report(
                 f"{src.label}: {src.name(f)!r} is missing (the KL needs logp and "
                 f"ref_logp; the file has: {', '.join(src.present)})"
             )
+    fields = ["logp", "ref_logp"]
     acc = _fold_source(
         src,
-        ["logp", "ref_logp"],
+        fields,
         lambda: TokenPartial(settings, exact_cap=exact_cap),
         TokenPartial.update_kl,
         workers=workers,
         progress=progress,
+        streams=iter_batch_streams(src, fields, _worker_count(workers)),
     )
     if acc.answers == 0:
         raise InputError(f"{src.label}: no answers (0 rows): nothing to compute")
@@ -928,6 +934,31 @@ def kl_report(
 
 
 # ---------------------------------------------------------------- objective command
+def _pass1(
+    src: Source, settings: Settings, answers: Answers | None, recompute: bool
+) -> tuple[F64, str, GroupStats | None]:
+    """Pass 1: each answer's advantage, where it came from, and the group statistics."""
+    if answers is None:
+        answers = load_answers(src, need_rewards=False)
+    stats = None
+    if answers.advantage is not None and not recompute:
+        adv, adv_source = answers.advantage, "file"
+        if answers.reward is not None and answers.codes is not None and answers.labels is not None:
+            stats = group_stats(
+                answers.reward, answers.codes, n_groups=len(answers.labels), ddof=settings.ddof
+            )
+    elif answers.reward is not None:
+        adv, stats = _advantages(answers, settings, src.label)
+        adv_source = "rewards"
+    else:
+        raise InputError(
+            f"{src.label}: neither {src.name('advantage')!r} nor {src.name('reward')!r} is present "
+            f"(the file has: {', '.join(src.present)})"
+        )
+
+    return adv, adv_source, stats
+
+
 def objective_report(
     src: Source,
     settings: Settings,
@@ -958,23 +989,16 @@ def objective_report(
     if on_policy:
         warnings.append(f"no {src.name('old_logp')!r}: treating the batch as on-policy (ratio = 1)")
 
-    if answers is None:
-        answers = load_answers(src, need_rewards=False)
-    stats = None
-    if answers.advantage is not None and not recompute_advantages:
-        adv, adv_source = answers.advantage, "file"
-        if answers.reward is not None and answers.codes is not None and answers.labels is not None:
-            stats = group_stats(
-                answers.reward, answers.codes, n_groups=len(answers.labels), ddof=settings.ddof
-            )
-    elif answers.reward is not None:
-        adv, stats = _advantages(answers, settings, src.label)
-        adv_source = "rewards"
-    else:
-        raise InputError(
-            f"{src.label}: neither {src.name('advantage')!r} nor {src.name('reward')!r} is present "
-            f"(the file has: {', '.join(src.present)})"
-        )
+    # row-group streams start decoding now, while pass 1 reads the answer columns
+    streams = None
+    if batches is None:
+        streams = iter_batch_streams(src, TOKEN_FIELDS, _worker_count(workers))
+    try:
+        adv, adv_source, stats = _pass1(src, settings, answers, recompute_advantages)
+    except BaseException:
+        for stream in streams or []:
+            stream.close()
+        raise
 
     def fold(acc: TokenPartial, b: Batch) -> None:
         if b.start + b.n > adv.shape[0]:
@@ -985,7 +1009,9 @@ def objective_report(
         return TokenPartial(settings, exact_cap=exact_cap)
 
     if batches is None:
-        acc = _fold_source(src, TOKEN_FIELDS, new, fold, workers=workers, progress=progress)
+        acc = _fold_source(
+            src, TOKEN_FIELDS, new, fold, workers=workers, progress=progress, streams=streams
+        )
     else:
         acc = fold_batches(iter(batches), new, fold, workers=workers, progress=progress)
     if acc.answers != adv.shape[0]:

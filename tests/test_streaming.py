@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ from grpo_cli import objective_report, open_source, resolve_settings
 from grpo_cli._io import iter_batch_streams, iter_batches
 from grpo_cli._report import LOG_RATIO_BINS, QUANTILES, kl_report
 from grpo_cli._stats import Histogram, IntCounts, Moments, Sketch, quantiles_from_counts
+from grpo_cli.errors import InputError
 
 from .conftest import Cli, random_batch, write_npz, write_parquet
 
@@ -279,3 +281,15 @@ def test_first_bad_row_is_reported_whichever_stream_meets_it(
     r = cli("objective", path, "--json")
     assert r.exit_code == 2 and r.stdout == ""
     assert f"'old_logp' has nan inside the mask at row {reported}, token 0" in r.stderr
+
+
+def test_streams_stop_when_pass_one_fails(tmp_path: Path) -> None:
+    # the row-group readers start before pass 1; an error there must not leave them running
+    b = random_batch(np.random.default_rng(38), n=80, width=20)
+    path = _row_groups(write_parquet(tmp_path / "b.parquet", b), 10)
+    table = pq.read_table(path).drop_columns(["reward"])
+    pq.write_table(table, path, row_group_size=10)
+    src = open_source([str(path)])
+    with pytest.raises(InputError, match="neither 'advantage' nor 'reward' is present"):
+        objective_report(src, resolve_settings())
+    assert not [t for t in threading.enumerate() if t.name == "grpo-cli-prefetch"]
