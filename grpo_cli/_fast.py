@@ -2,7 +2,8 @@
 
 ``setup.py`` builds it when a C compiler is at hand; without it, or with
 ``GRPO_CLI_KERNEL=numpy``, grpo-cli computes the same statistics with numpy
-(:meth:`grpo_cli._report.TokenPartial.update`), about three times more slowly.
+(:meth:`grpo_cli._report.TokenPartial.update`): ~40 ns per token where the kernel
+needs ~7, about 1.9x slower end to end.
 ``GRPO_CLI_KERNEL=c`` makes a missing kernel an error instead (CI sets it, so the
 compiled path is the one tested there).
 

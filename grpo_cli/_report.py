@@ -447,9 +447,11 @@ class RolloutPartial:
 class TokenPartial:
     """Mergeable partial statistics of the per-token GRPO terms over a run of answers.
 
-    Built for the hot path: every per-token quantity is touched as few times as possible
-    (segment sums give token sums for free; clip counts are taken per answer, where the
-    advantage's sign is known; ratio extremes come from the log-ratio's).
+    Two ways to fold a batch, with the same results (tests/test_kernel.py): the compiled
+    kernel of :mod:`grpo_cli._fast`, one pass over the token columns, when it is built and
+    the ratio is per token; else numpy, where every per-token quantity is touched as few
+    times as possible (segment sums give token sums for free; clip counts are taken per
+    answer, where the advantage's sign is known; ratio extremes come from the log-ratio's).
     """
 
     def __init__(self, settings: Settings, *, exact_cap: int | None = None) -> None:
