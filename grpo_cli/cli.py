@@ -15,31 +15,20 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from . import __version__
-from ._check import load_config, run_check
 from ._io import open_source, parse_column_map, write_advantages
-from ._render import (
-    advantages_json,
-    check_github,
-    check_junit,
-    dumps,
-    kl_json,
-    objective_json,
-    render_advantages,
-    render_check,
-    render_kl,
-    render_objective,
-)
+from ._json import advantages_json, dumps, kl_json, objective_json
 from ._report import advantages_report, kl_report, objective_report
 from ._sample import SampleSpec, write_sample
 from ._settings import OFF, PRESETS, Settings, resolve_settings
 from .errors import GrpoCliError, UsageError
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 app = typer.Typer(
     name="grpo-cli",
@@ -60,7 +49,11 @@ def _errors() -> Iterator[None]:
         raise typer.Exit(exc.exit_code) from None
 
 
+# rich (tables, progress) and the check rules are imported where they are used: `--json`
+# runs, the ones a pipeline times, then start without them
 def _stdout() -> Console:
+    from rich.console import Console
+
     return Console(soft_wrap=False, highlight=False)
 
 
@@ -94,6 +87,9 @@ def _progress(
     if not enabled or not sys.stderr.isatty() or not total or total < 10_000:
         yield None  # a bar only where it helps: big inputs, a terminal to draw on
         return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     console = Console(stderr=True)
     with Progress(
         TextColumn(what),
@@ -314,6 +310,8 @@ def advantages(
         if json_out:
             _emit_json(advantages_json(report))
         else:
+            from ._render import render_advantages
+
             _stdout().print(render_advantages(report, max_groups=max_groups))
 
 
@@ -343,6 +341,8 @@ def kl(
         if json_out:
             _emit_json(kl_json(report))
         else:
+            from ._render import render_kl
+
             _stdout().print(render_kl(report))
 
 
@@ -420,6 +420,8 @@ def objective(
         if json_out:
             _emit_json(objective_json(report))
         else:
+            from ._render import render_objective
+
             _stdout().print(render_objective(report, compare=compare))
 
 
@@ -474,6 +476,9 @@ def check(
     workers: WorkersOpt = None,
 ) -> None:
     """Gate a rollout log in CI: integrity and training-health rules; exit 1 when one fails."""
+    from ._check import load_config, run_check
+    from ._render import check_github, check_junit, render_check
+
     with _errors():
         if output_format not in ("table", "json", "github", "junit"):
             raise UsageError(

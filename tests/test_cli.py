@@ -281,3 +281,24 @@ def test_sample_extras_add_fields_without_changing_the_others(cli: Cli, tmp_path
     assert b.select(a.column_names).equals(a)
     doc = cli.json("objective", tmp_path / "b.parquet")
     assert doc["rollout"]["kl_k3"] < 1e-3 and 0 <= doc["entropy"]["min"]
+
+
+def test_json_runs_start_without_rich() -> None:
+    # what a pipeline times: `--json` never imports the table renderer or the check rules
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from grpo_cli.cli import app\n"
+        f"sys.argv = ['grpo-cli', 'objective', {str(SAMPLE / 'batch.parquet')!r}, '--json']\n"
+        "try:\n"
+        "    app()\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "loaded = [m for m in sys.modules if m.split('.')[0] == 'rich' or m == 'grpo_cli._check']\n"
+        "print(loaded, file=sys.stderr)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert '"objective"' in r.stdout
+    assert r.stderr.strip().splitlines()[-1] == "[]"

@@ -1,0 +1,141 @@
+"""JSON views of the reports: one document per command, stable keys (``schema_version``).
+
+Kept apart from the rich tables of :mod:`grpo_cli._render`, so that ``--json`` never
+imports rich.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import numpy as np
+
+from ._report import (
+    AdvantagesReport,
+    KLReport,
+    ObjectiveReport,
+)
+
+__all__ = ["SCHEMA_VERSION", "advantages_json", "dumps", "kl_json", "objective_json"]
+
+SCHEMA_VERSION = 1
+
+
+def _clean(x: Any) -> Any:
+    """JSON-safe copy: numpy scalars to Python, non-finite floats to None."""
+    if isinstance(x, dict):
+        return {str(k): _clean(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_clean(v) for v in x]
+    if isinstance(x, np.ndarray):
+        return _clean(x.tolist())
+    if isinstance(x, np.generic):
+        x = x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def dumps(doc: dict[str, Any]) -> str:
+    """One JSON document; NaN/inf become null (the report's warnings say why)."""
+    return json.dumps(_clean(doc), indent=2, allow_nan=False)
+
+
+def _finite_list(a: np.ndarray) -> list[Any]:
+    out: list[Any] = a.tolist()
+    if not np.isfinite(a).all():
+        out = _clean(out)
+    return out
+
+
+def advantages_json(r: AdvantagesReport) -> dict[str, Any]:
+    adv = r.advantages.reshape(r.shape) if r.shape is not None else r.advantages
+    st = r.stats
+    groups = [
+        {
+            "id": gid,
+            "size": int(c),
+            "mean": float(m),
+            "std": float(s),
+            "min": float(lo),
+            "max": float(hi),
+            "zero_variance": bool(lo == hi),
+        }
+        for gid, c, m, s, lo, hi in zip(
+            r.labels,
+            st.count.tolist(),
+            st.mean.tolist(),
+            st.std.tolist(),
+            st.min.tolist(),
+            st.max.tolist(),
+            strict=True,
+        )
+    ]
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "command": "advantages",
+        "source": r.source,
+        "settings": r.settings.to_json(),
+        "summary": r.summary.to_json(),
+        "reward": r.reward.to_json(),
+        "advantage": r.advantage.to_json(),
+        "logged_advantages_max_abs_diff": r.logged_max_abs_diff,
+        "groups": groups,
+        "advantages": _finite_list(adv),
+    }
+
+
+def kl_json(r: KLReport) -> dict[str, Any]:
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "command": "kl",
+        "source": r.source,
+        "settings": {
+            k: r.settings.to_json()[k] for k in ("kl_estimator", "kl_clamp", "log_ratio_clamp")
+        },
+        "counts": {"answers": r.answers, "tokens": r.tokens},
+        "kl": r.token.to_json(),
+        "kl_per_answer": r.per_answer.to_json(),
+        "lengths": r.lengths.to_json(),
+    }
+
+
+def objective_json(r: ObjectiveReport) -> dict[str, Any]:
+    ratio = r.ratio.to_json()
+    ratio.update(
+        {
+            "overflow_tokens": r.overflow_tokens,
+            "extreme_tokens": r.extreme_tokens,
+            "band": r.ratio_band,
+            "outside_band_share": r.ratio_outside_band,
+        }
+    )
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "command": "objective",
+        "source": r.source,
+        "objective": r.objective,
+        "loss": r.loss,
+        "policy_term": r.policy_term,
+        "kl_term": r.kl_term,
+        "aggregation": r.settings.agg,
+        "aggregations": r.aggregations,
+        "counts": {"groups": r.groups, "answers": r.answers, "tokens": r.tokens},
+        "max_len": r.max_len,
+        "on_policy": r.on_policy,
+        "advantages_source": r.advantages_source,
+        "clip_fraction": r.clip.to_json(),
+        "ratio": ratio,
+        "ratio_histogram": [{"lo": lo, "hi": hi, "count": c} for lo, hi, c in r.ratio_histogram],
+        "kl": r.kl.to_json() if r.kl is not None else None,
+        "lengths": r.lengths.to_json(),
+        "advantage": r.advantage.to_json(),
+        "groups": r.group_summary.to_json() if r.group_summary is not None else None,
+        "length_weights": r.length_weights,
+        "rollout": r.rollout.to_json() if r.rollout is not None else None,
+        "entropy": r.entropy.to_json() if r.entropy is not None else None,
+        "settings": r.settings.to_json(),
+        "warnings": r.warnings,
+    }
