@@ -20,6 +20,8 @@ def test_bench_runs_end_to_end_at_tiny_scale(tmp_path: Path) -> None:
             "1",
             "--data",
             str(tmp_path),
+            "--paired",
+            "2",
         ],
         capture_output=True,
         text=True,
@@ -28,8 +30,10 @@ def test_bench_runs_end_to_end_at_tiny_scale(tmp_path: Path) -> None:
     )
     assert r.returncode == 0, r.stderr[-2000:]
     out = r.stdout
-    for name in ("read_table", "read_stream", "grpo-cli", "cli-serial", "flat-numpy", "padded"):
+    names = ("read_table", "read_stream", "grpo-cli", "cli-serial", "cli-numpy", "flat-numpy")
+    for name in (*names, "padded"):
         assert f"\n{name} " in out
+    assert "paired (2 alternations): grpo-cli / read_table median " in out
     # the streamed objective equals the in-memory float64 one
     rel = float(out.split("relative difference ")[1].split(";")[0])
     assert rel < 1e-12
