@@ -253,6 +253,9 @@ def test_row_group_streams_equal_one_stream(tmp_path: Path) -> None:
         assert math.isclose(r.objective, one.objective, rel_tol=1e-12)
         assert r.ratio.quantiles == one.ratio.quantiles
     assert objective_report(src, s, workers=2).objective == two.objective  # deterministic
+    seen: list[int] = []
+    objective_report(src, s, workers=2, progress=seen.append)
+    assert sum(seen) == 230 and len(seen) == 12  # one tick per batch, from both streams
     k1, k2 = kl_report(src, s, workers=1), kl_report(src, s, workers=2)
     assert k1.token.count == k2.token.count and k2.token.mean is not None
     assert math.isclose(k2.token.mean, k1.token.mean or 0.0, rel_tol=1e-12)
