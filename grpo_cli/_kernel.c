@@ -350,12 +350,12 @@ int64_t grpo_fold(const grpo_params *p, int64_t n, const int64_t *offsets, const
                   const void *logp, const void *old, const void *ref, int64_t f32,
                   double *term_sum, double *policy_sum, double *kl_sum, int64_t *d_hist,
                   int64_t *x_hist, grpo_totals *tot, int64_t vector) {
-    int use_avx2 = vector && grpo_vector_exp();
-    exp_fn vexp = exp_scalar;
 #ifdef HAVE_AVX2
-    if (use_avx2) vexp = exp_avx2;
+    const int use_avx2 = vector && grpo_vector_exp();
+    const exp_fn vexp = use_avx2 ? exp_avx2 : exp_scalar;
 #else
-    use_avx2 = 0;
+    (void)vector;
+    const exp_fn vexp = exp_scalar;
 #endif
     static __thread block B;
     for (int64_t i = 0; i < n; i++) {
