@@ -29,7 +29,6 @@ from ._io import (
     Source,
     iter_raw,
     load_answers,
-    pq_rows,
     prefetch,
     raw_to_batch,
 )
@@ -113,7 +112,7 @@ class Facts:
         if len(self.src.paths) == 1:
             return str(self.src.paths[0])
         if self._starts is None:
-            self._starts = np.cumsum([0, *(pq_rows(p) for p in self.src.paths)])
+            self._starts = np.cumsum([0, *self.src.rows_per_file()])
         k = int(np.searchsorted(self._starts, row, side="right") - 1)
         return str(self.src.paths[min(k, len(self.src.paths) - 1)])
 

@@ -11,6 +11,7 @@ Two passes, as the design says: :func:`load_answers` reads the answer-level colu
 
 from __future__ import annotations
 
+import dataclasses
 import glob as globlib
 import math
 import os
@@ -102,6 +103,8 @@ class Source:
     columns: dict[str, str | None]
     label: str  # how errors name the input
     present: tuple[str, ...] = ()  # every column/array name the input has
+    # parquet: each file's footer, parsed once by open_source and reused by every reader
+    footers: tuple[pq.FileMetaData, ...] = dataclasses.field(default=(), compare=False, repr=False)
 
     def name(self, field: str) -> str:
         """The column/array holding ``field``, or the name it would have by default."""
@@ -119,7 +122,15 @@ class Source:
         """Answers in the dataset from parquet metadata (no data read); None for npz."""
         if self.kind != "parquet":
             return None
-        return sum(_parquet_file(p).metadata.num_rows for p in self.paths)
+        return sum(self.rows_per_file())
+
+    def rows_per_file(self) -> list[int]:
+        """Rows of each parquet file, from its footer."""
+        return [int(md.num_rows) for md in self.footers]
+
+    def parquet_file(self, i: int) -> pq.ParquetFile:
+        """A reader of file ``i`` that does not parse its footer again."""
+        return _parquet_file(self.paths[i], self.footers[i])
 
 
 def _expand(spec: str) -> list[Path]:
@@ -158,11 +169,18 @@ def open_source(specs: Sequence[str], column_map: dict[str, str] | None = None) 
             raise InputError(
                 f"{len(paths)} .npz files given: one .npz at a time (use parquet for datasets)"
             )
-        names = _npz_names(paths[0])
+        names, footers = _npz_names(paths[0]), list[pq.FileMetaData]()
     else:
-        names = _parquet_names(paths)
+        names, footers = _parquet_names(paths)
     columns = _map_columns(names, column_map or {}, label, "array" if kind == "npz" else "column")
-    return Source(paths=tuple(paths), kind=kind, columns=columns, label=label, present=tuple(names))
+    return Source(
+        paths=tuple(paths),
+        kind=kind,
+        columns=columns,
+        label=label,
+        present=tuple(names),
+        footers=tuple(footers),
+    )
 
 
 def _kind(p: Path) -> str:
@@ -200,10 +218,14 @@ def _npz_names(path: Path) -> list[str]:
         raise InputError(f"{path}: cannot read as .npz ({_why(exc)})") from None
 
 
-def _parquet_names(paths: Sequence[Path]) -> list[str]:
+def _parquet_names(paths: Sequence[Path]) -> tuple[list[str], list[pq.FileMetaData]]:
+    """The columns of a parquet dataset (every file must have the same) and each footer."""
     first: list[str] | None = None
+    footers = []
     for p in paths:
-        names = _parquet_file(p).schema_arrow.names
+        pf = _parquet_file(p)
+        names = pf.schema_arrow.names
+        footers.append(pf.metadata)
         if first is None:
             first = names
         elif set(names) != set(first):
@@ -211,19 +233,14 @@ def _parquet_names(paths: Sequence[Path]) -> list[str]:
                 f"{p}: columns differ from {paths[0]}: {sorted(set(names) ^ set(first))}"
             )
     assert first is not None
-    return first
+    return first, footers
 
 
-def pq_rows(p: Path) -> int:
-    """Rows of one parquet file, from its metadata."""
-    return int(_parquet_file(p).metadata.num_rows)
-
-
-def _parquet_file(p: Path) -> pq.ParquetFile:
+def _parquet_file(p: Path, footer: pq.FileMetaData | None = None) -> pq.ParquetFile:
     # Buffered reads without pre-buffering: a row group is decoded page by page as record
     # batches are pulled, so memory is bounded by the batch, not by the row group.
     try:
-        return pq.ParquetFile(p, pre_buffer=False, buffer_size=1 << 20)
+        return pq.ParquetFile(p, metadata=footer, pre_buffer=False, buffer_size=1 << 20)
     except Exception as exc:
         raise InputError(f"{p}: cannot read as parquet ({_why(exc)})") from None
 
@@ -386,8 +403,8 @@ def _parquet_answers(src: Source, need_rewards: bool, allow_nonfinite: bool = Fa
     cols = [src.name(f) for f in fields]
     tables = []
     n_rows = 0
-    for p in src.paths:
-        pf = _parquet_file(p)
+    for i, p in enumerate(src.paths):
+        pf = src.parquet_file(i)
         n_rows += pf.metadata.num_rows
         if cols:
             try:
@@ -604,8 +621,8 @@ def _parquet_record_batches(
 ) -> Iterator[tuple[pa.RecordBatch, int, str]]:
     """(record batch, dataset index of its first row, file) over every file, in order."""
     start = 0
-    for p in src.paths:
-        pf = _parquet_file(p)
+    for i, p in enumerate(src.paths):
+        pf = src.parquet_file(i)
         rows = _rows_per_batch(pf, cols[0], batch_tokens)
         for rb in _read(p, pf.iter_batches(batch_size=rows, columns=cols, use_threads=False), cols):
             yield rb, start, str(p)
@@ -650,15 +667,14 @@ class BatchError(Exception):
         self.start, self.error = start, error
 
 
-def _parquet_chunks(src: Source) -> list[tuple[Path, int, int]]:
-    """Every non-empty row group: (file, row group, dataset index of its first row)."""
+def _parquet_chunks(src: Source) -> list[tuple[int, int, int]]:
+    """Every non-empty row group: (file index, row group, dataset index of its first row)."""
     chunks, start = [], 0
-    for p in src.paths:
-        md = _parquet_file(p).metadata
+    for i, md in enumerate(src.footers):
         for rg in range(md.num_row_groups):
             rows = md.row_group(rg).num_rows
             if rows:
-                chunks.append((p, rg, start))
+                chunks.append((i, rg, start))
             start += rows
     return chunks
 
@@ -688,15 +704,16 @@ def iter_batch_streams(
 
 
 def _chunk_batches(
-    src: Source, chunks: list[tuple[Path, int, int]], wanted: list[str], batch_tokens: int
+    src: Source, chunks: list[tuple[int, int, int]], wanted: list[str], batch_tokens: int
 ) -> Iterator[Batch]:
     names, mname, cols = _token_columns(src, wanted)
-    current: tuple[Path, pq.ParquetFile, int] | None = None
-    for p, rg, start in chunks:
-        if current is None or current[0] != p:
-            pf = _parquet_file(p)
-            current = (p, pf, _rows_per_batch(pf, cols[0], batch_tokens))
+    current: tuple[int, pq.ParquetFile, int] | None = None
+    for i, rg, start in chunks:
+        if current is None or current[0] != i:
+            pf = src.parquet_file(i)
+            current = (i, pf, _rows_per_batch(pf, cols[0], batch_tokens))
         _, pf, rows = current
+        p = src.paths[i]
         it = pf.iter_batches(batch_size=rows, row_groups=[rg], columns=cols, use_threads=False)
         try:
             for rb in _read(p, it, cols):
