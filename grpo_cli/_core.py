@@ -608,9 +608,9 @@ def token_terms(
         kl = kl_from_log_ratio(
             d, estimator=kl_estimator, clamp=kl_clamp, log_ratio_clamp=log_ratio_clamp
         )
+    require_reference(beta, ref_logp)
     if beta != 0.0:
-        if kl is None:
-            raise UsageError("beta > 0 needs ref_logp (the reference policy's log-probs)")
+        assert kl is not None
         term = np.multiply(kl, beta)
         np.subtract(policy, term, out=term)
     else:
@@ -618,6 +618,12 @@ def token_terms(
     return TokenTerms(
         delta=delta, ratio=ratio, adv=adv_tok, policy=policy, kl=kl, term=term, ref_delta=d
     )
+
+
+def require_reference(beta: float, ref_logp: object) -> None:
+    """A KL term (``beta != 0``) needs the reference log-probs."""
+    if beta != 0.0 and ref_logp is None:
+        raise UsageError("beta > 0 needs ref_logp (the reference policy's log-probs)")
 
 
 def grpo_objective(

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from ._core import require_reference
 from .errors import UsageError
 
 F64 = NDArray[np.float64]
@@ -139,39 +140,42 @@ def _same_dtype(*arrays: np.ndarray | None) -> tuple[bool, list[np.ndarray | Non
 
 
 def fold(
-    *,
     logp: np.ndarray,
     old_logp: np.ndarray | None,
     ref_logp: np.ndarray | None,
     adv: F64,
     offsets: I64,
-    clip_low: float,
-    clip_high: float,
-    dual_clip: float | None,
-    log_ratio_clamp: float | None,
-    beta: float,
-    kl_estimator: str,
-    kl_clamp: float | None,
+    *,
     d_hist: I64,
     x_hist: I64,
     bins: tuple[float, float, int],
     vector: bool = True,
+    clip_eps: float = 0.2,
+    clip_eps_high: float | None = None,
+    dual_clip: float | None = None,
+    log_ratio_clamp: float | None = None,
+    ratio_level: str = "token",
+    beta: float = 0.04,
+    kl_estimator: str = "k3",
+    kl_clamp: float | None = None,
 ) -> Folded:
     """One pass over a batch: per-answer sums, clip counts, ratio and KL moments.
 
-    ``d_hist`` and ``x_hist`` (``nbins + 2`` int64 counts of the log-ratio ``Δ`` and of
+    Arguments and settings as :func:`grpo_cli._core.token_terms` takes them (the ratio per
+    token only). ``d_hist`` and ``x_hist`` (``nbins + 2`` int64 counts of the log-ratio ``Δ`` and of
     ``d = ref_logp − logp`` on ``bins``) are incremented in place, binned exactly as
     :class:`grpo_cli._stats.Histogram` bins. ``vector=False`` takes the scalar path even
     on an AVX2 machine (the tests compare both with numpy).
     """
     lib = _library()
-    assert lib is not None
+    assert lib is not None and ratio_level == "token"
+    require_reference(beta, ref_logp)
     f32, (lp, old, ref) = _same_dtype(logp, old_logp, ref_logp)
     assert lp is not None
     lo, hi, nb = bins
     params = Params(
-        lo=1.0 - clip_low,
-        hi=1.0 + clip_high,
+        lo=1.0 - clip_eps,
+        hi=1.0 + (clip_eps if clip_eps_high is None else clip_eps_high),
         dual=math.nan if dual_clip is None else dual_clip,
         lrc=math.inf if log_ratio_clamp is None else log_ratio_clamp,
         beta=beta,

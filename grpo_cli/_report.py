@@ -24,6 +24,7 @@ from ._core import (
     advantages_by_group,
     group_stats,
     kl_from_log_ratio,
+    log_ratio,
     segment_sum,
     token_terms,
 )
@@ -497,7 +498,10 @@ class TokenPartial:
     def _kl(self, k: F64, d: F64, b: Batch) -> None:
         self.kl.update(k)
         self.kl_d.update(d)
-        per_answer = self._sums("kl", k, b)
+        self._kl_answers(self._sums("kl", k, b))
+
+    def _kl_answers(self, per_answer: F64) -> None:
+        """Fold in the per-answer mean KL."""
         self.kl_answer.update(per_answer)
         self.kl_answer_q.update(per_answer)
 
@@ -528,50 +532,38 @@ class TokenPartial:
 
     def _update_compiled(self, b: Batch, adv: F64) -> None:
         """The same statistics as :meth:`_update_numpy`, from one pass of the kernel."""
-        s, f = self.s, b.fields
+        f = b.fields
         logp, old, ref = f["logp"], f.get("old_logp"), f.get("ref_logp")
-        if s.beta != 0.0 and ref is None:
-            raise UsageError("beta > 0 needs ref_logp (the reference policy's log-probs)")
-        self._count(b)
         out = _fast.fold(
-            logp=logp,
-            old_logp=old,
-            ref_logp=ref,
-            adv=adv,
-            offsets=b.offsets,
-            clip_low=s.clip_eps,
-            clip_high=s.eps_high,
-            dual_clip=s.dual_clip,
-            log_ratio_clamp=s.log_ratio_clamp,
-            beta=s.beta,
-            kl_estimator=s.kl_estimator,
-            kl_clamp=s.kl_clamp,
+            logp,
+            old,
+            ref,
+            adv,
+            b.offsets,
             d_hist=self.delta.hist.counts,
             x_hist=self.kl_d.hist.counts,
             bins=LOG_RATIO_BINS,
             vector=self.vector,
+            **self.s.term_kwargs(),
         )
+        self._count(b)
         t, n = out.totals, int(b.offsets[-1])
         self._answer_sums("term", out.term, b)
         self._answer_sums("policy", out.policy, b)
         if out.kl is not None:
             assert ref is not None
-            per_answer = self._answer_sums("kl", out.kl, b)
             self.kl.merge(
                 Moments.from_sums(n, t.k_inf, t.k_total, t.kf_sum, t.kf_sq, t.k_min, t.k_max)
             )
             self.kl_d.counted(n, t.x_min, t.x_max, lambda: np.subtract(ref, logp, dtype=np.float64))
-            self.kl_answer.update(per_answer)
-            self.kl_answer_q.update(per_answer)
+            self._kl_answers(self._answer_sums("kl", out.kl, b))
         self.clip += (t.n_low, t.n_high, t.n_low + t.n_high, t.n_outside, t.n_dual)
         self.ratio_sum += t.r_sum
         self.ratio_sq += t.r2_sum
         self.ratio_inf += t.r_inf
 
         def delta() -> F64:
-            if old is None:
-                return np.zeros(n)
-            return np.subtract(logp, old, dtype=np.float64)
+            return np.zeros(n) if old is None else log_ratio(logp, old)
 
         self.delta.counted(n, t.d_min, t.d_max, delta)
 
