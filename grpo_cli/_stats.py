@@ -221,13 +221,7 @@ class Sketch:
 
     def update(self, x: F64, lo: float | None = None, hi: float | None = None) -> Sketch:
         self.hist.update(x, lo, hi)
-        self.n += int(x.shape[0])
-        if self.exact is not None:
-            if self.n <= self.exact_cap:
-                self.exact.append(np.array(x, dtype=np.float64, copy=True))
-            else:
-                self.exact = None
-        return self
+        return self._keep(int(x.shape[0]), lambda: np.array(x, dtype=np.float64, copy=True))
 
     def counted(self, n: int, lo: float, hi: float, values: Callable[[], F64]) -> Sketch:
         """Note ``n`` values (min ``lo``, max ``hi``) already added to ``hist.counts`` by
@@ -236,6 +230,10 @@ class Sketch:
             return self
         self.hist.vmin = min(self.hist.vmin, lo)
         self.hist.vmax = max(self.hist.vmax, hi)
+        return self._keep(n, values)
+
+    def _keep(self, n: int, values: Callable[[], F64]) -> Sketch:
+        """Count ``n`` more values; keep them (``values()``) while at most ``exact_cap``."""
         self.n += n
         if self.exact is not None:
             if self.n <= self.exact_cap:
