@@ -54,7 +54,6 @@ class Totals(ctypes.Structure):
             "r2_sum",
             "d_min",
             "d_max",
-            "k_total",
             "kf_sum",
             "kf_sq",
             "k_min",

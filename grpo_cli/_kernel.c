@@ -42,7 +42,6 @@ typedef struct {
 typedef struct {
     double r_sum, r2_sum; /* Σρ, Σρ² of the raw ratio exp(Δ) */
     double d_min, d_max;  /* extremes of Δ = logp - old_logp */
-    double k_total;       /* Σk over every token (inf if one overflowed) */
     double kf_sum, kf_sq; /* Σk, Σk² over finite k */
     double k_min, k_max;
     double x_min, x_max;  /* extremes of x = ref_logp - logp */
@@ -377,7 +376,6 @@ int64_t grpo_fold(const grpo_params *p, int64_t n, const int64_t *offsets, const
         tot->r2_sum += s.r2;
         if (ref) {
             kl_sum[i] = s.kl;
-            tot->k_total += s.kl;
             tot->kf_sum += s.kf;
             tot->kf_sq += s.kf2;
         }

@@ -553,7 +553,9 @@ class TokenPartial:
         if out.kl is not None:
             assert ref is not None
             self.kl.merge(
-                Moments.from_sums(n, t.k_inf, t.k_total, t.kf_sum, t.kf_sq, t.k_min, t.k_max)
+                Moments.from_sums(
+                    n, t.k_inf, float(np.sum(out.kl)), t.kf_sum, t.kf_sq, t.k_min, t.k_max
+                )
             )
             self.kl_d.counted(n, t.x_min, t.x_max, lambda: np.subtract(ref, logp, dtype=np.float64))
             self._kl_answers(self._answer_sums("kl", out.kl, b))
