@@ -572,8 +572,10 @@ def _version(value: bool) -> None:
     if value:
         from ._fast import engine
 
+        with _errors():  # a bad GRPO_CLI_KERNEL is a one-line error here too
+            kernel = engine()
         # the token kernel in use: results differ between kernels in the last digits only
-        typer.echo(f"grpo-cli {__version__} (token kernel: {engine()})")
+        typer.echo(f"grpo-cli {__version__} (token kernel: {kernel})")
         raise typer.Exit()
 
 

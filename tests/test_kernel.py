@@ -232,6 +232,11 @@ def test_version_names_the_kernel(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> 
     assert r.exit_code == 0 and r.stdout.strip().endswith(f"(token kernel: {_fast.engine()})")
     monkeypatch.setenv("GRPO_CLI_KERNEL", "numpy")
     assert cli("--version").stdout.strip().endswith("(token kernel: numpy)")
+    monkeypatch.setenv("GRPO_CLI_KERNEL", "fast")
+    for args in (["--version"], ["objective", str(SAMPLE / "batch.parquet"), "--json"]):
+        r = cli(*args)
+        assert r.exit_code == 2 and r.stdout == ""
+        assert r.stderr == "grpo-cli: error: GRPO_CLI_KERNEL must be auto, c or numpy, got 'fast'\n"
 
 
 def test_engine_setting(monkeypatch: pytest.MonkeyPatch) -> None:
