@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
+from ._settings import env_int
 from .errors import InputError, UsageError
 
 __all__ = [
@@ -74,7 +75,14 @@ ALIASES: dict[str, tuple[str, ...]] = {
 
 # Tokens per streamed record batch: bounds memory (a few float64 temporaries of this size)
 # and keeps them small enough to stay in cache and in the allocator's heap.
-BATCH_TOKENS = int(os.environ.get("GRPO_CLI_BATCH_TOKENS", 1 << 18))
+# GRPO_CLI_BATCH_TOKENS overrides it; tests set BATCH_TOKENS itself.
+BATCH_TOKENS: int | None = None
+
+
+def _batch_tokens(batch_tokens: int | None) -> int:
+    if batch_tokens is not None:
+        return batch_tokens
+    return BATCH_TOKENS or env_int("GRPO_CLI_BATCH_TOKENS", 1 << 18)
 
 
 def parse_column_map(items: Sequence[str] | None) -> dict[str, str]:
@@ -491,7 +499,7 @@ def iter_batches(
     if src.kind == "npz":
         yield from _npz_batches(src, wanted)
     else:
-        tokens = BATCH_TOKENS if batch_tokens is None else batch_tokens
+        tokens = _batch_tokens(batch_tokens)
         with closing(prefetch(_parquet_batches(src, wanted, tokens))) as stream:
             yield from stream
 
@@ -697,7 +705,7 @@ def iter_batch_streams(
     if len(chunks) < streams:
         return None
     wanted = [f for f in fields if src.has(f)]
-    tokens = BATCH_TOKENS if batch_tokens is None else batch_tokens
+    tokens = _batch_tokens(batch_tokens)
     return [
         Prefetch(_chunk_batches(src, chunks[k::streams], wanted, tokens)) for k in range(streams)
     ]
@@ -773,7 +781,7 @@ def iter_raw(
         )
         return
     names, mname, cols = _token_columns(src, wanted)
-    tokens = BATCH_TOKENS if batch_tokens is None else batch_tokens
+    tokens = _batch_tokens(batch_tokens)
     for rb, start, label in _parquet_record_batches(src, cols, tokens):
         yield _raw_record_batch(rb, wanted, names, mname, start, label)
 

@@ -7,7 +7,6 @@ Each ``*_report`` function returns a frozen record; tables and JSON are two view
 from __future__ import annotations
 
 import math
-import os
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -38,7 +37,7 @@ from ._io import (
     iter_batches,
     load_answers,
 )
-from ._settings import Settings
+from ._settings import Settings, env_int
 from ._stats import IntCounts, Moments, Sketch
 from .errors import InputError, UsageError
 
@@ -746,8 +745,15 @@ def _length_weights(p: TokenPartial) -> list[dict[str, float]]:
 
 # --------------------------------------------------------------------- the fold
 # Fixed, not the core count: the result depends on the worker count (the order floats are
-# added in), so a fixed default keeps JSON identical across machines. GRPO_CLI_WORKERS overrides.
-DEFAULT_WORKERS = int(os.environ.get("GRPO_CLI_WORKERS", 0)) or 2
+# added in), so a fixed default keeps JSON identical across machines. GRPO_CLI_WORKERS overrides
+# it (0: the default).
+DEFAULT_WORKERS = 2
+
+
+def _worker_count(workers: int | None) -> int:
+    if workers is None:
+        return env_int("GRPO_CLI_WORKERS", 0, minimum=0) or DEFAULT_WORKERS
+    return max(1, int(workers))
 
 
 def fold_batches(
@@ -766,7 +772,7 @@ def fold_batches(
     result is bit-for-bit the same from run to run (it depends on ``workers``, not on
     timing). Memory stays bounded: each worker's queue holds at most two batches.
     """
-    w = DEFAULT_WORKERS if workers is None else max(1, int(workers))
+    w = _worker_count(workers)
     parts = [new() for _ in range(w)]
     if w == 1:
         for b in batches:
@@ -866,10 +872,6 @@ def fold_streams(
     for p in parts[1:]:
         total.merge(p)
     return total
-
-
-def _worker_count(workers: int | None) -> int:
-    return DEFAULT_WORKERS if workers is None else max(1, int(workers))
 
 
 def _fold_source(

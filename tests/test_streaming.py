@@ -296,3 +296,21 @@ def test_streams_stop_when_pass_one_fails(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="neither 'advantage' nor 'reward' is present"):
         objective_report(src, resolve_settings())
     assert not [t for t in threading.enumerate() if t.name == "grpo-cli-prefetch"]
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("GRPO_CLI_WORKERS", "two", "GRPO_CLI_WORKERS must be an integer, got 'two'"),
+        ("GRPO_CLI_WORKERS", "-1", "GRPO_CLI_WORKERS must be >= 0, got -1"),
+        ("GRPO_CLI_BATCH_TOKENS", "0", "GRPO_CLI_BATCH_TOKENS must be >= 1, got 0"),
+    ],
+)
+def test_bad_tuning_variable_is_a_one_line_error(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, value: str, message: str
+) -> None:
+    path = write_parquet(tmp_path / "b.parquet", random_batch(np.random.default_rng(39), n=20))
+    monkeypatch.setenv(name, value)
+    r = cli("objective", path, "--json")
+    assert r.exit_code == 2 and r.stdout == ""
+    assert r.stderr == f"grpo-cli: error: {message}\n"
