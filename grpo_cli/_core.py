@@ -31,6 +31,7 @@ __all__ = [
     "Aggregation",
     "GroupStats",
     "KLEstimator",
+    "NormScale",
     "RatioLevel",
     "Scale",
     "Singleton",
@@ -50,6 +51,7 @@ __all__ = [
     "segment_sum",
     "sequence_log_ratio",
     "token_terms",
+    "used_log_ratio",
 ]
 
 F64 = NDArray[np.float64]
@@ -61,14 +63,20 @@ Singleton = Literal["zero", "raw"]
 KLEstimator = Literal["k1", "k2", "k3"]
 RatioLevel = Literal["token", "sequence"]
 Aggregation = Literal[
-    "seq-mean-token-mean", "token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
+    "seq-mean-token-mean",
+    "token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-sum-norm",
+    "token-sum",
 ]
 AGGREGATIONS: tuple[Aggregation, ...] = (
     "seq-mean-token-mean",
     "token-mean",
     "seq-mean-token-sum",
     "seq-mean-token-sum-norm",
+    "token-sum",
 )
+NormScale = Literal["n-lmax", "lmax"]
 
 # exp(x) overflows float64 above this.
 _EXP_MAX = float(np.log(np.finfo(np.float64).max))
@@ -435,16 +443,20 @@ def log_ratio(logp: F64, old_logp: F64, *, clamp: float | None = None) -> F64:
     return d
 
 
-def sequence_log_ratio(delta: F64, offsets: I64) -> F64:
+def sequence_log_ratio(delta: F64, offsets: I64, *, upper: float | None = None) -> F64:
     """GSPO sequence-level log-ratio, broadcast to tokens: ``log s_i = mean_t Δ_{i,t}``.
 
     See Zheng et al. 2025, "Group Sequence Policy Optimization", eq. 7: the ratio of an
     answer is the geometric mean of its token ratios, applied to each of its tokens.
+    ``upper`` bounds ``log s_i`` from above, after the mean (verl 0.9.1 clamps at 10).
 
     Returns:
         ``(T,)``: answer ``i``'s mean log-ratio repeated over its tokens.
     """
-    return np.repeat(segment_mean(delta, offsets), np.diff(offsets))
+    seq = segment_mean(delta, offsets)
+    if upper is not None:
+        np.minimum(seq, upper, out=seq)
+    return np.repeat(seq, np.diff(offsets))
 
 
 def clipped_surrogate(
@@ -511,19 +523,23 @@ def aggregate(
     *,
     agg: Aggregation = "seq-mean-token-mean",
     max_len: int | None = None,
+    norm_scale: NormScale = "n-lmax",
 ) -> float:
-    """Reduce per-token values to one number (REFERENCE.md, "Aggregation").
+    """Reduce per-token values to one number.
 
-    - ``seq-mean-token-mean``: ``(1/N) Σ_i (1/|o_i|) Σ_t v`` (DeepSeekMath, seed 001);
-    - ``token-mean``: ``Σ v / T`` (DAPO, seed 000);
+    - ``seq-mean-token-mean``: ``(1/N) Σ_i (1/|o_i|) Σ_t v`` (DeepSeekMath, Shao et al. 2024);
+    - ``token-mean``: ``Σ v / T`` (DAPO, Yu et al. 2025; TRL ``dapo``, verl's default);
     - ``seq-mean-token-sum``: ``(1/N) Σ_i Σ_t v`` (verl);
-    - ``seq-mean-token-sum-norm``: ``Σ v / (N · L_max)`` (Dr. GRPO, TRL ``dr_grpo``),
-      ``L_max = max_len`` or the longest answer.
+    - ``seq-mean-token-sum-norm``: ``Σ v / (N · L)`` (Dr. GRPO, Liu et al. 2025; TRL
+      ``dr_grpo`` with L = ``max_completion_length``; verl >= 0.7.1 ``agg_loss`` with L =
+      ``loss_scale_factor``, else the padded width), ``L = max_len`` or the longest answer;
+      ``norm_scale="lmax"`` divides by ``L`` alone (verl <= 0.7.0);
+    - ``token-sum``: ``Σ v`` (verl 0.9.1 ``token-sum``).
 
     Example:
         >>> off = np.array([0, 1, 4])
         >>> [aggregate(np.ones(4), off, agg=a) for a in AGGREGATIONS]
-        [1.0, 1.0, 2.0, 0.6666666666666666]
+        [1.0, 1.0, 2.0, 0.6666666666666666, 4.0]
     """
     lengths = np.diff(offsets)
     n = lengths.shape[0]
@@ -533,9 +549,12 @@ def aggregate(
         return float(np.sum(values) / values.shape[0])
     if agg == "seq-mean-token-sum":
         return float(np.sum(values) / n)
+    if agg == "token-sum":
+        return float(np.sum(values))
     if agg == "seq-mean-token-sum-norm":
         lmax = int(lengths.max()) if max_len is None else int(max_len)
-        return float(np.sum(values) / (n * lmax))
+        scale = lmax if norm_scale == "lmax" else n * lmax
+        return float(np.sum(values) / scale)
     raise UsageError(f"unknown aggregation {agg!r}; choose one of {', '.join(AGGREGATIONS)}")
 
 
@@ -544,11 +563,12 @@ def aggregate(
 class TokenTerms:
     """Every per-token quantity of the GRPO objective, ragged ``(T,)`` arrays.
 
-    ``term = policy − β·kl`` is the per-token objective; ``delta`` is the raw token
+    ``term = policy − β·kl_loss`` is the per-token objective; ``delta`` is the raw token
     log-ratio ``logp − old_logp`` (before any clamp), ``ratio`` the ratio the surrogate used
-    (after the clamp, at token or sequence level).
-    ``kl`` is None when there is no reference policy; ``ref_delta`` is ``ref_logp − logp``,
-    the KL's argument.
+    (after the clamps, at token or sequence level).
+    ``kl`` is the KL estimate of ``logp`` against ``ref_logp`` (None without a reference
+    policy), ``kl_loss`` the KL as it enters the loss (``kl · ratio`` with the bias
+    correction, else ``kl`` itself); ``ref_delta`` is ``ref_logp − logp``, the KL's argument.
     """
 
     delta: F64
@@ -558,6 +578,38 @@ class TokenTerms:
     kl: F64 | None
     term: F64
     ref_delta: F64 | None = None
+    kl_loss: F64 | None = None
+
+
+def used_log_ratio(
+    delta: F64,
+    offsets: I64,
+    *,
+    ratio_level: RatioLevel = "token",
+    log_ratio_clamp: float | None = None,
+    seq_ratio_clamp: float | None = None,
+) -> F64:
+    """The log of the ratio the surrogate uses, per token, from the raw ``Δ = logp − old_logp``.
+
+    - ``"token"``: ``Δ`` clamped to ``[−c, c]`` with ``c = log_ratio_clamp`` (verl and
+      OpenRLHF clamp at 20 before ``exp``; TRL does not clamp).
+    - ``"sequence"`` (GSPO, Zheng et al. 2025, eq. 7): the answer's mean of the *raw* ``Δ``
+      (no trainer clamps before the mean: verl 0.9.1 ``compute_policy_loss_gspo``,
+      OpenRLHF 0.11.2 ``PolicyLoss``, TRL 1.16.0), then bounded from above by
+      ``seq_ratio_clamp`` (verl: 10), repeated over the answer's tokens.
+
+    Example:
+        >>> used_log_ratio(np.array([30.0, -1.0]), np.array([0, 1, 2]), log_ratio_clamp=20.0)
+        array([20., -1.])
+        >>> used_log_ratio(np.array([30.0, -2.0]), np.array([0, 2]), ratio_level="sequence",
+        ...                seq_ratio_clamp=10.0)
+        array([10., 10.])
+    """
+    if ratio_level == "sequence":
+        return sequence_log_ratio(delta, offsets, upper=seq_ratio_clamp)
+    if log_ratio_clamp is None:
+        return delta
+    return np.clip(delta, -log_ratio_clamp, log_ratio_clamp)
 
 
 def token_terms(
@@ -571,12 +623,19 @@ def token_terms(
     clip_eps_high: float | None = None,
     dual_clip: float | None = None,
     log_ratio_clamp: float | None = None,
+    seq_ratio_clamp: float | None = None,
     ratio_level: RatioLevel = "token",
     beta: float = 0.04,
     kl_estimator: KLEstimator = "k3",
     kl_clamp: float | None = None,
+    kl_bias_correction: bool = False,
 ) -> TokenTerms:
     """Per-token GRPO terms of ragged data: ``policy − β · KL`` (DeepSeekMath eq. 3).
+
+    The ratio is :func:`used_log_ratio`'s, exponentiated. With ``kl_bias_correction`` the
+    per-token KL entering the loss is multiplied by that ratio (TRL 1.16.0
+    ``use_bias_correction_kl``: an importance weight, since the tokens were sampled from
+    π_θold); the KL statistics keep describing ``logp`` against ``ref_logp``.
 
     Args:
         logp: ``(T,)`` float64 log π_θ.
@@ -593,30 +652,45 @@ def token_terms(
         delta = np.zeros(logp.shape[0], dtype=np.float64)
     else:
         delta = log_ratio(logp, old_logp)
-    used = delta if log_ratio_clamp is None else np.clip(delta, -log_ratio_clamp, log_ratio_clamp)
-    if ratio_level == "sequence":
-        used = sequence_log_ratio(used, offsets)
+    used = used_log_ratio(
+        delta,
+        offsets,
+        ratio_level=ratio_level,
+        log_ratio_clamp=log_ratio_clamp,
+        seq_ratio_clamp=seq_ratio_clamp,
+    )
     with np.errstate(over="ignore"):
         ratio = np.exp(used)
     adv_tok = np.repeat(adv, lengths)
     policy = clipped_surrogate(
         ratio, adv_tok, clip_eps=clip_eps, clip_eps_high=clip_eps_high, dual_clip=dual_clip
     )
-    kl = d = None
+    kl = kl_loss = d = None
     if ref_logp is not None:
         d = np.subtract(ref_logp, logp, dtype=np.float64)
-        kl = kl_from_log_ratio(
+        kl = kl_loss = kl_from_log_ratio(
             d, estimator=kl_estimator, clamp=kl_clamp, log_ratio_clamp=log_ratio_clamp
         )
+        if kl_bias_correction:
+            with np.errstate(over="ignore", invalid="ignore"):
+                kl_loss = kl * ratio
+            kl_loss[kl == 0.0] = 0.0  # an overflowed ratio times a zero KL is no NaN
     require_reference(beta, ref_logp)
     if beta != 0.0:
-        assert kl is not None
-        term = np.multiply(kl, beta)
+        assert kl_loss is not None
+        term = np.multiply(kl_loss, beta)
         np.subtract(policy, term, out=term)
     else:
         term = policy
     return TokenTerms(
-        delta=delta, ratio=ratio, adv=adv_tok, policy=policy, kl=kl, term=term, ref_delta=d
+        delta=delta,
+        ratio=ratio,
+        adv=adv_tok,
+        policy=policy,
+        kl=kl,
+        term=term,
+        ref_delta=d,
+        kl_loss=kl_loss,
     )
 
 

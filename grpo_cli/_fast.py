@@ -121,6 +121,12 @@ def engine() -> str:
     return "c+avx2" if lib.grpo_vector_exp() else "c"
 
 
+def supports(ratio_level: str, beta: float, kl_bias_correction: bool) -> bool:
+    """Whether the kernel computes these settings: token-level ratios, and no KL bias
+    correction in the loss (GSPO's sequence ratio and TRL's corrected KL stay in numpy)."""
+    return ratio_level == "token" and not (kl_bias_correction and beta != 0.0)
+
+
 @dataclass(frozen=True)
 class Folded:
     """What :func:`fold` returns for a batch of ``n`` answers."""
@@ -153,21 +159,26 @@ def fold(
     clip_eps_high: float | None = None,
     dual_clip: float | None = None,
     log_ratio_clamp: float | None = None,
+    seq_ratio_clamp: float | None = None,
     ratio_level: str = "token",
     beta: float = 0.04,
     kl_estimator: str = "k3",
     kl_clamp: float | None = None,
+    kl_bias_correction: bool = False,
 ) -> Folded:
     """One pass over a batch: per-answer sums, clip counts, ratio and KL moments.
 
     Arguments and settings as :func:`grpo_cli._core.token_terms` takes them (the ratio per
-    token only). ``d_hist`` and ``x_hist`` (``nbins + 2`` int64 counts of the log-ratio ``Δ`` and of
+    token only, no KL bias correction: :func:`supports` says). ``d_hist`` and ``x_hist`` (``nbins + 2`` int64 counts of the log-ratio ``Δ`` and of
     ``d = ref_logp − logp`` on ``bins``) are incremented in place, binned exactly as
     :class:`grpo_cli._stats.Histogram` bins. ``vector=False`` takes the scalar path even
     on an AVX2 machine (the tests compare both with numpy).
     """
     lib = _library()
-    assert lib is not None and ratio_level == "token"
+    assert lib is not None
+    if not supports(ratio_level, beta, kl_bias_correction):
+        raise ValueError("the compiled kernel folds token-level ratios without KL bias correction")
+    del seq_ratio_clamp  # sequence level only
     require_reference(beta, ref_logp)
     f32, (lp, old, ref) = _same_dtype(logp, old_logp, ref_logp)
     assert lp is not None

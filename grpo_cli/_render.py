@@ -226,7 +226,10 @@ def render_objective(r: ObjectiveReport, compare: bool = False) -> RenderableTyp
     eps_text = f"ε = {s.clip_eps:g}" + (
         f", ε_high = {s.eps_high:g}" if s.clip_eps_high is not None else ""
     )
-    parts.append(_kv_table(f"Clip fractions ({eps_text}, {s.ratio_level} ratio)", clip_rows))
+    unit = "share of answers" if r.clip.unit == "sequences" else "share of tokens"
+    parts.append(
+        _kv_table(f"Clip fractions ({eps_text}, {s.ratio_level} ratio; {unit})", clip_rows)
+    )
     ratio_dist = {"ratio ρ": r.ratio}
     if r.kl is not None:
         ratio_dist[f"KL {s.kl_estimator}"] = r.kl
@@ -238,7 +241,7 @@ def render_objective(r: ObjectiveReport, compare: bool = False) -> RenderableTyp
     h.add_column("", justify="left")
     total = sum(c for _, _, c in r.ratio_histogram)
     for lo, hi, c in r.ratio_histogram:
-        h.add_row(f"[{lo:.4g}, {hi:.4g})", fmt(c), pct(c / total if total else 0.0), _bar(c, total))
+        h.add_row(f"[{lo:.6g}, {hi:.6g})", fmt(c), pct(c / total if total else 0.0), _bar(c, total))
     parts.append(h)
     if r.overflow_tokens or r.extreme_tokens:
         parts.append(

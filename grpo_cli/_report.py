@@ -222,7 +222,8 @@ class KLReport:
 
 @dataclass(frozen=True)
 class ClipFractions:
-    """Fractions of valid tokens (TRL / verl definitions, REFERENCE.md)."""
+    """Clip fractions (TRL / verl definitions): shares of valid tokens, or of answers with
+    ``unit == "sequences"`` (TRL's GSPO metrics count a clipped answer once)."""
 
     low: float
     high: float
@@ -475,8 +476,12 @@ class TokenPartial:
         self.rollout = RolloutPartial()
         self.entropy = Moments()
         self.entropy_q = Sketch(*ENTROPY_BINS, **cap)
-        # the compiled kernel folds token-level ratios; GSPO's sequence ratio stays in numpy
-        self.compiled = settings.ratio_level == "token" and _fast.available()
+        # the compiled kernel folds token-level ratios; GSPO's sequence ratio and TRL's
+        # bias-corrected KL stay in numpy
+        self.compiled = (
+            _fast.supports(settings.ratio_level, settings.beta, settings.kl_bias_correction)
+            and _fast.available()
+        )
         self.vector = True  # the kernel's AVX2 path where the CPU has it (tests turn it off)
 
     def _sums(self, key: str, v: F64, b: Batch) -> F64:
@@ -582,17 +587,26 @@ class TokenPartial:
         self._sums("term", terms.term, b)
         self._sums("policy", terms.policy, b)
         if terms.kl is not None and terms.ref_delta is not None:
-            self._kl(terms.kl, terms.ref_delta, b)
+            self.kl.update(terms.kl)
+            self.kl_d.update(terms.ref_delta)
+            if terms.kl_loss is terms.kl:
+                self._kl_answers(self._sums("kl", terms.kl, b))
+            else:  # the loss's KL (bias-corrected) is summed; the statistics describe the KL
+                self._sums("kl", terms.kl_loss, b)
+                self._kl_answers(segment_sum(terms.kl, b.offsets) / b.lengths)
         # Clip fractions on the ratio the surrogate used. Within an answer A has one sign,
-        # so count per answer and select answers by sign; below/above are disjoint.
+        # so count per answer and select answers by sign; below/above are disjoint. With
+        # clip_unit "sequences" (a sequence ratio) an answer counts once, not per token.
         r = terms.ratio
         below = self._answer_counts(r < 1.0 - s.clip_eps, b)
         above = self._answer_counts(r > 1.0 + s.eps_high, b)
+        dual = self._answer_counts(r > s.dual_clip, b) if s.dual_clip is not None else None
+        if s.clip_unit == "sequences":
+            below, above = np.minimum(below, 1), np.minimum(above, 1)
+            dual = None if dual is None else np.minimum(dual, 1)
         neg, pos = adv < 0, adv > 0
         n_low, n_high = int(below[neg].sum()), int(above[pos].sum())
-        n_dual = 0
-        if s.dual_clip is not None:
-            n_dual = int(self._answer_counts(r > s.dual_clip, b)[neg].sum())
+        n_dual = 0 if dual is None else int(dual[neg].sum())
         self.clip += (n_low, n_high, n_low + n_high, int(below.sum() + above.sum()), n_dual)
         # Ratio distribution from the raw token log-ratio (before any clamp).
         d = terms.delta
@@ -676,6 +690,7 @@ class TokenPartial:
         return int(self.delta.hist.counts[0] + self.delta.hist.counts[-1])
 
     def aggregate(self, key: str, agg: str) -> float:
+        """:func:`grpo_cli._core.aggregate` of a per-token value, from the partial's sums."""
         token_sum, mean_sum = (float(v) for v in self.sums[key])
         n, t = self.answers, self.tokens
         if agg == "seq-mean-token-mean":
@@ -684,8 +699,17 @@ class TokenPartial:
             return token_sum / t
         if agg == "seq-mean-token-sum":
             return token_sum / n
-        lmax = self.s.max_len if self.s.max_len is not None else self.max_width
-        return token_sum / lmax if self.s.norm_scale == "verl" else token_sum / (n * lmax)
+        if agg == "token-sum":
+            return token_sum
+        return token_sum / _norm_divisor(self.s, n, self.max_width)
+
+    def objective(self, agg: str) -> float:
+        """J under the policy aggregation ``agg``; the KL term keeps the settings' own
+        (``kl_agg``): one sum of per-token terms when the two agree."""
+        s = self.s
+        if s.kl_agg is None or s.kl_agg == agg or not s.beta:
+            return self.aggregate("term", agg)
+        return self.aggregate("policy", agg) - s.beta * self.aggregate("kl", s.kl_agg)
 
     def kl_function(self) -> Callable[[F64], F64]:
         """The KL estimate as a function of d = ref_logp − logp, for its quantiles."""
@@ -719,10 +743,16 @@ class TokenPartial:
         return [(edges[i], edges[i + 1], int(counts[i])) for i in range(len(edges) - 1)]
 
 
+def _norm_divisor(s: Settings, answers: int, longest: int) -> float:
+    """The divisor of seq-mean-token-sum-norm: N·L (``n-lmax``) or L (``lmax``), with L =
+    ``max_len`` or the longest answer."""
+    lmax = s.max_len if s.max_len is not None else longest
+    return float(lmax if s.norm_scale == "lmax" else answers * lmax)
+
+
 def _length_weights(p: TokenPartial) -> list[dict[str, float]]:
     """Weight of one token, and of a whole answer, under each aggregation, by length."""
     n, t = p.answers, p.tokens
-    lmax = p.s.max_len if p.s.max_len is not None else p.max_width
     q = p.lengths.quantiles(np.array([0.0, 0.25, 0.5, 0.75, 1.0]))
     assert q is not None
     rows = []
@@ -731,9 +761,8 @@ def _length_weights(p: TokenPartial) -> list[dict[str, float]]:
             "seq-mean-token-mean": 1.0 / (n * length),
             "token-mean": 1.0 / t,
             "seq-mean-token-sum": 1.0 / n,
-            "seq-mean-token-sum-norm": (1.0 / lmax)
-            if p.s.norm_scale == "verl"
-            else 1.0 / (n * lmax),
+            "seq-mean-token-sum-norm": 1.0 / _norm_divisor(p.s, n, p.max_width),
+            "token-sum": 1.0,
         }
         row: dict[str, Any] = {"length": label, "tokens": float(length)}
         for agg in AGGREGATIONS:
@@ -1021,9 +1050,15 @@ def objective_report(
         and settings.max_len is not None
         and settings.max_len < acc.max_width
     ):
+        hint = ""
+        if settings.preset == "dr-grpo":
+            hint = (
+                " (the dr-grpo preset sets TRL's default max_completion_length, 512: "
+                "pass --max-len with your run's value)"
+            )
         raise UsageError(
             f"--max-len {settings.max_len} is shorter than the longest answer "
-            f"({acc.max_width} tokens)"
+            f"({acc.max_width} tokens){hint}"
         )
     rec = _objective_record(src, settings, acc, adv, adv_source, stats, on_policy, warnings)
     b = math.log(ratio_band)
@@ -1042,16 +1077,18 @@ def _objective_record(
     warnings: list[str],
 ) -> ObjectiveReport:
     agg = settings.agg
-    objective = acc.aggregate("term", agg)
+    objective = acc.objective(agg)
     policy = acc.aggregate("policy", agg)
-    kl_term = settings.beta * acc.aggregate("kl", agg) if settings.beta else 0.0
-    t = max(acc.tokens, 1)
+    kl_term = settings.beta * acc.aggregate("kl", settings.kl_aggregation) if settings.beta else 0.0
+    units = acc.answers if settings.clip_unit == "sequences" else acc.tokens
+    t = max(units, 1)
     clip = ClipFractions(
         low=acc.clip[0] / t,
         high=acc.clip[1] / t,
         region=acc.clip[2] / t,
         outside_range=acc.clip[3] / t,
         dual_clip_lower=acc.clip[4] / t if settings.dual_clip is not None else None,
+        unit=settings.clip_unit,
     )
     if acc.overflow:
         warnings.append(
@@ -1069,7 +1106,7 @@ def _objective_record(
         objective=objective,
         policy_term=policy,
         kl_term=kl_term,
-        aggregations={a: acc.aggregate("term", a) for a in AGGREGATIONS},
+        aggregations={a: acc.objective(a) for a in AGGREGATIONS},
         groups=int(stats.count.shape[0]) if stats is not None else None,
         answers=acc.answers,
         tokens=acc.tokens,

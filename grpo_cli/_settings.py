@@ -15,7 +15,7 @@ from typing import Any
 from ._core import AGGREGATIONS
 from .errors import UsageError
 
-__all__ = ["OFF", "PRESETS", "Settings", "resolve_settings"]
+__all__ = ["OFF", "PRESETS", "TRAINERS", "Settings", "resolve_settings"]
 
 
 def env_int(name: str, default: int, minimum: int = 1) -> int:
@@ -44,12 +44,19 @@ class Settings:
     Advantages: ``scale`` group|batch|none, ``ddof`` 0|1, ``eps``, ``estimator``
     grpo|rloo, ``singleton`` zero|raw. Ratio: ``ratio_level`` token|sequence,
     ``clip_eps`` (ε_low), ``clip_eps_high`` (None: = ε_low), ``dual_clip`` (c or None),
-    ``log_ratio_clamp`` (None: off). KL: ``beta``, ``kl_estimator`` k1|k2|k3, ``kl_clamp``.
-    Aggregation: ``agg`` and ``max_len`` (for seq-mean-token-sum-norm; None: the longest
-    answer), ``norm_scale`` trl|verl (verl divides by L_max only, TRL by N·L_max).
+    ``log_ratio_clamp`` (None: off; clamps per-token log-ratios before ``exp`` at token
+    level, and k3's exponent), ``seq_ratio_clamp`` (upper bound of the sequence log-ratio
+    after the mean; sequence level only), ``clip_unit`` tokens|sequences (what a clip
+    fraction counts). KL: ``beta``, ``kl_estimator`` k1|k2|k3, ``kl_clamp``,
+    ``kl_bias_correction`` (the per-token KL times the importance ratio, TRL),
+    ``kl_agg`` (None: as ``agg``). Aggregation: ``agg``, ``max_len`` (L of
+    seq-mean-token-sum-norm; None: the longest answer) and ``norm_scale`` n-lmax|lmax.
+    ``trainer`` and ``mirrors`` name the trainer (and version) a preset reproduces.
     """
 
     preset: str | None = None
+    trainer: str | None = None
+    mirrors: str | None = None
     scale: str = "group"
     ddof: int = 0
     eps: float = 1e-8
@@ -60,16 +67,25 @@ class Settings:
     clip_eps_high: float | None = None
     dual_clip: float | None = None
     log_ratio_clamp: float | None = None
+    seq_ratio_clamp: float | None = None
+    clip_unit: str = "tokens"
     beta: float = 0.04
     kl_estimator: str = "k3"
     kl_clamp: float | None = None
+    kl_bias_correction: bool = False
     agg: str = "seq-mean-token-mean"
+    kl_agg: str | None = None
     max_len: int | None = None
-    norm_scale: str = "trl"
+    norm_scale: str = "n-lmax"
 
     @property
     def eps_high(self) -> float:
         return self.clip_eps if self.clip_eps_high is None else self.clip_eps_high
+
+    @property
+    def kl_aggregation(self) -> str:
+        """The aggregation of the KL term (``kl_agg``, else ``agg``)."""
+        return self.agg if self.kl_agg is None else self.kl_agg
 
     def advantage_kwargs(self) -> dict[str, Any]:
         return {
@@ -86,10 +102,12 @@ class Settings:
             "clip_eps_high": self.clip_eps_high,
             "dual_clip": self.dual_clip,
             "log_ratio_clamp": self.log_ratio_clamp,
+            "seq_ratio_clamp": self.seq_ratio_clamp,
             "ratio_level": self.ratio_level,
             "beta": self.beta,
             "kl_estimator": self.kl_estimator,
             "kl_clamp": self.kl_clamp,
+            "kl_bias_correction": self.kl_bias_correction,
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -101,16 +119,24 @@ class Settings:
             "estimator": ("grpo", "rloo"),
             "singleton": ("zero", "raw"),
             "ratio_level": ("token", "sequence"),
+            "clip_unit": ("tokens", "sequences"),
             "kl_estimator": ("k1", "k2", "k3"),
             "agg": AGGREGATIONS,
-            "norm_scale": ("trl", "verl"),
+            "norm_scale": NORM_SCALES,
+            "trainer": (None, *TRAINERS),
         }
+        if self.kl_agg is not None:
+            choices["kl_agg"] = AGGREGATIONS
+        if self.norm_scale in _OLD_NORM_SCALES:
+            raise UsageError(
+                f"--norm-scale: {self.norm_scale!r} was renamed: use n-lmax (Σ/(N·L): TRL "
+                "dr_grpo and verl >= 0.7.1) or lmax (Σ/L: verl <= 0.7.0)"
+            )
         for name, allowed in choices.items():
             value = getattr(self, name)
             if value not in allowed:
-                raise UsageError(
-                    f"--{name.replace('_', '-')}: {value!r} is not one of {', '.join(allowed)}"
-                )
+                listed = ", ".join(a for a in allowed if a is not None)
+                raise UsageError(f"--{name.replace('_', '-')}: {value!r} is not one of {listed}")
         if self.ddof not in (0, 1):
             raise UsageError(f"--ddof: must be 0 or 1, got {self.ddof}")
         nonneg = {"eps": self.eps, "clip-eps": self.clip_eps, "beta": self.beta}
@@ -122,6 +148,7 @@ class Settings:
         positive = {
             "dual-clip": self.dual_clip,
             "log-ratio-clamp": self.log_ratio_clamp,
+            "seq-ratio-clamp": self.seq_ratio_clamp,
             "kl-clamp": self.kl_clamp,
         }
         for name, p in positive.items():
@@ -131,20 +158,52 @@ class Settings:
             raise UsageError(f"--dual-clip: must be > 1, got {self.dual_clip}")
         if self.max_len is not None and self.max_len < 1:
             raise UsageError(f"--max-len: must be >= 1, got {self.max_len}")
+        if self.ratio_level == "token":
+            if self.clip_unit == "sequences":
+                raise UsageError(
+                    "--clip-unit sequences needs --ratio-level sequence (with a token ratio "
+                    "every token is clipped on its own)"
+                )
+            if self.seq_ratio_clamp is not None:
+                raise UsageError("--seq-ratio-clamp needs --ratio-level sequence")
         return self
 
 
-# Each preset: the source's defaults for every convention (REFERENCE.md; the README maps
-# them to the trainers' config keys).
+TRAINERS = ("trl", "verl", "openrlhf")
+NORM_SCALES = ("n-lmax", "lmax")
+_OLD_NORM_SCALES = ("trl", "verl")
+
+# The trainer versions the presets were checked against, function by function, by the
+# conformance suite (conformance/): the trainers' own code on the same tensors.
+TRL_VERSION = "trl 1.16.0"
+VERL_VERSION = "verl 0.9.1"
+OPENRLHF_VERSION = "openrlhf 0.11.2"
+
+# Each preset: the trainer's defaults for every convention (README "Presets" maps them to
+# the trainers' config keys). _preset_rules below adjusts the fields that, in the trainer's
+# code, depend on another choice (the KL estimator, the ratio level).
 PRESETS: dict[str, Settings] = {
-    # DeepSeekMath / seed 001: population std, eps 1e-8, seq-mean-token-mean, k3, beta 0.04.
+    # DeepSeekMath (Shao et al. 2024): population std, eps 1e-8, seq-mean-token-mean, k3, beta 0.04.
     "deepseekmath": Settings(preset="deepseekmath"),
-    # TRL GRPOTrainer: sample std, eps 1e-4, loss_type "dapo" (token-mean), beta 0.0, no clamps.
-    "trl": Settings(preset="trl", ddof=1, eps=1e-4, beta=0.0, agg="token-mean"),
-    # verl: sample std, eps 1e-6, singleton mean 0 std 1, token-mean, dual clip 3,
+    # TRL GRPOTrainer (GRPOConfig defaults): sample std, eps 1e-4, loss_type "dapo"
+    # (token-mean), beta 0.0, no clamps, use_bias_correction_kl=True.
+    "trl": Settings(
+        preset="trl",
+        trainer="trl",
+        mirrors=TRL_VERSION,
+        ddof=1,
+        eps=1e-4,
+        beta=0.0,
+        agg="token-mean",
+        kl_bias_correction=True,
+    ),
+    # verl (adv_estimator=grpo, compute_policy_loss_vanilla, use_kl_loss with low_var_kl):
+    # sample std, eps 1e-6, a singleton gets mean 0 std 1, token-mean, dual clip 3 (always on),
     # Δ clamp 20, low_var_kl (k3, exponent clamp 20, value clamp 10), kl_loss_coef 0.001.
     "verl": Settings(
         preset="verl",
+        trainer="verl",
+        mirrors=VERL_VERSION,
         ddof=1,
         eps=1e-6,
         singleton="raw",
@@ -153,41 +212,99 @@ PRESETS: dict[str, Settings] = {
         log_ratio_clamp=20.0,
         kl_clamp=10.0,
         beta=0.001,
-        norm_scale="verl",
     ),
-    # OpenRLHF group_norm: sample std, eps 1e-9, token-mean, Δ clamp 20, KL clamp 10.
+    # OpenRLHF (--advantage_estimator group_norm, PolicyLoss "ppo", --algo.kl.use_loss):
+    # sample std, eps 1e-9, token-mean, Δ clamp 20, KL estimator k1 (its default) clamped
+    # to ±10, init_kl_coef 0.01, the KL loss aggregated per token whatever the policy loss.
     "openrlhf": Settings(
         preset="openrlhf",
+        trainer="openrlhf",
+        mirrors=OPENRLHF_VERSION,
         ddof=1,
         eps=1e-9,
         agg="token-mean",
+        kl_agg="token-mean",
         log_ratio_clamp=20.0,
+        kl_estimator="k1",
         kl_clamp=10.0,
         beta=0.01,
     ),
-    # Dr. GRPO: no std division, Σ/(N·L_max), no KL.
-    "dr-grpo": Settings(preset="dr-grpo", scale="none", agg="seq-mean-token-sum-norm", beta=0.0),
-    # DAPO: clip-higher 0.2/0.28, token-mean, no KL (built on verl: sample std, eps 1e-6).
+    # Dr. GRPO as TRL runs it (loss_type="dr_grpo", scale_rewards="none"): no std division,
+    # Σ/(N·L) with L = max_completion_length (512 by default), no KL.
+    "dr-grpo": Settings(
+        preset="dr-grpo",
+        trainer="trl",
+        mirrors=TRL_VERSION,
+        scale="none",
+        agg="seq-mean-token-sum-norm",
+        max_len=512,
+        beta=0.0,
+        kl_bias_correction=True,
+    ),
+    # DAPO as verl's recipe runs it: clip-higher 0.2/0.28, token-mean, no KL, on verl's
+    # vanilla loss (sample std, eps 1e-6, singleton mean 0 std 1, dual clip 3, Δ clamp 20).
     "dapo": Settings(
         preset="dapo",
+        trainer="verl",
+        mirrors=VERL_VERSION,
         ddof=1,
         eps=1e-6,
+        singleton="raw",
         clip_eps=0.2,
         clip_eps_high=0.28,
+        dual_clip=3.0,
+        log_ratio_clamp=20.0,
         agg="token-mean",
         beta=0.0,
     ),
-    # GSPO (as TRL runs it): sequence-level ratio, clip 3e-4/4e-4, no KL, seq-mean-token-mean.
+    # GSPO as TRL runs it (importance_sampling_level="sequence"): sequence ratio, clip
+    # 3e-4/4e-4, no KL, seq-mean-token-mean (loss_type "grpo"), clip metrics per sequence.
     "gspo": Settings(
         preset="gspo",
+        trainer="trl",
+        mirrors=TRL_VERSION,
         ddof=1,
         eps=1e-4,
         ratio_level="sequence",
         clip_eps=3e-4,
         clip_eps_high=4e-4,
+        clip_unit="sequences",
         beta=0.0,
+        kl_bias_correction=True,
     ),
 }
+
+
+def _preset_rules(s: Settings, given: set[str]) -> dict[str, Any]:
+    """Fields of a preset that, in its trainer's code, follow another choice; only fields
+    the user did not give are changed.
+
+    - Any preset at token level: clip fractions count tokens, no sequence-ratio clamp.
+    - verl (verl 0.9.1 ``kl_penalty_forward``): only ``low_var_kl`` (k3) is clamped; k1
+      (``kl``) and k2 (``mse``) are not. Its GSPO loss (``compute_policy_loss_gspo``) has no
+      dual clip and clamps the sequence log-ratio from above at 10.
+    - OpenRLHF (``PolicyLoss``, ``policy_loss_type="gspo"``): per-sample aggregation
+      (``token_level_loss=False``); the KL loss stays per token.
+    """
+    out: dict[str, Any] = {}
+
+    def default(name: str, value: Any) -> None:
+        if name not in given:
+            out[name] = value
+
+    if s.ratio_level == "token":
+        default("clip_unit", "tokens")
+        default("seq_ratio_clamp", None)
+    if s.trainer == "verl":
+        if s.kl_estimator != "k3":
+            default("kl_clamp", None)
+        if s.ratio_level == "sequence":
+            default("dual_clip", None)
+            default("seq_ratio_clamp", 10.0)
+    if s.trainer == "openrlhf" and s.ratio_level == "sequence":
+        default("agg", "seq-mean-token-mean")
+    return out
+
 
 _FIELDS = {f.name for f in fields(Settings)}
 
@@ -206,4 +323,7 @@ def resolve_settings(preset: str | None = None, **overrides: Any) -> Settings:
     given: dict[str, Any] = {
         k: (None if v is OFF else v) for k, v in overrides.items() if v is not None
     }
-    return replace(base, **given).validate()
+    s = replace(base, **given)
+    if preset is not None:
+        s = replace(s, **_preset_rules(s, set(given)))
+    return s.validate()

@@ -203,6 +203,24 @@ RatioClampOpt = Annotated[
         show_default=False,
     ),
 ]
+SeqRatioClampOpt = Annotated[
+    str | None,
+    typer.Option(
+        rich_help_panel="Ratio and clipping",
+        help="Bound the sequence log-ratio from above at X, after the mean (verl GSPO: 10); "
+        "sequence level only; 'off' to disable.",
+        show_default=False,
+    ),
+]
+ClipUnitOpt = Annotated[
+    str | None,
+    typer.Option(
+        rich_help_panel="Ratio and clipping",
+        help="What clip fractions count: tokens (default) or sequences (TRL GSPO: a clipped "
+        "answer counts once; needs --ratio-level sequence).",
+        show_default=False,
+    ),
+]
 RatioLevelOpt = Annotated[
     str | None,
     typer.Option(
@@ -229,11 +247,29 @@ KLClampOpt = Annotated[
         show_default=False,
     ),
 ]
+KLBiasOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--kl-bias-correction/--no-kl-bias-correction",
+        rich_help_panel="KL",
+        help="Multiply the per-token KL in the loss by the importance ratio (TRL "
+        "use_bias_correction_kl; on in the trl, gspo and dr-grpo presets).",
+        show_default=False,
+    ),
+]
+KLAggOpt = Annotated[
+    str | None,
+    typer.Option(
+        rich_help_panel="KL",
+        help="Aggregation of the KL term (default: as --agg; OpenRLHF: token-mean).",
+        show_default=False,
+    ),
+]
 AggOpt = Annotated[
     str | None,
     typer.Option(
         rich_help_panel="Aggregation",
-        help="Aggregation: seq-mean-token-mean (default), token-mean, seq-mean-token-sum, seq-mean-token-sum-norm.",
+        help="Aggregation: seq-mean-token-mean (default), token-mean, seq-mean-token-sum, seq-mean-token-sum-norm, token-sum.",
         show_default=False,
     ),
 ]
@@ -241,7 +277,7 @@ MaxLenOpt = Annotated[
     int | None,
     typer.Option(
         rich_help_panel="Aggregation",
-        help="L_max for seq-mean-token-sum-norm (default: the longest answer).",
+        help="L of seq-mean-token-sum-norm (default: the longest answer; dr-grpo preset: 512, TRL's max_completion_length).",
         show_default=False,
     ),
 ]
@@ -249,7 +285,7 @@ NormScaleOpt = Annotated[
     str | None,
     typer.Option(
         rich_help_panel="Aggregation",
-        help="seq-mean-token-sum-norm divisor: trl (N·L_max, default) or verl (L_max).",
+        help="seq-mean-token-sum-norm divisor: n-lmax (N·L, default: TRL, verl >= 0.7.1) or lmax (L: verl <= 0.7.0).",
         show_default=False,
     ),
 ]
@@ -271,7 +307,7 @@ ProgressOpt = Annotated[
 
 
 def _settings(**kw: Any) -> Settings:
-    for name in ("clip_eps_high", "dual_clip", "log_ratio_clamp", "kl_clamp"):
+    for name in ("clip_eps_high", "dual_clip", "log_ratio_clamp", "seq_ratio_clamp", "kl_clamp"):
         kw[name] = _optional(name.replace("_", "-"), kw.get(name))
     preset = kw.pop("preset", None)
     return resolve_settings(preset, **kw)
@@ -370,10 +406,14 @@ def objective(
     clip_eps_high: ClipHighOpt = None,
     dual_clip: DualClipOpt = None,
     log_ratio_clamp: RatioClampOpt = None,
+    seq_ratio_clamp: SeqRatioClampOpt = None,
     ratio_level: RatioLevelOpt = None,
+    clip_unit: ClipUnitOpt = None,
     beta: BetaOpt = None,
     kl_estimator: KLEstOpt = None,
     kl_clamp: KLClampOpt = None,
+    kl_bias_correction: KLBiasOpt = None,
+    kl_agg: KLAggOpt = None,
     agg: AggOpt = None,
     max_len: MaxLenOpt = None,
     norm_scale: NormScaleOpt = None,
@@ -393,10 +433,14 @@ def objective(
             clip_eps_high=clip_eps_high,
             dual_clip=dual_clip,
             log_ratio_clamp=log_ratio_clamp,
+            seq_ratio_clamp=seq_ratio_clamp,
             ratio_level=ratio_level,
+            clip_unit=clip_unit,
             beta=beta,
             kl_estimator=kl_estimator,
             kl_clamp=kl_clamp,
+            kl_bias_correction=kl_bias_correction,
+            kl_agg=kl_agg,
             agg=agg,
             max_len=max_len,
             norm_scale=norm_scale,

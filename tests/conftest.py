@@ -109,6 +109,15 @@ class Cli:
         doc: dict[str, Any] = json.loads(r.stdout)
         return doc
 
+    def error(self, args: list[str], message: str) -> None:
+        """The command fails with exit code 2 and one ``grpo-cli: error:`` line holding
+        ``message``."""
+        r = self(*args)
+        assert r.exit_code == 2, r.stdout
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("grpo-cli: error: "), r.stderr
+        assert message in lines[0], lines[0]
+
 
 @pytest.fixture
 def cli() -> Cli:

@@ -309,4 +309,5 @@ def test_every_aggregation_is_listed() -> None:
         "token-mean",
         "seq-mean-token-sum",
         "seq-mean-token-sum-norm",
+        "token-sum",
     )

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from .conftest import Cli
@@ -86,53 +88,138 @@ def test_trl(cli: Cli, batch: dict[str, Any]) -> None:
     assert doc["kl_term"] == 0.0
 
 
-def test_trl_with_beta_and_grpo_loss_type(cli: Cli, batch: dict[str, Any]) -> None:
+@pytest.mark.parametrize("bias_correction", [True, False])
+def test_trl_with_beta_and_grpo_loss_type(
+    cli: Cli, batch: dict[str, Any], bias_correction: bool
+) -> None:
+    """TRL 1.16 use_bias_correction_kl (default True): per_token_kl *= coef_1 = exp(Δ)."""
     lp, old, ref, m = batch["logp"], batch["old"], batch["ref"], batch["mask"]
     adv = group_norm(REWARDS, ddof=1, eps=1e-4)
-    per_token = ppo_clip_loss(np.exp(lp - old), adv, 0.2, 0.2) + 0.1 * k3(lp, ref)
+    coef_1 = np.exp(lp - old)
+    kl = k3(lp, ref) * (coef_1 if bias_correction else 1.0)
+    per_token = ppo_clip_loss(coef_1, adv, 0.2, 0.2) + 0.1 * kl
     loss = float(np.mean((per_token * m).sum(-1) / m.sum(-1)))  # loss_type="grpo"
-    doc = run(cli, batch, "--preset", "trl", "--beta", "0.1", "--agg", "seq-mean-token-mean")
+    flag = "--kl-bias-correction" if bias_correction else "--no-kl-bias-correction"
+    doc = run(cli, batch, "--preset", "trl", "--beta", "0.1", "--agg", "seq-mean-token-mean", flag)
     assert math.isclose(doc["objective"], -loss, rel_tol=1e-12)
+    # the KL statistics describe logp against ref_logp, uncorrected
+    assert math.isclose(doc["kl"]["mean"], float(k3(lp, ref)[m].mean()), rel_tol=1e-12)
+    assert doc["settings"]["kl_bias_correction"] is bias_correction
+
+
+def verl_vanilla(
+    lp: np.ndarray, old: np.ndarray, adv: np.ndarray, lo: float, hi: float
+) -> np.ndarray:
+    """verl compute_policy_loss_vanilla's per-token loss: Δ clamped to ±20, dual clip 3."""
+    a = adv[:, None]
+    ratio = np.exp(np.clip(lp - old, -20, 20))
+    pg1 = -a * ratio
+    pg2 = -a * np.clip(ratio, 1 - lo, 1 + hi)
+    clip1 = np.maximum(pg1, pg2)
+    clip2 = np.minimum(-a * 3.0, clip1)
+    out: np.ndarray = np.where(a < 0, clip2, clip1)
+    return out
 
 
 def test_verl(cli: Cli, batch: dict[str, Any]) -> None:
     """verl: dual clip c = 3, Δ clamped to ±20, low_var_kl (±20 exponent, ±10 value)."""
     lp, old, ref, m = batch["logp"], batch["old"], batch["ref"], batch["mask"]
-    adv = group_norm(REWARDS, ddof=1, eps=1e-6)[:, None]
-    ratio = np.exp(np.clip(lp - old, -20, 20))
-    pg1 = -adv * ratio
-    pg2 = -adv * np.clip(ratio, 0.8, 1.2)
-    clip1 = np.maximum(pg1, pg2)
-    clip2 = np.minimum(-adv * 3.0, clip1)
-    pg_losses = np.where(adv < 0, clip2, clip1)
+    adv = group_norm(REWARDS, ddof=1, eps=1e-6)
+    pg_losses = verl_vanilla(lp, old, adv, 0.2, 0.2)
     kl = np.clip(ref - lp, -20, 20)
     kld = np.clip(np.exp(kl) - kl - 1, -10, 10)
     loss = masked_token_mean(pg_losses, m) + 0.001 * masked_token_mean(kld, m)
     doc = run(cli, batch, "--preset", "verl")
     assert math.isclose(doc["objective"], -loss, rel_tol=1e-12)
     # verl's pg_clipfrac_lower: A < 0 and ratio > c
-    lower = ((adv < 0) & (ratio > 3.0) & m).sum() / m.sum()
+    ratio = np.exp(np.clip(lp - old, -20, 20))
+    lower = ((adv[:, None] < 0) & (ratio > 3.0) & m).sum() / m.sum()
     assert doc["clip_fraction"]["dual_clip_lower"] == lower > 0
     assert doc["kl"]["max"] == 10.0
+    assert doc["settings"]["mirrors"] == "verl 0.9.1"
 
 
-def test_verl_seq_mean_token_sum_norm_divides_by_l_only(cli: Cli, batch: dict[str, Any]) -> None:
+@pytest.mark.parametrize(("estimator", "flag"), [("k1", "kl"), ("k2", "mse")])
+def test_verl_clamps_only_low_var_kl(
+    cli: Cli, batch: dict[str, Any], estimator: str, flag: str
+) -> None:
+    """verl kl_penalty_forward: "kl" is logp − ref, "mse" is ½(logp − ref)², neither clamped."""
+    lp, ref, m = batch["logp"], batch["ref"], batch["mask"]
+    x = lp - ref
+    kld = x if flag == "kl" else 0.5 * x**2
+    doc = run(cli, batch, "--preset", "verl", "--kl-estimator", estimator)
+    assert math.isclose(doc["kl_term"], 0.001 * masked_token_mean(kld, m), rel_tol=1e-12)
+    # the token at ref − logp = 12: k1 = −12, k2 = 72, both beyond the ±10 of low_var_kl
+    assert (doc["kl"]["min"], doc["kl"]["max"]) == (float(kld[m].min()), float(kld[m].max()))
+    assert float(np.abs(kld[m]).max()) > 10
+    assert doc["settings"]["kl_clamp"] is None
+
+
+def test_verl_seq_mean_token_sum_norm(cli: Cli, batch: dict[str, Any]) -> None:
+    """verl >= 0.7.1 agg_loss: Σ_i Σ_t loss / B / L, L = the padded width (no
+    loss_scale_factor); --norm-scale lmax keeps verl <= 0.7.0's Σ / L."""
     lp, old, ref, m = batch["logp"], batch["old"], batch["ref"], batch["mask"]
-    doc_trl = run(
-        cli, batch, "--preset", "verl", "--agg", "seq-mean-token-sum-norm", "--norm-scale", "trl"
+    adv = group_norm(REWARDS, ddof=1, eps=1e-6)
+    kl = np.clip(ref - lp, -20, 20)
+    kld = np.clip(np.exp(kl) - kl - 1, -10, 10)
+    per_token = verl_vanilla(lp, old, adv, 0.2, 0.2) + 0.001 * kld
+    seq_losses = (per_token * m).sum(-1)
+    loss = float(seq_losses.sum() / B / L)
+    doc = run(cli, batch, "--preset", "verl", "--agg", "seq-mean-token-sum-norm")
+    assert math.isclose(doc["objective"], -loss, rel_tol=1e-12)
+    old_doc = run(
+        cli, batch, "--preset", "verl", "--agg", "seq-mean-token-sum-norm", "--norm-scale", "lmax"
     )
-    doc_verl = run(cli, batch, "--preset", "verl", "--agg", "seq-mean-token-sum-norm")
-    assert math.isclose(doc_verl["objective"], B * doc_trl["objective"], rel_tol=1e-12)
-    del lp, old, ref, m
+    assert math.isclose(old_doc["objective"], -loss * B, rel_tol=1e-12)
+
+
+def test_token_sum(cli: Cli, batch: dict[str, Any]) -> None:
+    """verl token-sum: Σ over every valid token, no division."""
+    lp, old, m = batch["logp"], batch["old"], batch["mask"]
+    adv = group_norm(REWARDS, ddof=1, eps=1e-6)
+    loss = float((verl_vanilla(lp, old, adv, 0.2, 0.2) * m).sum())
+    doc = run(cli, batch, "--preset", "verl", "--beta", "0", "--agg", "token-sum")
+    assert math.isclose(doc["objective"], -loss, rel_tol=1e-12)
+    assert math.isclose(doc["aggregations"]["token-sum"], -loss, rel_tol=1e-12)
+
+
+def test_verl_gspo(cli: Cli, batch: dict[str, Any]) -> None:
+    """verl compute_policy_loss_gspo: raw Δ averaged per answer, clamped above at 10,
+    no dual clip, no ±20 token clamp; clip fraction per token."""
+    lp, old, ref, m = batch["logp"], batch["old"], batch["ref"], batch["mask"]
+    adv = group_norm(REWARDS, ddof=1, eps=1e-6)[:, None]
+    old2 = old.copy()
+    old2[3, 0] = lp[3, 0] - 40.0  # answer 3 (2 tokens): mean Δ > 10, the seq clamp bites
+    seq = ((lp - old2) * m).sum(-1) / m.sum(-1)
+    log_r = np.minimum(seq, 10.0)[:, None] * np.ones((1, L))
+    r = np.exp(log_r)
+    pg1, pg2 = -adv * r, -adv * np.clip(r, 1 - 3e-4, 1 + 4e-4)
+    pg = np.maximum(pg1, pg2)
+    kl = np.clip(ref - lp, -20, 20)
+    kld = np.clip(np.exp(kl) - kl - 1, -10, 10)
+    loss = masked_token_mean(pg, m) + 0.001 * masked_token_mean(kld, m)
+    path = batch["path"].parent / "verl_gspo.npz"
+    np.savez(path, logp=lp, old_logp=old2, ref_logp=ref, mask=m, rewards=REWARDS.reshape(-1, G))
+    doc = cli.json(
+        "objective", path, "--preset", "verl", "--ratio-level", "sequence",
+        "--clip-eps", "3e-4", "--clip-eps-high", "4e-4",
+    )  # fmt: skip
+    assert seq[3] > 10
+    assert math.isclose(doc["objective"], -loss, rel_tol=1e-12)
+    clipfrac = float(((pg2 > pg1) & m).sum() / m.sum())
+    assert doc["clip_fraction"]["region"] == clipfrac
+    assert doc["clip_fraction"]["unit"] == "tokens"
+    s = doc["settings"]
+    assert (s["dual_clip"], s["seq_ratio_clamp"]) == (None, 10.0)
 
 
 def test_openrlhf(cli: Cli, batch: dict[str, Any]) -> None:
-    """OpenRLHF group_norm: (r − mean) / (std + 1e-9); k3 clamped to ±10; kl coef 0.01."""
+    """OpenRLHF group_norm: (r − mean) / (std + 1e-9); KL loss: k1 (its default estimator)
+    clamped to ±10, aggregated per token; kl coef 0.01."""
     lp, old, ref, m = batch["logp"], batch["old"], batch["ref"], batch["mask"]
     adv = group_norm(REWARDS, ddof=1, eps=1e-9)
     ratio = np.exp(np.clip(lp - old, -20, 20))
-    log_ratio = -(lp - ref)
-    kl = np.clip(np.exp(log_ratio) - 1 - log_ratio, -10, 10)
+    kl = np.clip(lp - ref, -10, 10)
     loss = masked_token_mean(ppo_clip_loss(ratio, adv, 0.2, 0.2), m) + 0.01 * masked_token_mean(
         kl, m
     )
@@ -140,12 +227,29 @@ def test_openrlhf(cli: Cli, batch: dict[str, Any]) -> None:
     assert math.isclose(doc["objective"], -loss, rel_tol=1e-12)
 
 
+def test_openrlhf_kl_is_token_mean_whatever_the_policy_aggregation(
+    cli: Cli, batch: dict[str, Any]
+) -> None:
+    """OpenRLHF GSPO: per-sample policy loss over mean(raw Δ), the KL loss per token."""
+    lp, old, ref, m = batch["logp"], batch["old"], batch["ref"], batch["mask"]
+    adv = group_norm(REWARDS, ddof=1, eps=1e-9)
+    seq = ((lp - old) * m).sum(-1) / m.sum(-1)
+    ratio = np.exp(seq)[:, None] * np.ones((1, L))
+    pg = ppo_clip_loss(ratio, adv, 0.2, 0.2)
+    kl = np.clip(k3(lp, ref), -10, 10)
+    loss = float(np.mean((pg * m).sum(-1) / m.sum(-1))) + 0.01 * masked_token_mean(kl, m)
+    doc = run(cli, batch, "--preset", "openrlhf", "--ratio-level", "sequence", "--kl-estimator", "k3")
+    assert math.isclose(doc["objective"], -loss, rel_tol=1e-12)
+    s = doc["settings"]
+    assert (s["agg"], s["kl_agg"]) == ("seq-mean-token-mean", "token-mean")
+
+
 @pytest.mark.parametrize("max_len", [None, 64])
 def test_dr_grpo(cli: Cli, batch: dict[str, Any], max_len: int | None) -> None:
-    """Dr. GRPO / TRL loss_type="dr_grpo": no std; Σ loss / (B · max_completion_length)."""
+    """TRL loss_type="dr_grpo": no std; Σ loss / (B · max_completion_length), 512 by default."""
     lp, old, m = batch["logp"], batch["old"], batch["mask"]
     adv = group_norm(REWARDS, ddof=0, eps=0.0, scale=False)
-    lmax = L if max_len is None else max_len
+    lmax = 512 if max_len is None else max_len
     loss = float((ppo_clip_loss(np.exp(lp - old), adv, 0.2, 0.2) * m).sum() / (B * lmax))
     extra = [] if max_len is None else ["--max-len", str(max_len)]
     doc = run(cli, batch, "--preset", "dr-grpo", *extra)
@@ -154,16 +258,29 @@ def test_dr_grpo(cli: Cli, batch: dict[str, Any], max_len: int | None) -> None:
 
 
 def test_dapo(cli: Cli, batch: dict[str, Any]) -> None:
-    """DAPO: clip-higher (0.2, 0.28), token-level mean, no KL."""
+    """DAPO on verl: clip-higher (0.2, 0.28), token-level mean, no KL, verl's vanilla loss
+    (dual clip 3 and the ±20 clamp are always on there)."""
     lp, old, m = batch["logp"], batch["old"], batch["mask"]
     adv = group_norm(REWARDS, ddof=1, eps=1e-6)
-    loss = masked_token_mean(ppo_clip_loss(np.exp(lp - old), adv, 0.2, 0.28), m)
+    loss = masked_token_mean(verl_vanilla(lp, old, adv, 0.2, 0.28), m)
     doc = run(cli, batch, "--preset", "dapo")
     assert math.isclose(doc["objective"], -loss, rel_tol=1e-12)
 
 
+def test_dapo_singleton_gets_verls_raw_advantage(cli: Cli, tmp_path: Path) -> None:
+    """verl compute_grpo_outcome_advantage: a one-answer group has mean 0, std 1."""
+    path = tmp_path / "single.parquet"
+    pq.write_table(
+        pa.table({"group": ["a", "a", "b"], "reward": [1.0, 0.0, 0.7], "logp": [[-1.0]] * 3}),
+        path,
+    )
+    doc = cli.json("advantages", path, "--preset", "dapo")
+    assert doc["advantages"][2] == 0.7 / (1 + 1e-6)
+
+
 def test_gspo(cli: Cli, batch: dict[str, Any]) -> None:
-    """GSPO as TRL runs it: s_i = exp(mean_t Δ), clip (3e-4, 4e-4), per-sequence mean."""
+    """GSPO as TRL runs it: s_i = exp(mean_t Δ), clip (3e-4, 4e-4), per-sequence mean;
+    clip metrics count sequences (TRL's coef_1 is (B, 1))."""
     lp, old, m = batch["logp"], batch["old"], batch["mask"]
     adv = group_norm(REWARDS, ddof=1, eps=1e-4)
     log_w = ((lp - old) * m).sum(-1) / m.sum(-1)
@@ -173,6 +290,36 @@ def test_gspo(cli: Cli, batch: dict[str, Any]) -> None:
     doc = run(cli, batch, "--preset", "gspo")
     assert math.isclose(doc["objective"], -loss, rel_tol=1e-12)
     assert doc["settings"]["ratio_level"] == "sequence"
+    w = np.exp(log_w)
+    low = (w < 1 - 3e-4) & (adv < 0)
+    high = (w > 1 + 4e-4) & (adv > 0)
+    cf = doc["clip_fraction"]
+    assert cf["unit"] == "sequences"
+    assert (cf["low"], cf["high"], cf["region"]) == (low.mean(), high.mean(), (low | high).mean())
+    assert 0 < cf["region"] < 1
+    tokens = run(cli, batch, "--preset", "gspo", "--clip-unit", "tokens")["clip_fraction"]
+    assert tokens["region"] == ((low | high)[:, None] & m).sum() / m.sum()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--clip-unit", "sequences"], "--clip-unit sequences needs --ratio-level sequence"),
+        (["--seq-ratio-clamp", "10"], "--seq-ratio-clamp needs --ratio-level sequence"),
+        (["--norm-scale", "verl"], "--norm-scale: 'verl' was renamed"),
+        (["--kl-agg", "bogus"], "--kl-agg: 'bogus' is not one of"),
+        (["--preset", "gspo", "--clip-unit", "sequences", "--ratio-level", "token"], "--clip-unit"),
+    ],
+)
+def test_convention_usage_errors(
+    cli: Cli, batch: dict[str, Any], args: list[str], message: str
+) -> None:
+    cli.error(["objective", str(batch["path"]), *args], message)
+
+
+def test_a_preset_at_token_level_counts_tokens(cli: Cli, batch: dict[str, Any]) -> None:
+    s = run(cli, batch, "--preset", "gspo", "--ratio-level", "token")["settings"]
+    assert (s["clip_unit"], s["seq_ratio_clamp"]) == ("tokens", None)
 
 
 def test_explicit_flags_override_a_preset(cli: Cli, batch: dict[str, Any]) -> None:
