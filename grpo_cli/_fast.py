@@ -169,7 +169,8 @@ def fold(
     """One pass over a batch: per-answer sums, clip counts, ratio and KL moments.
 
     Arguments and settings as :func:`grpo_cli._core.token_terms` takes them (the ratio per
-    token only, no KL bias correction: :func:`supports` says). ``d_hist`` and ``x_hist`` (``nbins + 2`` int64 counts of the log-ratio ``Δ`` and of
+    token only, no KL bias correction: :func:`supports` says). ``d_hist`` and ``x_hist``
+    (``nbins + 2`` int64 counts of the log-ratio ``Δ`` and of
     ``d = ref_logp − logp`` on ``bins``) are incremented in place, binned exactly as
     :class:`grpo_cli._stats.Histogram` bins. ``vector=False`` takes the scalar path even
     on an AVX2 machine (the tests compare both with numpy).

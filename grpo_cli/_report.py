@@ -592,6 +592,7 @@ class TokenPartial:
             if terms.kl_loss is terms.kl:
                 self._kl_answers(self._sums("kl", terms.kl, b))
             else:  # the loss's KL (bias-corrected) is summed; the statistics describe the KL
+                assert terms.kl_loss is not None
                 self._sums("kl", terms.kl_loss, b)
                 self._kl_answers(segment_sum(terms.kl, b.offsets) / b.lengths)
         # Clip fractions on the ratio the surrogate used. Within an answer A has one sign,

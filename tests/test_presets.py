@@ -238,7 +238,9 @@ def test_openrlhf_kl_is_token_mean_whatever_the_policy_aggregation(
     pg = ppo_clip_loss(ratio, adv, 0.2, 0.2)
     kl = np.clip(k3(lp, ref), -10, 10)
     loss = float(np.mean((pg * m).sum(-1) / m.sum(-1))) + 0.01 * masked_token_mean(kl, m)
-    doc = run(cli, batch, "--preset", "openrlhf", "--ratio-level", "sequence", "--kl-estimator", "k3")
+    doc = run(
+        cli, batch, "--preset", "openrlhf", "--ratio-level", "sequence", "--kl-estimator", "k3"
+    )
     assert math.isclose(doc["objective"], -loss, rel_tol=1e-12)
     s = doc["settings"]
     assert (s["agg"], s["kl_agg"]) == ("seq-mean-token-mean", "token-mean")
