@@ -129,11 +129,11 @@ def measure(
 
 
 def engine(cli: list[str]) -> str:
-    """What computes the token statistics in this install (grpo_cli._fast.engine)."""
-    code = "from grpo_cli._fast import engine; print(engine())"
-    return subprocess.run(
-        [cli[0], "-c", code], capture_output=True, text=True, check=True
-    ).stdout.strip()
+    """What computes the token statistics in this install (``grpo-cli --version``)."""
+    out = subprocess.run(
+        [cli[0], "-m", "grpo_cli", "--version"], capture_output=True, text=True, check=True
+    ).stdout
+    return out.rsplit("token kernel: ", 1)[1].rstrip(")\n ")
 
 
 def main() -> None:

@@ -27,6 +27,7 @@ from ._core import (
     sequence_log_ratio,
     token_terms,
 )
+from ._engine import EngineOptions
 from ._io import open_source
 from ._report import advantages_report, kl_report, objective_report
 from ._settings import PRESETS, Settings, resolve_settings
@@ -37,6 +38,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AGGREGATIONS",
     "PRESETS",
+    "EngineOptions",
     "GrpoCliError",
     "InputError",
     "Settings",

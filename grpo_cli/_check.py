@@ -22,6 +22,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ._core import advantages_by_group
+from ._engine import EngineOptions
 from ._io import (
     Answers,
     Batch,
@@ -141,6 +142,8 @@ class Result:
 class CheckReport:
     source: str
     results: list[Result]
+    settings: Settings | None = None
+    engine: EngineOptions | None = None
 
     @property
     def passed(self) -> bool:
@@ -154,6 +157,8 @@ class CheckReport:
             "passed": self.passed,
             "counts": {s: sum(r.status == s for r in self.results) for s in STATUSES},
             "results": [r.to_json() for r in self.results],
+            "settings": None if self.settings is None else self.settings.to_json(),
+            "engine": None if self.engine is None else self.engine.to_json(),
         }
 
 
@@ -688,9 +693,10 @@ def run_check(
     cfg: CheckConfig,
     baseline: dict[str, Any] | None = None,
     progress: Callable[[int], None] | None = None,
-    workers: int | None = None,
+    engine: EngineOptions | None = None,
 ) -> CheckReport:
     """Evaluate every rule of ``cfg`` on ``src``; optionally compare with a baseline report."""
+    engine = (engine or EngineOptions()).resolved()
     answers = load_answers(src, need_rewards=False, allow_nonfinite=True)
     scan = Scan()
     fields = _token_fields(src)
@@ -708,7 +714,8 @@ def run_check(
 
     def batches() -> Iterator[Batch]:
         """One pass: scan each raw batch, and while all is valid, feed the objective."""
-        with closing(prefetch(iter_raw(src, fields))) as raws:  # decoding overlaps the scan
+        raws_it = iter_raw(src, fields, batch_tokens=engine.batch_tokens)
+        with closing(prefetch(raws_it, threaded=engine.prefetch)) as raws:  # overlaps the scan
             for raw in raws:
                 _scan_batch(scan, raw, src, answers, cfg)
                 if valid[0]:
@@ -732,7 +739,7 @@ def run_check(
                 ratio_band=band,
                 answers=answers,
                 batches=stream,
-                workers=workers,
+                engine=engine,
             )
         except InputError:
             if valid[0]:
@@ -777,7 +784,7 @@ def run_check(
             results.append(fn(facts, rc))
     if baseline is not None:
         results.append(_baseline(results, baseline, cfg.baseline_tolerance))
-    return CheckReport(source=src.label, results=results)
+    return CheckReport(source=src.label, results=results, settings=settings, engine=engine)
 
 
 def _recap(r: Result, rc: RuleConfig) -> Result:

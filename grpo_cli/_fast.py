@@ -1,11 +1,11 @@
 """The optional compiled kernel (``_kernel.c``), loaded with ctypes.
 
-``setup.py`` builds it when a C compiler is at hand; without it, or with
-``GRPO_CLI_KERNEL=numpy``, grpo-cli computes the same statistics with numpy
-(:meth:`grpo_cli._report.TokenPartial.update`): ~40 ns per token where the kernel
-needs ~7, about 1.9x slower end to end.
-``GRPO_CLI_KERNEL=c`` makes a missing kernel an error instead (CI sets it, so the
-compiled path is the one tested there).
+``setup.py`` builds it when a C compiler is at hand; without it, or with the engine's
+backend ``numpy`` (:class:`grpo_cli._engine.EngineOptions`), grpo-cli computes the same
+statistics with numpy (:meth:`grpo_cli._report.TokenPartial.update`): ~40 ns per token
+where the kernel needs ~7, about 1.9x slower end to end. Nothing here reads the
+environment: the CLI maps ``GRPO_CLI_KERNEL`` to the backend (CI sets ``c``, so a missing
+kernel fails there instead of silently testing numpy).
 
 The kernel folds one record batch in one pass over its token columns; see
 :func:`fold`. A ctypes call releases the GIL, so worker threads run it in parallel.
@@ -16,7 +16,6 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import math
-import os
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -25,7 +24,6 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ._core import require_reference
-from .errors import UsageError
 
 F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
@@ -89,35 +87,17 @@ def _library() -> ctypes.CDLL | None:
     return lib
 
 
-def mode() -> str:
-    """``GRPO_CLI_KERNEL``: auto (default), c, or numpy."""
-    m = os.environ.get("GRPO_CLI_KERNEL", "auto").strip().lower() or "auto"
-    if m not in ("auto", "c", "numpy"):
-        raise UsageError(f"GRPO_CLI_KERNEL must be auto, c or numpy, got {m!r}")
-    return m
+def built() -> bool:
+    """Whether the compiled kernel is installed (``setup.py`` builds it when a C compiler
+    is at hand)."""
+    return _library() is not None
 
 
-def available() -> bool:
-    """Whether token batches go through the compiled kernel."""
-    m = mode()
-    if m == "numpy":
-        return False
-    if _library() is None:
-        if m == "c":
-            raise UsageError(
-                "GRPO_CLI_KERNEL=c but the compiled kernel is not built "
-                "(reinstall with a C compiler: pip install -e .)"
-            )
-        return False
-    return True
-
-
-def engine() -> str:
-    """What computes the token statistics: 'c+avx2', 'c' or 'numpy'."""
-    if not available():
-        return "numpy"
+def kernel_name(backend: str) -> str:
+    """What computes token statistics for a resolved ``backend``: 'c+avx2', 'c' or 'numpy'."""
     lib = _library()
-    assert lib is not None
+    if backend != "c" or lib is None:
+        return "numpy"
     return "c+avx2" if lib.grpo_vector_exp() else "c"
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import glob as globlib
 import math
-import os
 import queue
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -28,7 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
-from ._settings import env_int
+from ._engine import DEFAULT_BATCH_TOKENS
 from .errors import InputError, UsageError
 
 __all__ = [
@@ -72,17 +71,6 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "entropy": ("entropy", "entropys", "entropies", "token_entropy"),
     "mask": ("mask", "response_mask", "completion_mask", "action_mask", "loss_mask"),
 }
-
-# Tokens per streamed record batch: bounds memory (a few float64 temporaries of this size)
-# and keeps them small enough to stay in cache and in the allocator's heap.
-# GRPO_CLI_BATCH_TOKENS overrides it; tests set BATCH_TOKENS itself.
-BATCH_TOKENS: int | None = None
-
-
-def _batch_tokens(batch_tokens: int | None) -> int:
-    if batch_tokens is not None:
-        return batch_tokens
-    return BATCH_TOKENS or env_int("GRPO_CLI_BATCH_TOKENS", 1 << 18)
 
 
 def parse_column_map(items: Sequence[str] | None) -> dict[str, str]:
@@ -488,7 +476,11 @@ class Batch:
 
 
 def iter_batches(
-    src: Source, fields: Sequence[str], *, batch_tokens: int | None = None
+    src: Source,
+    fields: Sequence[str],
+    *,
+    batch_tokens: int = DEFAULT_BATCH_TOKENS,
+    threaded: bool = True,
 ) -> Iterator[Batch]:
     """Pass 2: stream the requested token fields (of ``logp``, ``old_logp``, ``ref_logp``).
 
@@ -499,8 +491,8 @@ def iter_batches(
     if src.kind == "npz":
         yield from _npz_batches(src, wanted)
     else:
-        tokens = _batch_tokens(batch_tokens)
-        with closing(prefetch(_parquet_batches(src, wanted, tokens))) as stream:
+        batches = _parquet_batches(src, wanted, batch_tokens)
+        with closing(prefetch(batches, threaded=threaded)) as stream:
             yield from stream
 
 
@@ -688,7 +680,12 @@ def _parquet_chunks(src: Source) -> list[tuple[int, int, int]]:
 
 
 def iter_batch_streams(
-    src: Source, fields: Sequence[str], streams: int, *, batch_tokens: int | None = None
+    src: Source,
+    fields: Sequence[str],
+    streams: int,
+    *,
+    batch_tokens: int = DEFAULT_BATCH_TOKENS,
+    threaded: bool = True,
 ) -> list[Prefetch[Batch]] | None:
     """Pass 2 as ``streams`` streams read in parallel, each by its own thread: row group
     ``j`` of the dataset (files in order) goes to stream ``j mod streams``, so decoding, the
@@ -696,18 +693,18 @@ def iter_batch_streams(
 
     Each stream yields its batches in row order and raises :class:`BatchError` on bad
     data; its thread starts decoding at once, and ``close()`` stops it. None when there
-    are fewer row groups than streams (or one npz): then :func:`iter_batches` is the one
-    stream.
+    are fewer row groups than streams (or one npz), or without ``threaded`` (no reader
+    threads): then :func:`iter_batches` is the one stream.
     """
-    if src.kind == "npz" or streams < 2 or os.environ.get("GRPO_CLI_NO_PREFETCH"):
+    if src.kind == "npz" or streams < 2 or not threaded:
         return None
     chunks = _parquet_chunks(src)
     if len(chunks) < streams:
         return None
     wanted = [f for f in fields if src.has(f)]
-    tokens = _batch_tokens(batch_tokens)
     return [
-        Prefetch(_chunk_batches(src, chunks[k::streams], wanted, tokens)) for k in range(streams)
+        Prefetch(_chunk_batches(src, chunks[k::streams], wanted, batch_tokens))
+        for k in range(streams)
     ]
 
 
@@ -756,7 +753,7 @@ class RawBatch:
 
 
 def iter_raw(
-    src: Source, fields: Sequence[str], *, batch_tokens: int | None = None
+    src: Source, fields: Sequence[str], *, batch_tokens: int = DEFAULT_BATCH_TOKENS
 ) -> Iterator[RawBatch]:
     """Stream token fields without validating their values (``grpo-cli check``).
 
@@ -781,8 +778,7 @@ def iter_raw(
         )
         return
     names, mname, cols = _token_columns(src, wanted)
-    tokens = _batch_tokens(batch_tokens)
-    for rb, start, label in _parquet_record_batches(src, cols, tokens):
+    for rb, start, label in _parquet_record_batches(src, cols, batch_tokens):
         yield _raw_record_batch(rb, wanted, names, mname, start, label)
 
 
@@ -1003,9 +999,11 @@ class _Inline(Iterator[T]):
             close()
 
 
-def prefetch(items: Iterable[T], depth: int = 2) -> Prefetch[T] | _Inline[T]:
-    """:class:`Prefetch` of ``items``, or ``items`` in the caller's thread with
-    ``GRPO_CLI_NO_PREFETCH`` set (both have ``close()``)."""
-    if os.environ.get("GRPO_CLI_NO_PREFETCH"):
+def prefetch(
+    items: Iterable[T], depth: int = 2, *, threaded: bool = True
+) -> Prefetch[T] | _Inline[T]:
+    """:class:`Prefetch` of ``items``, or, without ``threaded``, ``items`` in the caller's
+    thread (both have ``close()``)."""
+    if not threaded:
         return _Inline(items)
     return Prefetch(items, depth)

@@ -78,6 +78,7 @@ def advantages_json(r: AdvantagesReport) -> dict[str, Any]:
         "command": "advantages",
         "source": r.source,
         "settings": r.settings.to_json(),
+        "engine": r.engine.to_json(),
         "summary": r.summary.to_json(),
         "reward": r.reward.to_json(),
         "advantage": r.advantage.to_json(),
@@ -95,6 +96,7 @@ def kl_json(r: KLReport) -> dict[str, Any]:
         "settings": {
             k: r.settings.to_json()[k] for k in ("kl_estimator", "kl_clamp", "log_ratio_clamp")
         },
+        "engine": r.engine.to_json(),
         "counts": {"answers": r.answers, "tokens": r.tokens},
         "kl": r.token.to_json(),
         "kl_per_answer": r.per_answer.to_json(),
@@ -137,5 +139,6 @@ def objective_json(r: ObjectiveReport) -> dict[str, Any]:
         "rollout": r.rollout.to_json() if r.rollout is not None else None,
         "entropy": r.entropy.to_json() if r.entropy is not None else None,
         "settings": r.settings.to_json(),
+        "engine": r.engine.to_json(),
         "warnings": r.warnings,
     }

@@ -27,6 +27,7 @@ from ._core import (
     segment_sum,
     token_terms,
 )
+from ._engine import EngineOptions
 from ._io import (
     Answers,
     Batch,
@@ -37,7 +38,7 @@ from ._io import (
     iter_batches,
     load_answers,
 )
-from ._settings import Settings, env_int
+from ._settings import Settings
 from ._stats import IntCounts, Moments, Sketch
 from .errors import InputError, UsageError
 
@@ -205,6 +206,7 @@ class AdvantagesReport:
     reward: Distribution
     advantage: Distribution
     logged_max_abs_diff: float | None  # vs the file's own advantages, when it has them
+    engine: EngineOptions = field(default_factory=EngineOptions)
 
 
 @dataclass(frozen=True)
@@ -213,6 +215,7 @@ class KLReport:
 
     source: str
     settings: Settings
+    engine: EngineOptions
     answers: int
     tokens: int
     token: Distribution
@@ -274,6 +277,7 @@ class ObjectiveReport:
     rollout: RolloutReport | None = None  # sampler vs trainer, when rollout_logp is logged
     entropy: Distribution | None = None  # per-token policy entropy, when logged
     warnings: list[str] = field(default_factory=list)
+    engine: EngineOptions = field(default_factory=EngineOptions)
 
     @property
     def loss(self) -> float:
@@ -292,7 +296,9 @@ def _advantages(answers: Answers, settings: Settings, label: str) -> tuple[F64, 
     return adv, stats
 
 
-def advantages_report(src: Source, settings: Settings) -> AdvantagesReport:
+def advantages_report(
+    src: Source, settings: Settings, *, engine: EngineOptions | None = None
+) -> AdvantagesReport:
     """Group-relative advantages of every answer of ``src`` (rewards and groups only)."""
     answers = load_answers(src, need_rewards=True)
     adv, stats = _advantages(answers, settings, src.label)
@@ -312,6 +318,7 @@ def advantages_report(src: Source, settings: Settings) -> AdvantagesReport:
         reward=_values_distribution(answers.reward),
         advantage=_values_distribution(adv),
         logged_max_abs_diff=diff,
+        engine=(engine or EngineOptions()).resolved(),
     )
 
 
@@ -455,7 +462,9 @@ class TokenPartial:
     answer, where the advantage's sign is known; ratio extremes come from the log-ratio's).
     """
 
-    def __init__(self, settings: Settings, *, exact_cap: int | None = None) -> None:
+    def __init__(
+        self, settings: Settings, *, backend: str = "numpy", exact_cap: int | None = None
+    ) -> None:
         self.s = settings
         cap = {} if exact_cap is None else {"exact_cap": exact_cap}
         self.answers = 0
@@ -478,9 +487,8 @@ class TokenPartial:
         self.entropy_q = Sketch(*ENTROPY_BINS, **cap)
         # the compiled kernel folds token-level ratios; GSPO's sequence ratio and TRL's
         # bias-corrected KL stay in numpy
-        self.compiled = (
-            _fast.supports(settings.ratio_level, settings.beta, settings.kl_bias_correction)
-            and _fast.available()
+        self.compiled = backend == "c" and _fast.supports(
+            settings.ratio_level, settings.beta, settings.kl_bias_correction
         )
         self.vector = True  # the kernel's AVX2 path where the CPU has it (tests turn it off)
 
@@ -774,24 +782,12 @@ def _length_weights(p: TokenPartial) -> list[dict[str, float]]:
 
 
 # --------------------------------------------------------------------- the fold
-# Fixed, not the core count: the result depends on the worker count (the order floats are
-# added in), so a fixed default keeps JSON identical across machines. GRPO_CLI_WORKERS overrides
-# it (0: the default).
-DEFAULT_WORKERS = 2
-
-
-def _worker_count(workers: int | None) -> int:
-    if workers is None:
-        return env_int("GRPO_CLI_WORKERS", 0, minimum=0) or DEFAULT_WORKERS
-    return max(1, int(workers))
-
-
 def fold_batches(
     batches: Iterator[Batch],
     new: Callable[[], TokenPartial],
     fold: Callable[[TokenPartial, Batch], None],
     *,
-    workers: int | None = None,
+    workers: int,
     progress: Progress | None = None,
 ) -> TokenPartial:
     """Fold a stream of batches into one partial, on ``workers`` threads.
@@ -802,7 +798,7 @@ def fold_batches(
     result is bit-for-bit the same from run to run (it depends on ``workers``, not on
     timing). Memory stays bounded: each worker's queue holds at most two batches.
     """
-    w = _worker_count(workers)
+    w = workers
     parts = [new() for _ in range(w)]
     if w == 1:
         for b in batches:
@@ -910,7 +906,7 @@ def _fold_source(
     new: Callable[[], TokenPartial],
     fold: Callable[[TokenPartial, Batch], None],
     *,
-    workers: int | None,
+    engine: EngineOptions,
     progress: Progress | None,
     streams: list[Prefetch[Batch]] | None,
 ) -> TokenPartial:
@@ -919,19 +915,28 @@ def _fold_source(
     workers."""
     if streams is not None:
         return fold_streams(streams, new, fold, progress=progress)
-    w = _worker_count(workers)
-    return fold_batches(iter_batches(src, fields), new, fold, workers=w, progress=progress)
+    batches = iter_batches(src, fields, batch_tokens=engine.batch_tokens, threaded=engine.prefetch)
+    return fold_batches(batches, new, fold, workers=engine.workers, progress=progress)
+
+
+def _streams(src: Source, fields: Sequence[str], engine: EngineOptions) -> Any:
+    """The row-group streams of :func:`iter_batch_streams` for ``engine`` (None: one)."""
+    return iter_batch_streams(
+        src, fields, engine.workers, batch_tokens=engine.batch_tokens, threaded=engine.prefetch
+    )
 
 
 # ----------------------------------------------------------------------- KL command
 def kl_report(
     src: Source,
     settings: Settings,
+    *,
+    engine: EngineOptions | None = None,
     progress: Progress | None = None,
     exact_cap: int | None = None,
-    workers: int | None = None,
 ) -> KLReport:
     """Per-token KL estimate statistics of ``src`` (needs ``logp`` and ``ref_logp``)."""
+    engine = (engine or EngineOptions()).resolved()
     for f in ("logp", "ref_logp"):
         if not src.has(f):
             raise InputError(
@@ -942,17 +947,18 @@ def kl_report(
     acc = _fold_source(
         src,
         fields,
-        lambda: TokenPartial(settings, exact_cap=exact_cap),
+        lambda: TokenPartial(settings, backend=engine.backend, exact_cap=exact_cap),
         TokenPartial.update_kl,
-        workers=workers,
+        engine=engine,
         progress=progress,
-        streams=iter_batch_streams(src, fields, _worker_count(workers)),
+        streams=_streams(src, fields, engine),
     )
     if acc.answers == 0:
         raise InputError(f"{src.label}: no answers (0 rows): nothing to compute")
     return KLReport(
         source=src.label,
         settings=settings,
+        engine=engine,
         answers=acc.answers,
         tokens=acc.tokens,
         token=_distribution(acc.kl, acc.kl_d, acc.kl_function()),
@@ -990,10 +996,11 @@ def _pass1(
 def objective_report(
     src: Source,
     settings: Settings,
+    *,
+    engine: EngineOptions | None = None,
     progress: Progress | None = None,
     exact_cap: int | None = None,
     recompute_advantages: bool = False,
-    workers: int | None = None,
     ratio_band: float = 10.0,
     answers: Answers | None = None,
     batches: Iterable[Batch] | None = None,
@@ -1003,6 +1010,7 @@ def objective_report(
     ``answers`` (pass 1) and ``batches`` (pass 2) may be given by a caller that reads the
     data itself (``check`` scans the raw arrays and validates them in the same pass).
     """
+    engine = (engine or EngineOptions()).resolved()
     warnings: list[str] = []
     if not src.has("logp"):
         raise InputError(
@@ -1020,7 +1028,7 @@ def objective_report(
     # row-group streams start decoding now, while pass 1 reads the answer columns
     streams = None
     if batches is None:
-        streams = iter_batch_streams(src, TOKEN_FIELDS, _worker_count(workers))
+        streams = _streams(src, TOKEN_FIELDS, engine)
     try:
         adv, adv_source, stats = _pass1(src, settings, answers, recompute_advantages)
     except BaseException:
@@ -1034,14 +1042,14 @@ def objective_report(
         acc.update(b, adv[b.start : b.start + b.n])
 
     def new() -> TokenPartial:
-        return TokenPartial(settings, exact_cap=exact_cap)
+        return TokenPartial(settings, backend=engine.backend, exact_cap=exact_cap)
 
     if batches is None:
         acc = _fold_source(
-            src, TOKEN_FIELDS, new, fold, workers=workers, progress=progress, streams=streams
+            src, TOKEN_FIELDS, new, fold, engine=engine, progress=progress, streams=streams
         )
     else:
-        acc = fold_batches(iter(batches), new, fold, workers=workers, progress=progress)
+        acc = fold_batches(iter(batches), new, fold, workers=engine.workers, progress=progress)
     if acc.answers != adv.shape[0]:
         raise InputError(
             f"{src.label}: {acc.answers} token rows but {adv.shape[0]} answers (rewards/advantages)"
@@ -1062,6 +1070,7 @@ def objective_report(
             f"({acc.max_width} tokens){hint}"
         )
     rec = _objective_record(src, settings, acc, adv, adv_source, stats, on_policy, warnings)
+    rec = replace(rec, engine=engine)
     b = math.log(ratio_band)
     outside = acc.delta.count_outside(-b, b) / max(acc.tokens, 1)
     return replace(rec, ratio_band=ratio_band, ratio_outside_band=outside)

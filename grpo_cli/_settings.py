@@ -8,7 +8,6 @@ override a preset field by field (:func:`resolve_settings`).
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
@@ -16,21 +15,6 @@ from ._core import AGGREGATIONS
 from .errors import UsageError
 
 __all__ = ["OFF", "PRESETS", "TRAINERS", "Settings", "resolve_settings"]
-
-
-def env_int(name: str, default: int, minimum: int = 1) -> int:
-    """An integer tuning knob from the environment (``default`` when unset); anything
-    else than an integer ``>= minimum`` is a :class:`UsageError`, read when it is used."""
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        raise UsageError(f"{name} must be an integer, got {text!r}") from None
-    if value < minimum:
-        raise UsageError(f"{name} must be >= {minimum}, got {value}")
-    return value
 
 
 OFF = object()

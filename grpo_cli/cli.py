@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from . import __version__
+from ._engine import DEFAULT_BATCH_TOKENS, DEFAULT_WORKERS, MAX_WORKERS, EngineOptions
 from ._io import open_source, parse_column_map, write_advantages
 from ._json import advantages_json, dumps, kl_json, objective_json
 from ._report import advantages_report, kl_report, objective_report
@@ -293,8 +294,9 @@ WorkersOpt = Annotated[
     int | None,
     typer.Option(
         min=1,
-        help="Compute threads (default 2 on every machine; the result depends on it only at "
-        "the 1e-15 level, through the order of float additions).",
+        help="Compute threads, 1 to 64 (default 2 on every machine, or GRPO_CLI_WORKERS; the "
+        "result depends on it only at the 1e-15 level, through the order of float additions; "
+        "JSON echoes it in engine).",
         show_default=False,
     ),
 ]
@@ -304,6 +306,50 @@ ProgressOpt = Annotated[
         "--progress/--no-progress", help="Progress bar on stderr (only when it is a terminal)."
     ),
 ]
+
+
+def env_int(name: str, default: int, minimum: int = 1) -> int:
+    """An integer tuning knob from the environment (``default`` when unset); anything
+    else than an integer ``>= minimum`` is a :class:`UsageError`."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise UsageError(f"{name} must be an integer, got {text!r}") from None
+    if value < minimum:
+        raise UsageError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _backend() -> str:
+    """``GRPO_CLI_KERNEL``: auto (default), c, or numpy."""
+    m = os.environ.get("GRPO_CLI_KERNEL", "auto").strip().lower() or "auto"
+    if m not in ("auto", "c", "numpy"):
+        raise UsageError(f"GRPO_CLI_KERNEL must be auto, c or numpy, got {m!r}")
+    return m
+
+
+def _engine(workers: int | None = None) -> EngineOptions:
+    """The engine options from ``--workers`` and the environment: ``GRPO_CLI_WORKERS`` (0:
+    the default), ``GRPO_CLI_BATCH_TOKENS``, ``GRPO_CLI_NO_PREFETCH`` (any value: decode in
+    the computing threads) and ``GRPO_CLI_KERNEL``. The only place the environment is read."""
+    if workers is None:
+        workers = env_int("GRPO_CLI_WORKERS", 0, minimum=0) or DEFAULT_WORKERS
+    if workers > MAX_WORKERS:
+        raise UsageError(f"--workers / GRPO_CLI_WORKERS: at most {MAX_WORKERS}, got {workers}")
+    try:
+        return EngineOptions(
+            workers=workers,
+            batch_tokens=env_int("GRPO_CLI_BATCH_TOKENS", DEFAULT_BATCH_TOKENS),
+            prefetch=not os.environ.get("GRPO_CLI_NO_PREFETCH"),
+            backend=_backend(),
+        ).resolved()
+    except UsageError as exc:
+        if "not built" in str(exc):
+            raise UsageError(f"GRPO_CLI_KERNEL=c but {str(exc).split(': ', 1)[1]}") from None
+        raise
 
 
 def _settings(**kw: Any) -> Settings:
@@ -338,7 +384,7 @@ def advantages(
         if out is not None and out.suffix.lower() not in (".npz", ".parquet", ".pq"):
             raise UsageError(f"--out {out}: the file must end in .npz or .parquet")
         src = open_source(files, parse_column_map(column))
-        report = advantages_report(src, settings)
+        report = advantages_report(src, settings, engine=_engine())
         if out is not None:
             adv = report.advantages.reshape(report.shape) if report.shape else report.advantages
             labels = [report.labels[c] for c in report.codes.tolist()]
@@ -373,7 +419,7 @@ def kl(
         )
         src = open_source(files, parse_column_map(column))
         with _progress(progress, src.n_rows(), "kl") as tick:
-            report = kl_report(src, settings, progress=tick, workers=workers)
+            report = kl_report(src, settings, progress=tick, engine=_engine(workers))
         if json_out:
             _emit_json(kl_json(report))
         else:
@@ -457,7 +503,7 @@ def objective(
                 settings,
                 progress=tick,
                 recompute_advantages=recompute_advantages,
-                workers=workers,
+                engine=_engine(workers),
             )
         for w in report.warnings:
             _note(w)
@@ -540,7 +586,9 @@ def check(
                 ) from None
         src = open_source(files, parse_column_map(column))
         with _progress(progress, src.n_rows(), "check") as tick:
-            report = run_check(src, settings, cfg, baseline=base, progress=tick, workers=workers)
+            report = run_check(
+                src, settings, cfg, baseline=base, progress=tick, engine=_engine(workers)
+            )
         doc = report.to_json()
         if report_path is not None:
             try:
@@ -614,10 +662,10 @@ def sample(
 
 def _version(value: bool) -> None:
     if value:
-        from ._fast import engine
+        from ._fast import kernel_name
 
         with _errors():  # a bad GRPO_CLI_KERNEL is a one-line error here too
-            kernel = engine()
+            kernel = kernel_name(_engine().backend)
         # the token kernel in use: results differ between kernels in the last digits only
         typer.echo(f"grpo-cli {__version__} (token kernel: {kernel})")
         raise typer.Exit()

@@ -152,7 +152,7 @@ def test_sampler_vs_trainer_streams_like_one_batch(
     col = pa.array([r.tolist() for r in rollout], type=pa.list_(pa.float64()))
     path = write_parquet(tmp_path / "b.parquet", b, rollout_logp=col)
     whole = cli.json("objective", path)["rollout"]
-    monkeypatch.setattr("grpo_cli._io.BATCH_TOKENS", 40)
+    monkeypatch.setenv("GRPO_CLI_BATCH_TOKENS", "40")
     parts = cli.json("objective", path)["rollout"]
     for k, v in whole.items():  # chi² = mean(ρ²) − 1 is a difference near 0: absolute
         assert math.isclose(parts[k], v, rel_tol=1e-12, abs_tol=1e-12), k

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grpo_cli import _fast, objective_report, open_source, resolve_settings
+from grpo_cli import EngineOptions, _fast, objective_report, open_source, resolve_settings
 from grpo_cli._core import token_terms
 from grpo_cli._io import Batch
 from grpo_cli._report import TokenPartial
@@ -229,7 +229,8 @@ def test_cli_results_agree_with_numpy(cli: Cli, monkeypatch: pytest.MonkeyPatch)
 
 def test_version_names_the_kernel(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
     r = cli("--version")
-    assert r.exit_code == 0 and r.stdout.strip().endswith(f"(token kernel: {_fast.engine()})")
+    kernel = _fast.kernel_name(EngineOptions().resolved().backend)
+    assert r.exit_code == 0 and r.stdout.strip().endswith(f"(token kernel: {kernel})")
     monkeypatch.setenv("GRPO_CLI_KERNEL", "numpy")
     assert cli("--version").stdout.strip().endswith("(token kernel: numpy)")
     monkeypatch.setenv("GRPO_CLI_KERNEL", "fast")
@@ -239,16 +240,30 @@ def test_version_names_the_kernel(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> 
         assert r.stderr == "grpo-cli: error: GRPO_CLI_KERNEL must be auto, c or numpy, got 'fast'\n"
 
 
-def test_engine_setting(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("GRPO_CLI_KERNEL", "numpy")
-    assert _fast.engine() == "numpy" and not _fast.available()
+def test_engine_options_choose_the_backend(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The library never reads the environment: the backend is an engine option, decided
+    (auto) once and echoed; the CLI maps GRPO_CLI_KERNEL to it."""
+    monkeypatch.setenv("GRPO_CLI_KERNEL", "numpy")  # ignored by the library
+    assert EngineOptions().resolved().backend == ("c" if built else "numpy")
     src = open_source([str(SAMPLE / "batch.parquet")])
-    assert objective_report(src, resolve_settings()).tokens > 0
-    monkeypatch.setenv("GRPO_CLI_KERNEL", "fast")
-    with pytest.raises(UsageError, match="GRPO_CLI_KERNEL must be auto, c or numpy"):
-        _fast.available()
+    r = objective_report(src, resolve_settings(), engine=EngineOptions(backend="numpy"))
+    assert r.tokens > 0 and r.engine.backend == "numpy"
+    doc = cli.json("objective", str(SAMPLE / "batch.parquet"))
+    assert doc["engine"] == {
+        "name": "local", "workers": 2, "batch_tokens": 262144, "prefetch": True,
+        "backend": "numpy",
+    }  # fmt: skip
     monkeypatch.setenv("GRPO_CLI_KERNEL", "c")
-    assert _fast.engine() in ("c", "c+avx2")
+    monkeypatch.setenv("GRPO_CLI_WORKERS", "3")
+    if built:
+        assert cli.json("kl", str(SAMPLE / "batch.parquet"))["engine"]["backend"] == "c"
+    assert cli.json("objective", str(SAMPLE / "batch.parquet"))["engine"]["workers"] == 3
+    assert (
+        cli.json("objective", str(SAMPLE / "batch.parquet"), "--workers", "1")["engine"]["workers"]
+        == 1
+    )
     monkeypatch.setattr(_fast, "_library", lambda: None)
     with pytest.raises(UsageError, match="compiled kernel is not built"):
-        _fast.available()
+        EngineOptions(backend="c").resolved()
+    r = cli("objective", str(SAMPLE / "batch.parquet"), "--json")
+    assert r.exit_code == 2 and "GRPO_CLI_KERNEL=c but the compiled kernel is not built" in r.stderr

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from grpo_cli import objective_report, open_source, resolve_settings
+from grpo_cli import EngineOptions, objective_report, open_source, resolve_settings
 from grpo_cli._io import iter_batch_streams, iter_batches
 from grpo_cli._report import LOG_RATIO_BINS, QUANTILES, kl_report
 from grpo_cli._stats import Histogram, IntCounts, Moments, Sketch, quantiles_from_counts
@@ -112,8 +112,10 @@ def test_sketch_is_exact_under_the_cap() -> None:
 
 # ----------------------------------------------------------------------- end to end
 def _strip(doc: dict[str, object]) -> dict[str, object]:
+    """The document without what names where and how it was computed."""
     doc = dict(doc)
     doc.pop("source")
+    doc.pop("engine")
     return doc
 
 
@@ -144,7 +146,7 @@ def test_many_batches_files_and_workers_equal_one_batch(
     d.mkdir()
     for i, (lo, hi) in enumerate(((0, 90), (90, 200), (200, 300))):
         pq.write_table(table.slice(lo, hi - lo), d / f"part-{i}.parquet")
-    monkeypatch.setattr("grpo_cli._io.BATCH_TOKENS", 64)
+    monkeypatch.setenv("GRPO_CLI_BATCH_TOKENS", "64")
     for spec in (
         [str(d)],
         [str(d / "part-*.parquet")],
@@ -154,11 +156,11 @@ def test_many_batches_files_and_workers_equal_one_batch(
         _close(streamed, whole, rel=1e-12)
     settings = resolve_settings()
     src = open_source([str(d)])
-    assert sum(1 for _ in iter_batches(src, ["logp"])) > 10
-    one = objective_report(src, settings, workers=1)
-    two = objective_report(src, settings, workers=2)
+    assert sum(1 for _ in iter_batches(src, ["logp"], batch_tokens=64)) > 10
+    one = objective_report(src, settings, engine=EngineOptions(workers=1, batch_tokens=64))
+    two = objective_report(src, settings, engine=EngineOptions(workers=2, batch_tokens=64))
     assert math.isclose(one.objective, two.objective, rel_tol=1e-12)
-    again = objective_report(src, settings, workers=2)
+    again = objective_report(src, settings, engine=EngineOptions(workers=2, batch_tokens=64))
     assert again.objective == two.objective  # deterministic, whatever the thread timing
 
 
@@ -187,9 +189,9 @@ def test_streamed_histogram_quantiles_match_in_memory(tmp_path: Path) -> None:
 def test_progress_counts_every_answer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     b = random_batch(np.random.default_rng(33), n=50, width=20)
     src = open_source([str(write_parquet(tmp_path / "b.parquet", b))])
-    monkeypatch.setattr("grpo_cli._io.BATCH_TOKENS", 32)
     seen: list[int] = []
-    objective_report(src, resolve_settings(), progress=seen.append)
+    engine = EngineOptions(batch_tokens=32)
+    objective_report(src, resolve_settings(), engine=engine, progress=seen.append)
     assert sum(seen) == 50 and len(seen) > 1
 
 
@@ -199,7 +201,7 @@ def test_bad_row_late_in_a_stream_is_a_clean_error(
     b = random_batch(np.random.default_rng(34), n=120, width=20)
     b["old_logp"][97][0] = np.inf
     path = write_parquet(tmp_path / "b.parquet", b)
-    monkeypatch.setattr("grpo_cli._io.BATCH_TOKENS", 32)
+    monkeypatch.setenv("GRPO_CLI_BATCH_TOKENS", "32")
     for cmd in ("objective", "kl"):
         r = cli(cmd, path, "--json")
         if cmd == "kl":  # kl reads logp and ref_logp only: the bad old_logp is not its concern
@@ -217,7 +219,7 @@ def test_bad_row_late_in_a_stream_is_a_clean_error(
 def test_workers_option(cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     b = random_batch(np.random.default_rng(35), n=60, width=20)
     path = write_parquet(tmp_path / "b.parquet", b)
-    monkeypatch.setattr("grpo_cli._io.BATCH_TOKENS", 32)
+    monkeypatch.setenv("GRPO_CLI_BATCH_TOKENS", "32")
     docs = [cli.json("objective", path, "--workers", str(w)) for w in (1, 2, 3)]
     for d in docs[1:]:
         assert math.isclose(d["objective"], docs[0]["objective"], rel_tol=1e-12)
@@ -245,18 +247,19 @@ def test_row_group_streams_equal_one_stream(tmp_path: Path) -> None:
     starts = [[x.start for x in s] for s in streams]
     assert starts[0] == list(range(0, 230, 40)) and starts[1] == list(range(20, 230, 40))
     s = resolve_settings()
-    one = objective_report(src, s, workers=1)  # one stream, no threads
-    two = objective_report(src, s, workers=2)  # two row-group streams
-    three = objective_report(src, s, workers=3)
+    one = objective_report(src, s, engine=EngineOptions(workers=1))  # one stream, no threads
+    two = objective_report(src, s, engine=EngineOptions(workers=2))  # two row-group streams
+    three = objective_report(src, s, engine=EngineOptions(workers=3))
     for r in (two, three):
         assert (r.answers, r.tokens, r.clip) == (one.answers, one.tokens, one.clip)
         assert math.isclose(r.objective, one.objective, rel_tol=1e-12)
         assert r.ratio.quantiles == one.ratio.quantiles
-    assert objective_report(src, s, workers=2).objective == two.objective  # deterministic
+    assert objective_report(src, s, engine=EngineOptions()).objective == two.objective
     seen: list[int] = []
-    objective_report(src, s, workers=2, progress=seen.append)
+    objective_report(src, s, engine=EngineOptions(workers=2), progress=seen.append)
     assert sum(seen) == 230 and len(seen) == 12  # one tick per batch, from both streams
-    k1, k2 = kl_report(src, s, workers=1), kl_report(src, s, workers=2)
+    k1 = kl_report(src, s, engine=EngineOptions(workers=1))
+    k2 = kl_report(src, s, engine=EngineOptions(workers=2))
     assert k1.token.count == k2.token.count and k2.token.mean is not None
     assert math.isclose(k2.token.mean, k1.token.mean or 0.0, rel_tol=1e-12)
     # fewer row groups than streams: the single reader feeds the workers instead
@@ -280,7 +283,7 @@ def test_first_bad_row_is_reported_whichever_stream_meets_it(
     for row in bad_rows:
         b["old_logp"][row][0] = np.nan
     path = _row_groups(write_parquet(tmp_path / "b.parquet", b), 10)
-    monkeypatch.setattr("grpo_cli._io.BATCH_TOKENS", 16)
+    monkeypatch.setenv("GRPO_CLI_BATCH_TOKENS", "16")
     r = cli("objective", path, "--json")
     assert r.exit_code == 2 and r.stdout == ""
     assert f"'old_logp' has nan inside the mask at row {reported}, token 0" in r.stderr
