@@ -14,6 +14,7 @@ from ._core import (
     TokenTerms,
     advantages_by_group,
     aggregate,
+    check_offsets,
     clipped_surrogate,
     flatten_padded,
     group_advantages,
@@ -26,11 +27,12 @@ from ._core import (
     segment_sum,
     sequence_log_ratio,
     token_terms,
+    used_log_ratio,
 )
 from ._engine import EngineOptions
 from ._io import open_source
 from ._report import advantages_report, kl_report, objective_report
-from ._settings import PRESETS, Settings, resolve_settings
+from ._settings import PRESETS, SettingError, Settings, resolve_settings
 from .errors import GrpoCliError, InputError, UsageError
 
 __version__ = "0.1.0"
@@ -41,6 +43,7 @@ __all__ = [
     "EngineOptions",
     "GrpoCliError",
     "InputError",
+    "SettingError",
     "Settings",
     "TokenTerms",
     "UsageError",
@@ -48,6 +51,7 @@ __all__ = [
     "advantages_by_group",
     "advantages_report",
     "aggregate",
+    "check_offsets",
     "clipped_surrogate",
     "flatten_padded",
     "group_advantages",
@@ -64,4 +68,5 @@ __all__ = [
     "segment_sum",
     "sequence_log_ratio",
     "token_terms",
+    "used_log_ratio",
 ]

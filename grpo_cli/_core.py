@@ -38,6 +38,7 @@ __all__ = [
     "TokenTerms",
     "advantages_by_group",
     "aggregate",
+    "check_offsets",
     "clipped_surrogate",
     "flatten_padded",
     "group_advantages",
@@ -123,6 +124,39 @@ def _check_rank(name: str, arr: np.ndarray, rank: int, legend: str) -> None:
         raise InputError(f"{name}: expected shape {legend}, got {arr.shape}")
 
 
+def check_offsets(offsets: ArrayLike, n_values: int, *, nonempty: bool = False) -> I64:
+    """``offsets`` as int64 after checking the ragged-layout contract: 1-D integers,
+    ``offsets[0] == 0``, non-decreasing, ``offsets[-1] == n_values`` (the token count);
+    with ``nonempty`` no answer may be empty (a mean over its tokens is taken).
+
+    Raises:
+        InputError: naming ``offsets`` and what is wrong.
+
+    Example:
+        >>> check_offsets([0, 2, 5], 5).dtype
+        dtype('int64')
+    """
+    o = np.asarray(offsets)
+    if o.ndim != 1 or o.shape[0] < 1:
+        raise InputError(f"offsets: expected shape (N+1,), got {o.shape}")
+    if not np.issubdtype(o.dtype, np.integer):
+        raise InputError(f"offsets: expected integers, got dtype {o.dtype}")
+    o = o.astype(np.int64, copy=False)
+    if o[0] != 0 or o[-1] != n_values:
+        raise InputError(
+            f"offsets: must start at 0 and end at the number of values ({n_values}), "
+            f"got {int(o[0])} and {int(o[-1])}"
+        )
+    steps = np.diff(o)
+    if steps.shape[0] and steps.min() < 0:
+        i = int(np.flatnonzero(steps < 0)[0])
+        raise InputError(f"offsets: must not decrease, but offsets[{i + 1}] < offsets[{i}]")
+    if nonempty and steps.shape[0] and steps.min() == 0:
+        i = int(np.flatnonzero(steps == 0)[0])
+        raise InputError(f"offsets: answer {i} has no token, and a mean over its tokens is taken")
+    return o
+
+
 def _check_eps(eps: float) -> None:
     if not (np.isfinite(eps) and eps >= 0):
         raise UsageError(f"eps must be a finite number >= 0, got {eps}")
@@ -139,10 +173,14 @@ def segment_sum(values: F64, offsets: I64) -> F64:
     Returns:
         ``(N,)`` float64; an empty answer sums to 0.
 
+    Raises:
+        InputError: ``offsets`` breaks the contract of :func:`check_offsets`.
+
     Example:
         >>> segment_sum(np.array([1.0, 2.0, 3.0]), np.array([0, 2, 2, 3]))
         array([3., 0., 3.])
     """
+    offsets = check_offsets(offsets, values.shape[0])
     lengths = np.diff(offsets)
     out = np.zeros(lengths.shape[0], dtype=np.float64)
     nonempty = lengths > 0
@@ -152,7 +190,16 @@ def segment_sum(values: F64, offsets: I64) -> F64:
 
 
 def segment_mean(values: F64, offsets: I64) -> F64:
-    """Per-answer means ``Σ_t values / |o_i|``; every answer must have a token."""
+    """Per-answer means ``Σ_t values / |o_i|``; every answer must have a token.
+
+    Raises:
+        InputError: ``offsets`` breaks the contract, or an answer has no token.
+
+    Example:
+        >>> segment_mean(np.array([1.0, 2.0, 3.0]), np.array([0, 2, 3]))
+        array([1.5, 3. ])
+    """
+    offsets = check_offsets(offsets, values.shape[0], nonempty=True)
     return segment_sum(values, offsets) / np.diff(offsets)
 
 
@@ -489,8 +536,16 @@ def clipped_surrogate(
         >>> clipped_surrogate(np.array([1.5, 0.5, 1.5]), np.array([1.0, -1.0, -1.0])).tolist()
         [1.2, -0.8, -1.5]
     """
+    if ratio.ndim != 1 or ratio.shape != adv.shape:
+        raise InputError(f"ratio, adv: expected equal shapes (T,), got {ratio.shape}, {adv.shape}")
+    high = clip_eps if clip_eps_high is None else clip_eps_high
+    for name, e in (("clip_eps", clip_eps), ("clip_eps_high", high)):
+        if not (np.isfinite(e) and e >= 0):
+            raise UsageError(f"{name}: must be a finite number >= 0, got {e}")
+    if dual_clip is not None and not dual_clip > 1:
+        raise UsageError(f"dual_clip: must be > 1, got {dual_clip}")
     lo = 1.0 - clip_eps
-    hi = 1.0 + (clip_eps if clip_eps_high is None else clip_eps_high)
+    hi = 1.0 + high
     # inf·0 (a ratio that overflowed, on a token with A = 0) is the only invalid operation
     # possible; catching the floating-point flag costs nothing when it does not happen.
     with np.errstate(over="ignore", invalid="raise"):
@@ -536,11 +591,18 @@ def aggregate(
       ``norm_scale="lmax"`` divides by ``L`` alone (verl <= 0.7.0);
     - ``token-sum``: ``Σ v`` (verl 0.9.1 ``token-sum``).
 
+    Raises:
+        InputError: ``offsets`` breaks the contract of :func:`check_offsets`, an answer has
+            no token, or there is no answer.
+
     Example:
         >>> off = np.array([0, 1, 4])
         >>> [aggregate(np.ones(4), off, agg=a) for a in AGGREGATIONS]
         [1.0, 1.0, 2.0, 0.6666666666666666, 4.0]
     """
+    offsets = check_offsets(offsets, values.shape[0], nonempty=True)
+    if offsets.shape[0] < 2:
+        raise InputError("offsets: no answer to aggregate")
     lengths = np.diff(offsets)
     n = lengths.shape[0]
     if agg == "seq-mean-token-mean":
@@ -646,7 +708,18 @@ def token_terms(
 
     Returns:
         :class:`TokenTerms`.
+
+    Raises:
+        InputError: ``offsets`` breaks its contract (no empty answer), or the arrays'
+            shapes disagree with it.
     """
+    T = logp.shape[0]
+    offsets = check_offsets(offsets, T, nonempty=True)
+    for name, a in (("old_logp", old_logp), ("ref_logp", ref_logp)):
+        if a is not None and a.shape != logp.shape:
+            raise InputError(f"{name}: expected shape {logp.shape} like logp, got {a.shape}")
+    if adv.shape != (offsets.shape[0] - 1,):
+        raise InputError(f"adv: expected shape ({offsets.shape[0] - 1},), got {adv.shape}")
     lengths = np.diff(offsets)
     if old_logp is None:
         delta = np.zeros(logp.shape[0], dtype=np.float64)

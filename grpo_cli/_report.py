@@ -524,7 +524,7 @@ class TokenPartial:
         s = self.s
         k = kl_from_log_ratio(
             d,
-            estimator=s.kl_estimator,  # type: ignore[arg-type]
+            estimator=s.kl_estimator,
             clamp=s.kl_clamp,
             log_ratio_clamp=s.log_ratio_clamp,
         )
@@ -727,7 +727,7 @@ class TokenPartial:
         def f(d: F64) -> F64:
             return kl_from_log_ratio(
                 d,
-                estimator=s.kl_estimator,  # type: ignore[arg-type]
+                estimator=s.kl_estimator,
                 clamp=s.kl_clamp,
                 log_ratio_clamp=s.log_ratio_clamp,
             )

@@ -8,14 +8,26 @@ override a preset field by field (:func:`resolve_settings`).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields, replace
-from typing import Any
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Literal
 
-from ._core import AGGREGATIONS
+from ._core import (
+    AGGREGATIONS,
+    AdvantageEstimator,
+    Aggregation,
+    KLEstimator,
+    NormScale,
+    RatioLevel,
+    Scale,
+    Singleton,
+)
 from .errors import UsageError
 
-__all__ = ["OFF", "PRESETS", "TRAINERS", "Settings", "resolve_settings"]
+__all__ = ["OFF", "PRESETS", "TRAINERS", "SettingError", "Settings", "resolve_settings"]
 
+
+Trainer = Literal["trl", "verl", "openrlhf"]
+ClipUnit = Literal["tokens", "sequences"]
 
 OFF = object()
 """An override meaning "turn this optional convention off" (e.g. a preset's dual clip)."""
@@ -39,35 +51,35 @@ class Settings:
     """
 
     preset: str | None = None
-    trainer: str | None = None
+    trainer: Trainer | None = None
     mirrors: str | None = None
-    scale: str = "group"
+    scale: Scale = "group"
     ddof: int = 0
     eps: float = 1e-8
-    estimator: str = "grpo"
-    singleton: str = "zero"
-    ratio_level: str = "token"
+    estimator: AdvantageEstimator = "grpo"
+    singleton: Singleton = "zero"
+    ratio_level: RatioLevel = "token"
     clip_eps: float = 0.2
     clip_eps_high: float | None = None
     dual_clip: float | None = None
     log_ratio_clamp: float | None = None
     seq_ratio_clamp: float | None = None
-    clip_unit: str = "tokens"
+    clip_unit: ClipUnit = "tokens"
     beta: float = 0.04
-    kl_estimator: str = "k3"
+    kl_estimator: KLEstimator = "k3"
     kl_clamp: float | None = None
     kl_bias_correction: bool = False
-    agg: str = "seq-mean-token-mean"
-    kl_agg: str | None = None
+    agg: Aggregation = "seq-mean-token-mean"
+    kl_agg: Aggregation | None = None
     max_len: int | None = None
-    norm_scale: str = "n-lmax"
+    norm_scale: NormScale = "n-lmax"
 
     @property
     def eps_high(self) -> float:
         return self.clip_eps if self.clip_eps_high is None else self.clip_eps_high
 
     @property
-    def kl_aggregation(self) -> str:
+    def kl_aggregation(self) -> Aggregation:
         """The aggregation of the KL term (``kl_agg``, else ``agg``)."""
         return self.agg if self.kl_agg is None else self.kl_agg
 
@@ -97,8 +109,17 @@ class Settings:
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
+    def __post_init__(self) -> None:
+        self._check_fields()
+        self._check_combination()
+
     def validate(self) -> Settings:
-        choices = {
+        """The settings themselves: they were checked when made (kept for callers)."""
+        return self
+
+    def _check_fields(self) -> None:
+        """Each field on its own; a problem is a :class:`SettingError` naming the field."""
+        choices: dict[str, tuple[Any, ...]] = {
             "scale": ("group", "batch", "none"),
             "estimator": ("grpo", "rloo"),
             "singleton": ("zero", "raw"),
@@ -106,51 +127,62 @@ class Settings:
             "clip_unit": ("tokens", "sequences"),
             "kl_estimator": ("k1", "k2", "k3"),
             "agg": AGGREGATIONS,
+            "kl_agg": (None, *AGGREGATIONS),
             "norm_scale": NORM_SCALES,
             "trainer": (None, *TRAINERS),
         }
-        if self.kl_agg is not None:
-            choices["kl_agg"] = AGGREGATIONS
         if self.norm_scale in _OLD_NORM_SCALES:
-            raise UsageError(
-                f"--norm-scale: {self.norm_scale!r} was renamed: use n-lmax (Σ/(N·L): TRL "
-                "dr_grpo and verl >= 0.7.1) or lmax (Σ/L: verl <= 0.7.0)"
+            raise SettingError(
+                "norm_scale",
+                f"{self.norm_scale!r} was renamed: use n-lmax (Σ/(N·L): TRL dr_grpo and "
+                "verl >= 0.7.1) or lmax (Σ/L: verl <= 0.7.0)",
             )
         for name, allowed in choices.items():
             value = getattr(self, name)
             if value not in allowed:
                 listed = ", ".join(a for a in allowed if a is not None)
-                raise UsageError(f"--{name.replace('_', '-')}: {value!r} is not one of {listed}")
+                raise SettingError(name, f"{value!r} is not one of {listed}")
         if self.ddof not in (0, 1):
-            raise UsageError(f"--ddof: must be 0 or 1, got {self.ddof}")
-        nonneg = {"eps": self.eps, "clip-eps": self.clip_eps, "beta": self.beta}
+            raise SettingError("ddof", f"must be 0 or 1, got {self.ddof}")
+        nonneg = {"eps": self.eps, "clip_eps": self.clip_eps, "beta": self.beta}
         if self.clip_eps_high is not None:
-            nonneg["clip-eps-high"] = self.clip_eps_high
+            nonneg["clip_eps_high"] = self.clip_eps_high
         for name, v in nonneg.items():
-            if not (math.isfinite(v) and v >= 0):
-                raise UsageError(f"--{name}: must be a finite number >= 0, got {v}")
+            if not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
+                raise SettingError(name, f"must be a finite number >= 0, got {v}")
         positive = {
-            "dual-clip": self.dual_clip,
-            "log-ratio-clamp": self.log_ratio_clamp,
-            "seq-ratio-clamp": self.seq_ratio_clamp,
-            "kl-clamp": self.kl_clamp,
+            "dual_clip": self.dual_clip,
+            "log_ratio_clamp": self.log_ratio_clamp,
+            "seq_ratio_clamp": self.seq_ratio_clamp,
+            "kl_clamp": self.kl_clamp,
         }
         for name, p in positive.items():
-            if p is not None and not (math.isfinite(p) and p > 0):
-                raise UsageError(f"--{name}: must be a finite number > 0, got {p}")
+            if p is not None and not (isinstance(p, int | float) and math.isfinite(p) and p > 0):
+                raise SettingError(name, f"must be a finite number > 0, got {p}")
         if self.dual_clip is not None and self.dual_clip <= 1:
-            raise UsageError(f"--dual-clip: must be > 1, got {self.dual_clip}")
+            raise SettingError("dual_clip", f"must be > 1, got {self.dual_clip}")
         if self.max_len is not None and self.max_len < 1:
-            raise UsageError(f"--max-len: must be >= 1, got {self.max_len}")
+            raise SettingError("max_len", f"must be >= 1, got {self.max_len}")
+
+    def _check_combination(self) -> None:
+        """Fields that only make sense together."""
         if self.ratio_level == "token":
             if self.clip_unit == "sequences":
-                raise UsageError(
-                    "--clip-unit sequences needs --ratio-level sequence (with a token ratio "
-                    "every token is clipped on its own)"
+                raise SettingError(
+                    "clip_unit",
+                    "sequences needs ratio_level sequence (with a token ratio every token "
+                    "is clipped on its own)",
                 )
             if self.seq_ratio_clamp is not None:
-                raise UsageError("--seq-ratio-clamp needs --ratio-level sequence")
-        return self
+                raise SettingError("seq_ratio_clamp", "needs ratio_level sequence")
+
+
+class SettingError(UsageError):
+    """A field of :class:`Settings` is invalid; ``field`` names it (the CLI shows the flag)."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field, self.problem = field, problem
 
 
 TRAINERS = ("trl", "verl", "openrlhf")
@@ -259,7 +291,7 @@ PRESETS: dict[str, Settings] = {
 }
 
 
-def _preset_rules(s: Settings, given: set[str]) -> dict[str, Any]:
+def _preset_rules(s: dict[str, Any], given: set[str]) -> dict[str, Any]:
     """Fields of a preset that, in its trainer's code, follow another choice; only fields
     the user did not give are changed.
 
@@ -276,16 +308,17 @@ def _preset_rules(s: Settings, given: set[str]) -> dict[str, Any]:
         if name not in given:
             out[name] = value
 
-    if s.ratio_level == "token":
+    level = s["ratio_level"]
+    if level == "token":
         default("clip_unit", "tokens")
         default("seq_ratio_clamp", None)
-    if s.trainer == "verl":
-        if s.kl_estimator != "k3":
+    if s["trainer"] == "verl":
+        if s["kl_estimator"] != "k3":
             default("kl_clamp", None)
-        if s.ratio_level == "sequence":
+        if level == "sequence":
             default("dual_clip", None)
             default("seq_ratio_clamp", 10.0)
-    if s.trainer == "openrlhf" and s.ratio_level == "sequence":
+    if s["trainer"] == "openrlhf" and level == "sequence":
         default("agg", "seq-mean-token-mean")
     return out
 
@@ -307,7 +340,7 @@ def resolve_settings(preset: str | None = None, **overrides: Any) -> Settings:
     given: dict[str, Any] = {
         k: (None if v is OFF else v) for k, v in overrides.items() if v is not None
     }
-    s = replace(base, **given)
+    values = {**asdict(base), **given}
     if preset is not None:
-        s = replace(s, **_preset_rules(s, set(given)))
-    return s.validate()
+        values.update(_preset_rules(values, set(given)))
+    return Settings(**values)

@@ -25,7 +25,7 @@ from ._io import open_source, parse_column_map, write_advantages
 from ._json import advantages_json, dumps, kl_json, objective_json
 from ._report import advantages_report, kl_report, objective_report
 from ._sample import SampleSpec, write_sample
-from ._settings import OFF, PRESETS, Settings, resolve_settings
+from ._settings import OFF, PRESETS, SettingError, Settings, resolve_settings
 from .errors import GrpoCliError, UsageError
 
 if TYPE_CHECKING:
@@ -356,7 +356,12 @@ def _settings(**kw: Any) -> Settings:
     for name in ("clip_eps_high", "dual_clip", "log_ratio_clamp", "seq_ratio_clamp", "kl_clamp"):
         kw[name] = _optional(name.replace("_", "-"), kw.get(name))
     preset = kw.pop("preset", None)
-    return resolve_settings(preset, **kw)
+    try:
+        return resolve_settings(preset, **kw)
+    except SettingError as exc:  # the library names the field; a user typed the flag
+        flag = "--" + exc.field.replace("_", "-")
+        problem = exc.problem.replace("ratio_level", "--ratio-level")
+        raise UsageError(f"{flag}: {problem}") from None
 
 
 # ----------------------------------------------------------------------- commands

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import re
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,14 +15,17 @@ from hypothesis.extra import numpy as hnp
 from grpo_cli import (
     AGGREGATIONS,
     InputError,
+    UsageError,
     advantages_by_group,
     aggregate,
+    check_offsets,
     clipped_surrogate,
     flatten_padded,
     group_advantages,
     grpo_objective,
     kl_estimate,
     kl_k3,
+    segment_mean,
     segment_sum,
     token_terms,
 )
@@ -311,3 +316,46 @@ def test_every_aggregation_is_listed() -> None:
         "seq-mean-token-sum-norm",
         "token-sum",
     )
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: aggregate(np.ones(3), np.array([0, 1, 5])), "offsets: must start at 0 and end"),
+        (lambda: aggregate(np.ones(2), np.array([0, 0, 2])), "offsets: answer 0 has no token"),
+        (lambda: aggregate(np.ones(0), np.array([0])), "offsets: no answer to aggregate"),
+        (lambda: segment_sum(np.ones(3), np.array([0.0, 3.0])), "offsets: expected integers"),
+        (lambda: segment_sum(np.ones(3), np.array([0, 2, 1, 3])), "offsets: must not decrease"),
+        (lambda: segment_mean(np.ones(2), np.array([0, 2, 2])), "offsets: answer 1 has no token"),
+        (
+            lambda: clipped_surrogate(np.ones(3), np.ones((3, 1))),
+            "ratio, adv: expected equal shapes",
+        ),
+        (
+            lambda: token_terms(
+                np.zeros(4), np.zeros(3), None, np.ones(2), np.array([0, 2, 4]), beta=0.0
+            ),
+            "old_logp: expected shape (4,)",
+        ),
+        (
+            lambda: token_terms(np.zeros(4), None, None, np.ones(3), np.array([0, 2, 4]), beta=0.0),
+            "adv: expected shape (2,)",
+        ),
+    ],
+)
+def test_ragged_kernels_check_their_contract_first(call: Any, message: str) -> None:
+    """The review's probes: each was a silent wrong number or a raw numpy error."""
+    with pytest.raises(InputError, match=re.escape(message)):
+        call()
+
+
+def test_surrogate_options_are_checked() -> None:
+    with pytest.raises(UsageError, match="clip_eps: must be a finite number >= 0"):
+        clipped_surrogate(np.ones(3), np.ones(3), clip_eps=-5)
+    with pytest.raises(UsageError, match="dual_clip: must be > 1"):
+        clipped_surrogate(np.ones(3), np.ones(3), dual_clip=0.5)
+
+
+def test_offsets_are_converted_not_mutated() -> None:
+    off = np.array([0, 2, 3], dtype=np.int32)
+    assert check_offsets(off, 3).dtype == np.int64 and off.dtype == np.int32

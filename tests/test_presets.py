@@ -16,6 +16,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from grpo_cli import Settings, resolve_settings
+from grpo_cli._settings import SettingError
+
 from .conftest import Cli
 
 G = 4
@@ -306,8 +309,8 @@ def test_gspo(cli: Cli, batch: dict[str, Any]) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--clip-unit", "sequences"], "--clip-unit sequences needs --ratio-level sequence"),
-        (["--seq-ratio-clamp", "10"], "--seq-ratio-clamp needs --ratio-level sequence"),
+        (["--clip-unit", "sequences"], "--clip-unit: sequences needs --ratio-level sequence"),
+        (["--seq-ratio-clamp", "10"], "--seq-ratio-clamp: needs --ratio-level sequence"),
         (["--norm-scale", "verl"], "--norm-scale: 'verl' was renamed"),
         (["--kl-agg", "bogus"], "--kl-agg: 'bogus' is not one of"),
         (["--preset", "gspo", "--clip-unit", "sequences", "--ratio-level", "token"], "--clip-unit"),
@@ -350,3 +353,37 @@ def test_log_ratio_clamp_by_hand(cli: Cli, tmp_path: Path) -> None:
     assert doc["objective"] == -math.exp(5.0)
     assert doc["ratio"]["max"] == math.exp(30.0)  # diagnostics report the raw ratio
     assert doc["ratio"]["extreme_tokens"] == 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"agg": "bogus"}, "agg"),
+        ({"kl_agg": "mean"}, "kl_agg"),
+        ({"ddof": 2}, "ddof"),
+        ({"eps": float("nan")}, "eps"),
+        ({"dual_clip": 1.0}, "dual_clip"),
+        ({"kl_clamp": 0.0}, "kl_clamp"),
+        ({"max_len": 0}, "max_len"),
+        ({"clip_unit": "sequences"}, "clip_unit"),
+        ({"norm_scale": "verl"}, "norm_scale"),
+    ],
+)
+def test_settings_check_their_fields_when_made(kwargs: dict[str, Any], field: str) -> None:
+    """A library caller gets the error at construction, naming the field (not a flag)."""
+    with pytest.raises(SettingError) as info:
+        Settings(**kwargs)
+    assert info.value.field == field and str(info.value).startswith(f"{field}: ")
+
+
+def test_preset_rules_follow_the_trainer() -> None:
+    s = resolve_settings("verl", kl_estimator="k1")
+    assert s.kl_clamp is None and s.dual_clip == 3.0 and s.seq_ratio_clamp is None
+    s = resolve_settings("verl", kl_estimator="k1", kl_clamp=5.0)  # given: kept
+    assert s.kl_clamp == 5.0
+    s = resolve_settings("verl", ratio_level="sequence")
+    assert (s.dual_clip, s.seq_ratio_clamp, s.kl_clamp) == (None, 10.0, 10.0)
+    s = resolve_settings("gspo", ratio_level="token")
+    assert (s.clip_unit, s.trainer, s.mirrors) == ("tokens", "trl", "trl 1.16.0")
+    assert resolve_settings("openrlhf", ratio_level="sequence").agg == "seq-mean-token-mean"
+    assert resolve_settings(None, kl_estimator="k1").kl_clamp is None  # no preset: no rules
