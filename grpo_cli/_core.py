@@ -17,6 +17,7 @@ Arrow list columns store the data already, and padding never exists in it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -29,6 +30,8 @@ __all__ = [
     "AGGREGATIONS",
     "AdvantageEstimator",
     "Aggregation",
+    "ClipCounts",
+    "ClipUnit",
     "GroupStats",
     "KLEstimator",
     "NormScale",
@@ -38,7 +41,9 @@ __all__ = [
     "TokenTerms",
     "advantages_by_group",
     "aggregate",
+    "aggregation_weights",
     "check_offsets",
+    "clip_counts",
     "clipped_surrogate",
     "flatten_padded",
     "group_advantages",
@@ -48,6 +53,7 @@ __all__ = [
     "kl_from_log_ratio",
     "kl_k3",
     "log_ratio",
+    "ratio_moments",
     "segment_mean",
     "segment_sum",
     "sequence_log_ratio",
@@ -78,6 +84,7 @@ AGGREGATIONS: tuple[Aggregation, ...] = (
     "token-sum",
 )
 NormScale = Literal["n-lmax", "lmax"]
+ClipUnit = Literal["tokens", "sequences"]
 
 # exp(x) overflows float64 above this.
 _EXP_MAX = float(np.log(np.finfo(np.float64).max))
@@ -569,6 +576,135 @@ def _surrogate(ratio: F64, adv: F64, lo: float, hi: float, dual_clip: float | No
         floor[adv >= 0] = -np.inf
         np.maximum(term, floor, out=term)
     return term
+
+
+# --------------------------------------------------------------------- diagnostics
+@dataclass(frozen=True)
+class ClipCounts:
+    """Clip counts of one batch (TRL / verl / OpenRLHF definitions), in ``unit``s.
+
+    ``low``: ρ < 1−ε_low and A < 0 (TRL ``clip_ratio/low_mean``); ``high``: ρ > 1+ε_high
+    and A > 0; ``region`` = low + high, the tokens whose gradient the clip removes (TRL
+    ``region_mean``, verl ``pg_clipfrac``, OpenRLHF ``ppo_clip_ratio``); ``outside``: ρ
+    outside [1−ε_low, 1+ε_high] whatever A; ``dual``: A < 0 and ρ > c (verl
+    ``pg_clipfrac_lower``; 0 without a dual clip). They merge by addition.
+    """
+
+    low: int = 0
+    high: int = 0
+    region: int = 0
+    outside: int = 0
+    dual: int = 0
+
+    def __add__(self, o: ClipCounts) -> ClipCounts:
+        return ClipCounts(
+            self.low + o.low,
+            self.high + o.high,
+            self.region + o.region,
+            self.outside + o.outside,
+            self.dual + o.dual,
+        )
+
+
+def clip_counts(
+    ratio: F64,
+    adv: F64,
+    offsets: I64,
+    *,
+    clip_eps: float = 0.2,
+    clip_eps_high: float | None = None,
+    dual_clip: float | None = None,
+    unit: ClipUnit = "tokens",
+) -> ClipCounts:
+    """Count the tokens (``unit="tokens"``) or answers (``"sequences"``: an answer counts
+    once if any of its tokens is clipped, as TRL logs GSPO) of each clip class.
+
+    Args:
+        ratio: ``(T,)`` the ratio the surrogate used (token or sequence level).
+        adv: ``(N,)`` one advantage per answer (within an answer A has one sign).
+        offsets: ``(N+1,)``.
+
+    Returns:
+        :class:`ClipCounts`.
+
+    Example:
+        >>> clip_counts(np.array([0.5, 1.0, 1.5]), np.array([-1.0, 1.0]), np.array([0, 2, 3]))
+        ClipCounts(low=1, high=1, region=2, outside=2, dual=0)
+    """
+    offsets = check_offsets(offsets, ratio.shape[0])
+    if adv.shape != (offsets.shape[0] - 1,):
+        raise InputError(f"adv: expected shape ({offsets.shape[0] - 1},), got {adv.shape}")
+    hi = clip_eps if clip_eps_high is None else clip_eps_high
+
+    def per_answer(flags: NDArray[np.bool_]) -> I64:
+        counts = np.zeros(adv.shape[0], dtype=np.int64)
+        nonempty = offsets[1:] > offsets[:-1]
+        if flags.shape[0]:
+            counts[nonempty] = np.add.reduceat(flags, offsets[:-1][nonempty], dtype=np.int64)
+        return np.minimum(counts, 1) if unit == "sequences" else counts
+
+    is_below, is_above = ratio < 1.0 - clip_eps, ratio > 1.0 + hi
+    below, above = per_answer(is_below), per_answer(is_above)
+    neg, pos = adv < 0, adv > 0
+    low, high = int(below[neg].sum()), int(above[pos].sum())
+    dual = 0
+    if dual_clip is not None:
+        dual = int(per_answer(ratio > dual_clip)[neg].sum())
+    outside = int(per_answer(is_below | is_above).sum())
+    return ClipCounts(low, high, low + high, outside, dual)
+
+
+def ratio_moments(delta: F64) -> tuple[float, float, int]:
+    """``(Σρ, Σρ², n_inf)`` of the raw per-token ratio ``ρ = exp(Δ)``, ``Δ = logp − old_logp``
+    before any clamp: the ratio's mean and spread merge from these; ``n_inf`` counts ratios
+    that overflow to inf (then Σρ is inf and no spread is defined).
+
+    Example:
+        >>> ratio_moments(np.log(np.array([0.5, 2.0])))
+        (2.5, 4.25, 0)
+    """
+    with np.errstate(over="ignore"):
+        r = np.exp(delta)
+    total = float(np.sum(r))
+    n_inf = int(np.count_nonzero(np.isinf(r))) if math.isinf(total) else 0
+    return total, float(np.einsum("i,i->", r, r)), n_inf
+
+
+def aggregation_weights(
+    lengths: ArrayLike,
+    *,
+    agg: Aggregation = "seq-mean-token-mean",
+    answers: int | None = None,
+    tokens: int | None = None,
+    max_len: int | None = None,
+    norm_scale: NormScale = "n-lmax",
+) -> F64:
+    """The weight of one token of an answer of each length in :func:`aggregate`:
+    ``aggregate(v) = Σ_i w(|o_i|) Σ_t v_{i,t}``.
+
+    ``seq-mean-token-mean`` ``1/(N·|o_i|)``; ``token-mean`` ``1/T``; ``seq-mean-token-sum``
+    ``1/N``; ``seq-mean-token-sum-norm`` ``1/(N·L)`` (``lmax``: ``1/L``); ``token-sum`` 1.
+    ``answers`` (N), ``tokens`` (T) and ``max_len`` (L) default to those of ``lengths``.
+
+    Example:
+        >>> aggregation_weights([1, 3], agg="seq-mean-token-mean").tolist()
+        [0.5, 0.16666666666666666]
+    """
+    ln = np.asarray(lengths, dtype=np.float64)
+    n = ln.shape[0] if answers is None else answers
+    t = float(ln.sum()) if tokens is None else tokens
+    if agg == "seq-mean-token-mean":
+        return 1.0 / (n * ln)
+    if agg == "token-mean":
+        return np.full(ln.shape, 1.0 / t)
+    if agg == "seq-mean-token-sum":
+        return np.full(ln.shape, 1.0 / n)
+    if agg == "token-sum":
+        return np.ones(ln.shape)
+    if agg == "seq-mean-token-sum-norm":
+        lmax = float(ln.max()) if max_len is None else float(max_len)
+        return np.full(ln.shape, 1.0 / (lmax if norm_scale == "lmax" else n * lmax))
+    raise UsageError(f"unknown aggregation {agg!r}; choose one of {', '.join(AGGREGATIONS)}")
 
 
 # ----------------------------------------------------------------------- aggregation

@@ -21,9 +21,12 @@ from ._core import (
     AGGREGATIONS,
     GroupStats,
     advantages_by_group,
+    aggregation_weights,
+    clip_counts,
     group_stats,
     kl_from_log_ratio,
     log_ratio,
+    ratio_moments,
     segment_sum,
     token_terms,
 )
@@ -530,10 +533,6 @@ class TokenPartial:
         )
         self._kl(k, d, b)
 
-    def _answer_counts(self, flags: NDArray[np.bool_], b: Batch) -> I64:
-        """Per-answer count of True flags (every answer has a token)."""
-        return np.add.reduceat(flags, b.offsets[:-1], dtype=np.int64)
-
     def update(self, b: Batch, adv: F64) -> None:
         """Fold in a batch of answers with their advantages ``(b.n,)``."""
         if self.compiled:
@@ -603,33 +602,22 @@ class TokenPartial:
                 assert terms.kl_loss is not None
                 self._sums("kl", terms.kl_loss, b)
                 self._kl_answers(segment_sum(terms.kl, b.offsets) / b.lengths)
-        # Clip fractions on the ratio the surrogate used. Within an answer A has one sign,
-        # so count per answer and select answers by sign; below/above are disjoint. With
-        # clip_unit "sequences" (a sequence ratio) an answer counts once, not per token.
-        r = terms.ratio
-        below = self._answer_counts(r < 1.0 - s.clip_eps, b)
-        above = self._answer_counts(r > 1.0 + s.eps_high, b)
-        dual = self._answer_counts(r > s.dual_clip, b) if s.dual_clip is not None else None
-        if s.clip_unit == "sequences":
-            below, above = np.minimum(below, 1), np.minimum(above, 1)
-            dual = None if dual is None else np.minimum(dual, 1)
-        neg, pos = adv < 0, adv > 0
-        n_low, n_high = int(below[neg].sum()), int(above[pos].sum())
-        n_dual = 0 if dual is None else int(dual[neg].sum())
-        self.clip += (n_low, n_high, n_low + n_high, int(below.sum() + above.sum()), n_dual)
-        # Ratio distribution from the raw token log-ratio (before any clamp).
-        d = terms.delta
-        if s.ratio_level == "token" and s.log_ratio_clamp is None:
-            raw_ratio = terms.ratio  # the same exp(Δ)
-        else:
-            with np.errstate(over="ignore"):
-                raw_ratio = np.exp(d)
-        total = float(np.sum(raw_ratio))
-        if math.isinf(total):
-            self.ratio_inf += int(np.count_nonzero(np.isinf(raw_ratio)))
+        # clip counts on the ratio the surrogate used; the ratio's moments from the raw Δ
+        c = clip_counts(
+            terms.ratio,
+            adv,
+            b.offsets,
+            clip_eps=s.clip_eps,
+            clip_eps_high=s.clip_eps_high,
+            dual_clip=s.dual_clip,
+            unit=s.clip_unit,
+        )
+        self.clip += (c.low, c.high, c.region, c.outside, c.dual)
+        total, sq, n_inf = ratio_moments(terms.delta)
         self.ratio_sum += total
-        self.ratio_sq += float(np.einsum("i,i->", raw_ratio, raw_ratio))
-        self.delta.update(d)
+        self.ratio_sq += sq
+        self.ratio_inf += n_inf
+        self.delta.update(terms.delta)
 
     def _update_extras(self, b: Batch) -> None:
         """Entropy and sampler-vs-trainer statistics, when those fields are logged."""
@@ -761,22 +749,26 @@ def _norm_divisor(s: Settings, answers: int, longest: int) -> float:
 
 def _length_weights(p: TokenPartial) -> list[dict[str, float]]:
     """Weight of one token, and of a whole answer, under each aggregation, by length."""
-    n, t = p.answers, p.tokens
     q = p.lengths.quantiles(np.array([0.0, 0.25, 0.5, 0.75, 1.0]))
     assert q is not None
+    lmax = p.s.max_len if p.s.max_len is not None else p.max_width
+    per_token = {
+        agg: aggregation_weights(
+            q,
+            agg=agg,
+            answers=p.answers,
+            tokens=p.tokens,
+            max_len=lmax,
+            norm_scale=p.s.norm_scale,
+        )
+        for agg in AGGREGATIONS
+    }
     rows = []
-    for label, length in zip(("min", "p25", "p50", "p75", "max"), q, strict=True):
-        per_token = {
-            "seq-mean-token-mean": 1.0 / (n * length),
-            "token-mean": 1.0 / t,
-            "seq-mean-token-sum": 1.0 / n,
-            "seq-mean-token-sum-norm": 1.0 / _norm_divisor(p.s, n, p.max_width),
-            "token-sum": 1.0,
-        }
+    for j, (label, length) in enumerate(zip(("min", "p25", "p50", "p75", "max"), q, strict=True)):
         row: dict[str, Any] = {"length": label, "tokens": float(length)}
         for agg in AGGREGATIONS:
-            row[f"{agg}/token"] = per_token[agg]
-            row[f"{agg}/answer"] = per_token[agg] * length
+            row[f"{agg}/token"] = float(per_token[agg][j])
+            row[f"{agg}/answer"] = float(per_token[agg][j]) * length
         rows.append(row)
     return rows
 

@@ -15,6 +15,7 @@ from ._core import (
     AGGREGATIONS,
     AdvantageEstimator,
     Aggregation,
+    ClipUnit,
     KLEstimator,
     NormScale,
     RatioLevel,
@@ -27,7 +28,6 @@ __all__ = ["OFF", "PRESETS", "TRAINERS", "SettingError", "Settings", "resolve_se
 
 
 Trainer = Literal["trl", "verl", "openrlhf"]
-ClipUnit = Literal["tokens", "sequences"]
 
 OFF = object()
 """An override meaning "turn this optional convention off" (e.g. a preset's dual clip)."""

@@ -29,6 +29,7 @@ from grpo_cli import (
     segment_sum,
     token_terms,
 )
+from grpo_cli._core import aggregation_weights, clip_counts, ratio_moments
 
 from .conftest import reference_objective
 
@@ -359,3 +360,50 @@ def test_surrogate_options_are_checked() -> None:
 def test_offsets_are_converted_not_mutated() -> None:
     off = np.array([0, 2, 3], dtype=np.int32)
     assert check_offsets(off, 3).dtype == np.int64 and off.dtype == np.int32
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 9), min_size=1, max_size=8),
+    seed=st.integers(0, 2**31),
+    dual=st.sampled_from([None, 1.3]),
+    unit=st.sampled_from(["tokens", "sequences"]),
+)
+def test_clip_counts_are_the_per_token_definitions(
+    lengths: list[int], seed: int, dual: float | None, unit: str
+) -> None:
+    rng = np.random.default_rng(seed)
+    off = np.concatenate(([0], np.cumsum(lengths)))
+    ratio = np.exp(rng.normal(0, 0.4, off[-1]))
+    adv = rng.choice([-1.0, 0.0, 1.0], len(lengths))
+    a = np.repeat(adv, lengths)
+    flags = {
+        "low": (ratio < 0.8) & (a < 0),
+        "high": (ratio > 1.28) & (a > 0),
+        "outside": (ratio < 0.8) | (ratio > 1.28),
+        "dual": (ratio > dual) & (a < 0) if dual else np.zeros(ratio.shape, bool),
+    }
+    flags["region"] = flags["low"] | flags["high"]
+    if unit == "tokens":
+        want = {k: int(v.sum()) for k, v in flags.items()}
+    else:  # an answer counts once
+        want = {k: int(np.add.reduceat(v, off[:-1]).astype(bool).sum()) for k, v in flags.items()}
+    got = clip_counts(ratio, adv, off, clip_eps_high=0.28, dual_clip=dual, unit=unit)  # type: ignore[arg-type]
+    assert vars(got) == want
+
+
+@pytest.mark.parametrize("agg", AGGREGATIONS)
+def test_aggregate_is_the_weighted_sum_of_answer_sums(agg: str) -> None:
+    rng = np.random.default_rng(5)
+    lengths = np.array([1, 4, 7, 2])
+    off = np.concatenate(([0], np.cumsum(lengths)))
+    v = rng.normal(size=off[-1])
+    w = aggregation_weights(lengths, agg=agg, max_len=9)  # type: ignore[arg-type]
+    expected = float(np.sum(w * np.add.reduceat(v, off[:-1])))
+    assert math.isclose(aggregate(v, off, agg=agg, max_len=9), expected, rel_tol=1e-13)  # type: ignore[arg-type]
+
+
+def test_ratio_moments_by_hand() -> None:
+    assert ratio_moments(np.log(np.array([0.5, 1.0, 4.0]))) == (5.5, 17.25, 0)
+    total, _, n_inf = ratio_moments(np.array([0.0, 800.0, 900.0]))
+    assert total == math.inf and n_inf == 2

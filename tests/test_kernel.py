@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grpo_cli import EngineOptions, _fast, objective_report, open_source, resolve_settings
-from grpo_cli._core import token_terms
+from grpo_cli._core import clip_counts, ratio_moments, token_terms
 from grpo_cli._io import Batch
 from grpo_cli._report import TokenPartial
 from grpo_cli._settings import Settings
@@ -161,7 +161,27 @@ def test_kernel_equals_numpy(
     if zero_adv:
         adv[rng.random(b.n) < 0.5] = 0.0
     with np.errstate(over="ignore", invalid="ignore"):
-        _same(_fold(b, adv, s, True, vector), _fold(b, adv, s, False, False), _scale(b, adv, s))
+        c = _fold(b, adv, s, True, vector)
+        _same(c, _fold(b, adv, s, False, False), _scale(b, adv, s))
+        _same_as_core(c, b, adv, s)
+
+
+def _same_as_core(c: TokenPartial, b: Batch, adv: np.ndarray, s: Settings) -> None:
+    """The kernel's clip counts and ratio moments against their definitions in the core
+    (clip_counts, ratio_moments), not against another partial."""
+    f = {k: np.asarray(v, dtype=np.float64) for k, v in b.fields.items()}
+    terms = token_terms(f["logp"], f.get("old_logp"), f.get("ref_logp"), adv, b.offsets,
+                        **s.term_kwargs())  # fmt: skip
+    cc = clip_counts(
+        terms.ratio, adv, b.offsets,
+        clip_eps=s.clip_eps, clip_eps_high=s.clip_eps_high, dual_clip=s.dual_clip,
+    )  # fmt: skip
+    assert c.clip.tolist() == [cc.low, cc.high, cc.region, cc.outside, cc.dual]
+    total, sq, n_inf = ratio_moments(terms.delta)
+    assert c.ratio_inf == n_inf
+    if n_inf == 0:
+        assert math.isclose(c.ratio_sum, total, rel_tol=1e-12)
+        assert math.isclose(c.ratio_sq, sq, rel_tol=1e-12)
 
 
 @pytest.mark.parametrize("vector", [True, False])
