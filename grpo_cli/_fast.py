@@ -24,6 +24,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ._core import require_reference
+from .errors import GrpoCliError
 
 F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
@@ -72,6 +73,28 @@ _ARGS: list[Any] = [ctypes.POINTER(Params), _i64, *[_ptr] * 5, _i64, *[_ptr] * 5
 _ARGS += [ctypes.POINTER(Totals), _i64]
 
 
+ABI_VERSION = 2  # grpo_abi() in _kernel.c: bump both when Params, Totals or grpo_fold change
+
+
+def check_abi(lib: ctypes.CDLL, origin: str) -> None:
+    """Refuse a kernel built from another version of ``_kernel.c``: its struct layouts
+    would be read as garbage (a :class:`GrpoCliError` saying to rebuild)."""
+    out = (ctypes.c_int64 * 3)()
+    abi = getattr(lib, "grpo_abi", None)
+    got = (0, 0, 0)
+    if abi is not None:
+        abi.restype = ctypes.c_int64
+        abi(out)
+        got = (out[0], out[1], out[2])
+    want = (ABI_VERSION, ctypes.sizeof(Params), ctypes.sizeof(Totals))
+    if got != want:
+        raise GrpoCliError(
+            f"{origin}: the compiled kernel does not match this grpo-cli (interface "
+            f"{got[0]}, struct sizes {got[1]}/{got[2]}; expected {want[0]}, "
+            f"{want[1]}/{want[2]}): rebuild it with pip install -e ."
+        )
+
+
 @cache
 def _library() -> ctypes.CDLL | None:
     try:
@@ -81,6 +104,7 @@ def _library() -> ctypes.CDLL | None:
     if spec is None or spec.origin is None:
         return None
     lib = ctypes.CDLL(spec.origin)
+    check_abi(lib, spec.origin)
     lib.grpo_fold.argtypes = _ARGS
     lib.grpo_fold.restype = _i64
     lib.grpo_vector_exp.restype = _i64
@@ -156,13 +180,15 @@ def fold(
     on an AVX2 machine (the tests compare both with numpy).
     """
     lib = _library()
-    assert lib is not None
+    if lib is None:
+        raise ValueError("the compiled kernel is not built")
     if not supports(ratio_level, beta, kl_bias_correction):
         raise ValueError("the compiled kernel folds token-level ratios without KL bias correction")
     del seq_ratio_clamp  # sequence level only
     require_reference(beta, ref_logp)
     f32, (lp, old, ref) = _same_dtype(logp, old_logp, ref_logp)
-    assert lp is not None
+    if lp is None:
+        raise ValueError("logp: required")
     lo, hi, nb = bins
     params = Params(
         lo=1.0 - clip_eps,
@@ -186,7 +212,8 @@ def fold(
     offs = np.ascontiguousarray(offsets, dtype=np.int64)
     a = np.ascontiguousarray(adv, dtype=np.float64)
     for h in (d_hist, x_hist):
-        assert h.dtype == np.int64 and h.flags.c_contiguous and h.shape[0] == nb + 2
+        if not (h.dtype == np.int64 and h.flags.c_contiguous and h.shape[0] == nb + 2):
+            raise ValueError(f"histogram counts: expected {nb + 2} contiguous int64 counts")
 
     def p(x: np.ndarray | None) -> int | None:
         return None if x is None else x.ctypes.data

@@ -5,9 +5,11 @@
  * histograms that grpo_cli._report.TokenPartial otherwise builds from ~40 numpy passes.
  * The formulas are those of grpo_cli._core (DeepSeekMath eq. 3 and 4; PPO clip, Schulman
  * et al. 2017; dual clip, Ye et al. 2020; k1/k2/k3 KL estimators, Schulman 2020), with the
- * same operations in the same order, so every per-token value equals numpy's; summation
- * order differs, and on AVX2 machines the exponential is glibc's vector exp (libmvec,
- * within 4 ulp of the scalar one).
+ * same operations, so every per-token value equals numpy's: the surrogate is written as
+ * min(r, 1+eps)·A for A > 0 and max(r, 1-eps)·A for A < 0, which equals numpy's
+ * min(r·A, clip(r)·A) bit for bit because rounding is monotone. Summation order differs,
+ * and on AVX2 machines the exponential is glibc's vector exp (libmvec, within 4 ulp of
+ * the scalar one).
  *
  * Built with -ffp-contract=off: a fused multiply-add would bin histogram values
  * differently from numpy's separate multiply and add.
@@ -332,6 +334,16 @@ __attribute__((target("avx2,fma"))) static void phase2_avx2(const grpo_params *p
 #endif
 
 /* 1 when this build has the AVX2 path and this CPU can run it. */
+/* The interface version and the sizes of the structs the caller mirrors (grpo_cli._fast):
+ * the loader refuses a kernel whose layout is not its own instead of reading garbage. */
+#define GRPO_ABI_VERSION 2
+int64_t grpo_abi(int64_t *out) {
+    out[0] = GRPO_ABI_VERSION;
+    out[1] = (int64_t)sizeof(grpo_params);
+    out[2] = (int64_t)sizeof(grpo_totals);
+    return 3;
+}
+
 int64_t grpo_vector_exp(void) {
 #ifdef HAVE_AVX2
     __builtin_cpu_init();

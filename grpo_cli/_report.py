@@ -43,7 +43,7 @@ from ._io import (
 )
 from ._settings import Settings
 from ._stats import IntCounts, Moments, Sketch
-from .errors import InputError, UsageError
+from .errors import InputError, MergeError, UsageError
 
 __all__ = [
     "QUANTILES",
@@ -633,6 +633,8 @@ class TokenPartial:
             self.rollout.update(delta_r, old, rollout, b.offsets)
 
     def merge(self, o: TokenPartial) -> TokenPartial:
+        if o.s != self.s:
+            raise MergeError("partials of different settings")
         self.answers += o.answers
         self.tokens += o.tokens
         self.max_width = max(self.max_width, o.max_width)

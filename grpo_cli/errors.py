@@ -7,7 +7,7 @@ and exits with ``error.exit_code``; nothing else is caught.
 
 from __future__ import annotations
 
-__all__ = ["GrpoCliError", "InputError", "UsageError"]
+__all__ = ["GrpoCliError", "InputError", "MergeError", "UsageError"]
 
 
 class GrpoCliError(Exception):
@@ -29,3 +29,11 @@ class InputError(GrpoCliError, ValueError):
 
 class UsageError(GrpoCliError, ValueError):
     """An option value or a combination of options is invalid (exit code 2)."""
+
+
+class MergeError(GrpoCliError, ValueError):
+    """Two partial statistics cannot be merged: computed with other settings, bins or
+    versions (on a cluster, workers running another grpo-cli)."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"cannot merge partial statistics: {what}")

@@ -26,7 +26,7 @@ from grpo_cli._core import clip_counts, ratio_moments, token_terms
 from grpo_cli._io import Batch
 from grpo_cli._report import TokenPartial
 from grpo_cli._settings import Settings
-from grpo_cli.errors import UsageError
+from grpo_cli.errors import GrpoCliError, UsageError
 
 from .conftest import SAMPLE, Cli
 
@@ -287,3 +287,22 @@ def test_engine_options_choose_the_backend(cli: Cli, monkeypatch: pytest.MonkeyP
         EngineOptions(backend="c").resolved()
     r = cli("objective", str(SAMPLE / "batch.parquet"), "--json")
     assert r.exit_code == 2 and "GRPO_CLI_KERNEL=c but the compiled kernel is not built" in r.stderr
+
+
+def test_a_kernel_of_another_layout_is_refused() -> None:
+    """The loader compares the kernel's interface version and struct sizes with its own."""
+
+    def abi(out: Any) -> int:
+        out[0], out[1], out[2] = _fast.ABI_VERSION, 8, 8  # a struct of another size
+        return 3
+
+    lib = type("Lib", (), {"grpo_abi": staticmethod(abi)})()
+    with pytest.raises(GrpoCliError, match=r"does not match this grpo-cli .* rebuild it"):
+        _fast.check_abi(lib, "k.so")  # type: ignore[arg-type]
+    no_abi = type("Lib", (), {})()  # a kernel from before the check: refused as well
+    with pytest.raises(GrpoCliError, match="interface 0"):
+        _fast.check_abi(no_abi, "k.so")  # type: ignore[arg-type]
+    if built:
+        lib = _fast._library()
+        assert lib is not None
+        _fast.check_abi(lib, "built")  # the installed one matches
