@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -63,6 +63,8 @@ __all__ = [
 
 F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
+# Log-probs as logged: float32 or float64; arithmetic on them asks numpy for float64 results.
+FloatArray = NDArray[np.floating[Any]]
 
 Scale = Literal["group", "batch", "none"]
 AdvantageEstimator = Literal["grpo", "rloo"]
@@ -485,7 +487,7 @@ def kl_k3(logp: ArrayLike, ref_logp: ArrayLike) -> F64:
 
 
 # ------------------------------------------------------------------- ratio and clip
-def log_ratio(logp: F64, old_logp: F64, *, clamp: float | None = None) -> F64:
+def log_ratio(logp: FloatArray, old_logp: FloatArray, *, clamp: float | None = None) -> F64:
     """Per-token log importance ratio ``Δ = logp − old_logp`` in float64 (float32 inputs are
     widened inside the subtraction), optionally clamped to ``[−c, c]``.
 
@@ -811,9 +813,9 @@ def used_log_ratio(
 
 
 def token_terms(
-    logp: F64,
-    old_logp: F64 | None,
-    ref_logp: F64 | None,
+    logp: FloatArray,
+    old_logp: FloatArray | None,
+    ref_logp: FloatArray | None,
     adv: F64,
     offsets: I64,
     *,
@@ -836,7 +838,7 @@ def token_terms(
     π_θold); the KL statistics keep describing ``logp`` against ``ref_logp``.
 
     Args:
-        logp: ``(T,)`` float64 log π_θ.
+        logp: ``(T,)`` log π_θ, float32 or float64 (every result is float64).
         old_logp: ``(T,)`` log π_θold, or None for an on-policy batch (ρ = 1).
         ref_logp: ``(T,)`` log π_ref, or None (then ``beta`` must be 0).
         adv: ``(N,)`` one advantage per answer.

@@ -16,7 +16,7 @@ import glob as globlib
 import math
 import queue
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
+from ._core import FloatArray
 from ._engine import DEFAULT_BATCH_TOKENS
 from .errors import InputError, UsageError
 
@@ -463,7 +464,7 @@ class Batch:
 
     start: int
     offsets: I64
-    fields: dict[str, F64]
+    fields: Mapping[str, FloatArray]
     width: I64
 
     @property

@@ -19,6 +19,7 @@ from numpy.typing import NDArray
 from . import _fast
 from ._core import (
     AGGREGATIONS,
+    FloatArray,
     GroupStats,
     advantages_by_group,
     aggregation_weights,
@@ -378,7 +379,7 @@ class RolloutPartial:
         self.s1 = 0.0
         self.s2 = 0.0
 
-    def update(self, delta: F64, old: F64, rollout: F64, offsets: I64) -> None:
+    def update(self, delta: F64, old: FloatArray, rollout: FloatArray, offsets: I64) -> None:
         if delta.shape[0] == 0:
             return
         self.tokens += int(delta.shape[0])

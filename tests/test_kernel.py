@@ -298,10 +298,10 @@ def test_a_kernel_of_another_layout_is_refused() -> None:
 
     lib = type("Lib", (), {"grpo_abi": staticmethod(abi)})()
     with pytest.raises(GrpoCliError, match=r"does not match this grpo-cli .* rebuild it"):
-        _fast.check_abi(lib, "k.so")  # type: ignore[arg-type]
+        _fast.check_abi(lib, "k.so")
     no_abi = type("Lib", (), {})()  # a kernel from before the check: refused as well
     with pytest.raises(GrpoCliError, match="interface 0"):
-        _fast.check_abi(no_abi, "k.so")  # type: ignore[arg-type]
+        _fast.check_abi(no_abi, "k.so")
     if built:
         lib = _fast._library()
         assert lib is not None
