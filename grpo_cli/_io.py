@@ -41,6 +41,7 @@ __all__ = [
     "iter_batch_streams",
     "iter_batches",
     "iter_raw",
+    "iter_raw_streams",
     "load_answers",
     "open_source",
     "parse_column_map",
@@ -688,6 +689,36 @@ def iter_batch_streams(
     batch_tokens: int = DEFAULT_BATCH_TOKENS,
     threaded: bool = True,
 ) -> list[Prefetch[Batch]] | None:
+    """Pass 2 as ``streams`` parallel streams of validated batches (see
+    :func:`_stream_chunks`); None when one stream serves (:func:`iter_batches`)."""
+    chunks = _stream_chunks(src, streams, threaded)
+    if chunks is None:
+        return None
+    wanted = [f for f in fields if src.has(f)]
+    return [Prefetch(_chunk_batches(src, c, wanted, batch_tokens)) for c in chunks]
+
+
+def iter_raw_streams(
+    src: Source,
+    fields: Sequence[str],
+    streams: int,
+    *,
+    batch_tokens: int = DEFAULT_BATCH_TOKENS,
+    threaded: bool = True,
+) -> list[Prefetch[RawBatch]] | None:
+    """:func:`iter_batch_streams` of unvalidated :class:`RawBatch` es: the same row groups
+    in the same streams, cut at the same rows, so a fold over them (``check``) adds the
+    same numbers in the same order as one over validated batches (``objective``)."""
+    chunks = _stream_chunks(src, streams, threaded)
+    if chunks is None:
+        return None
+    wanted = [f for f in fields if src.has(f)]
+    return [Prefetch(_raw_chunks(src, c, wanted, batch_tokens)) for c in chunks]
+
+
+def _stream_chunks(
+    src: Source, streams: int, threaded: bool
+) -> list[list[tuple[int, int, int]]] | None:
     """Pass 2 as ``streams`` streams read in parallel, each by its own thread: row group
     ``j`` of the dataset (files in order) goes to stream ``j mod streams``, so decoding, the
     slowest part once the kernel is compiled, uses every core too.
@@ -702,16 +733,14 @@ def iter_batch_streams(
     chunks = _parquet_chunks(src)
     if len(chunks) < streams:
         return None
-    wanted = [f for f in fields if src.has(f)]
-    return [
-        Prefetch(_chunk_batches(src, chunks[k::streams], wanted, batch_tokens))
-        for k in range(streams)
-    ]
+    return [chunks[k::streams] for k in range(streams)]
 
 
-def _chunk_batches(
+def _raw_chunks(
     src: Source, chunks: list[tuple[int, int, int]], wanted: list[str], batch_tokens: int
-) -> Iterator[Batch]:
+) -> Iterator[RawBatch]:
+    """The raw batches of the given row groups, in order; unreadable data raises
+    :class:`BatchError` at the row where it starts."""
     names, mname, cols = _token_columns(src, wanted)
     current: tuple[int, pq.ParquetFile, int] | None = None
     for i, rg, start in chunks:
@@ -724,11 +753,22 @@ def _chunk_batches(
         try:
             for rb in _read(p, it, cols):
                 raw = _raw_record_batch(rb, wanted, names, mname, start, str(p))
-                batch = _record_batch(raw, wanted, names, mname)
-                yield batch
-                start += batch.n
+                yield raw
+                start += raw.n
         except InputError as exc:
             raise BatchError(start, exc) from None
+
+
+def _chunk_batches(
+    src: Source, chunks: list[tuple[int, int, int]], wanted: list[str], batch_tokens: int
+) -> Iterator[Batch]:
+    """:func:`_raw_chunks`, validated (in the reader's thread)."""
+    names, mname, _ = _token_columns(src, wanted)
+    for raw in _raw_chunks(src, chunks, wanted, batch_tokens):
+        try:
+            yield _record_batch(raw, wanted, names, mname)
+        except InputError as exc:
+            raise BatchError(raw.start, exc) from None
 
 
 @dataclass(frozen=True)

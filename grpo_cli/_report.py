@@ -7,9 +7,7 @@ Each ``*_report`` function returns a frozen record; tables and JSON are two view
 from __future__ import annotations
 
 import math
-import queue
-import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -35,13 +33,13 @@ from ._engine import EngineOptions
 from ._io import (
     Answers,
     Batch,
-    BatchError,
     Prefetch,
     Source,
     iter_batch_streams,
     iter_batches,
     load_answers,
 )
+from ._local import fold_batches, fold_source
 from ._settings import Settings
 from ._stats import IntCounts, Moments, Sketch
 from .errors import InputError, MergeError, UsageError
@@ -776,126 +774,7 @@ def _length_weights(p: TokenPartial) -> list[dict[str, float]]:
     return rows
 
 
-# --------------------------------------------------------------------- the fold
-def fold_batches(
-    batches: Iterator[Batch],
-    new: Callable[[], TokenPartial],
-    fold: Callable[[TokenPartial, Batch], None],
-    *,
-    workers: int,
-    progress: Progress | None = None,
-) -> TokenPartial:
-    """Fold a stream of batches into one partial, on ``workers`` threads.
-
-    numpy releases the GIL inside its loops, so threads run the arithmetic on separate
-    cores while the reader thread decodes the next batches. Batch ``i`` always goes to
-    worker ``i mod workers`` and the workers' partials are merged in worker order, so the
-    result is bit-for-bit the same from run to run (it depends on ``workers``, not on
-    timing). Memory stays bounded: each worker's queue holds at most two batches.
-    """
-    w = workers
-    parts = [new() for _ in range(w)]
-    if w == 1:
-        for b in batches:
-            fold(parts[0], b)
-            if progress:
-                progress(b.n)
-        return parts[0]
-    queues: list[queue.Queue[Batch | None]] = [queue.Queue(maxsize=2) for _ in range(w)]
-    errors: list[BaseException] = []
-
-    def run(k: int) -> None:
-        while (b := queues[k].get()) is not None:
-            if errors:
-                continue  # drain after a failure elsewhere
-            try:
-                fold(parts[k], b)
-            except BaseException as exc:
-                errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(k,), daemon=True) for k in range(w)]
-    for t in threads:
-        t.start()
-    try:
-        for i, b in enumerate(batches):
-            if errors:
-                break
-            queues[i % w].put(b)
-            if progress:
-                progress(b.n)
-    finally:
-        for q in queues:
-            q.put(None)
-        for t in threads:
-            t.join()
-    if errors:
-        raise errors[0]
-    total = parts[0]
-    for p in parts[1:]:
-        total.merge(p)
-    return total
-
-
-def fold_streams(
-    streams: list[Prefetch[Batch]],
-    new: Callable[[], TokenPartial],
-    fold: Callable[[TokenPartial, Batch], None],
-    *,
-    progress: Progress | None = None,
-) -> TokenPartial:
-    """Fold each stream (from :func:`grpo_cli._io.iter_batch_streams`) on its own thread
-    into its own partial, then merge them in stream order: bit-for-bit the same result
-    from run to run.
-
-    On bad data the error reported is the first in row order, as if read in one stream:
-    a stream that meets a problem at row ``r`` lets the others run up to row ``r``.
-    """
-    parts = [new() for _ in streams]
-    failures: list[tuple[int, BaseException]] = []  # (row where it happened, error)
-    lock = threading.Lock()
-
-    def first_failure() -> float:
-        with lock:
-            return min((row for row, _ in failures), default=math.inf)
-
-    def run(k: int) -> None:
-        stream = streams[k]
-        try:
-            for b in stream:
-                if b.start >= first_failure():
-                    break
-                try:
-                    fold(parts[k], b)
-                except InputError as exc:
-                    with lock:
-                        failures.append((b.start, exc))
-                    break
-                if progress:
-                    with lock:
-                        progress(b.n)
-        except BatchError as exc:
-            with lock:
-                failures.append((exc.start, exc.error))
-        except BaseException as exc:  # a bug, not bad data: report it first
-            with lock:
-                failures.append((-1, exc))
-        finally:
-            stream.close()  # stops its reader thread
-
-    threads = [threading.Thread(target=run, args=(k,), daemon=True) for k in range(len(streams))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if failures:
-        raise min(failures, key=lambda f: f[0])[1]
-    total = parts[0]
-    for p in parts[1:]:
-        total.merge(p)
-    return total
-
-
-def _fold_source(
+def _fold_tokens(
     src: Source,
     fields: Sequence[str],
     new: Callable[[], TokenPartial],
@@ -905,13 +784,17 @@ def _fold_source(
     progress: Progress | None,
     streams: list[Prefetch[Batch]] | None,
 ) -> TokenPartial:
-    """Pass 2 over ``src``: the parallel ``streams`` of :func:`iter_batch_streams` when the
-    data has enough row groups (None: it has not), else one reader thread feeding the
-    workers."""
-    if streams is not None:
-        return fold_streams(streams, new, fold, progress=progress)
-    batches = iter_batches(src, fields, batch_tokens=engine.batch_tokens, threaded=engine.prefetch)
-    return fold_batches(batches, new, fold, workers=engine.workers, progress=progress)
+    """Pass 2 over validated batches of ``src`` (``streams``: started already, or None)."""
+    return fold_source(
+        streams,
+        lambda: iter_batches(
+            src, fields, batch_tokens=engine.batch_tokens, threaded=engine.prefetch
+        ),
+        new,
+        fold,
+        workers=engine.workers,
+        progress=progress,
+    )
 
 
 def _streams(src: Source, fields: Sequence[str], engine: EngineOptions) -> Any:
@@ -939,7 +822,7 @@ def kl_report(
                 f"ref_logp; the file has: {', '.join(src.present)})"
             )
     fields = ["logp", "ref_logp"]
-    acc = _fold_source(
+    acc = _fold_tokens(
         src,
         fields,
         lambda: TokenPartial(settings, backend=engine.backend, exact_cap=exact_cap),
@@ -1040,7 +923,7 @@ def objective_report(
         return TokenPartial(settings, backend=engine.backend, exact_cap=exact_cap)
 
     if batches is None:
-        acc = _fold_source(
+        acc = _fold_tokens(
             src, TOKEN_FIELDS, new, fold, engine=engine, progress=progress, streams=streams
         )
     else:
