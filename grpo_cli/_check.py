@@ -25,15 +25,16 @@ from ._core import advantages_by_group
 from ._engine import EngineOptions
 from ._io import (
     Answers,
-    Batch,
     RawBatch,
     Source,
     iter_raw,
+    iter_raw_streams,
     load_answers,
     prefetch,
     raw_to_batch,
 )
-from ._report import ObjectiveReport, objective_report
+from ._local import fold_source
+from ._report import ObjectiveReport, TokenPartial, objective_pass1, objective_record
 from ._settings import Settings
 from .errors import InputError, UsageError
 
@@ -94,6 +95,40 @@ class Scan:
     offpolicy_max: float = 0.0
     offpolicy_ex: list[dict[str, Any]] = field(default_factory=list)
 
+    def problems(self) -> tuple[int, int, int]:
+        """The counts that make a batch unusable for the objective."""
+        return (self.nonfinite, self.mismatch, self.empty)
+
+    def merge(self, o: Scan) -> Scan:
+        """Counts add up; the examples kept are the first by row (then token), as if one
+        scan had read every batch in row order."""
+        for name in ("tokens", "rows", "nonfinite", "positive", "zero", "mismatch", "empty"):
+            setattr(self, name, getattr(self, name) + getattr(o, name))
+        self.offpolicy += o.offpolicy
+        self.offpolicy_max = max(self.offpolicy_max, o.offpolicy_max)
+        for name in ("nonfinite_ex", "positive_ex", "mismatch_ex", "empty_ex", "offpolicy_ex"):
+            both = getattr(self, name) + getattr(o, name)
+            both.sort(key=lambda e: (e["answer"], e.get("token", -1)))
+            setattr(self, name, both[:MAX_EXAMPLES])
+        return self
+
+
+@dataclass
+class CheckPartial:
+    """What ``check`` folds from each raw batch: the integrity scan and, while every batch
+    so far was clean, the objective's token partial."""
+
+    scan: Scan
+    objective: TokenPartial | None
+    invalid: bool = False  # a batch failed integrity: the objective will not be reported
+
+    def merge(self, o: CheckPartial) -> CheckPartial:
+        self.scan.merge(o.scan)
+        if self.objective is not None and o.objective is not None:
+            self.objective.merge(o.objective)
+        self.invalid = self.invalid or o.invalid
+        return self
+
 
 @dataclass
 class Facts:
@@ -144,22 +179,12 @@ class CheckReport:
     results: list[Result]
     settings: Settings | None = None
     engine: EngineOptions | None = None
+    objective: ObjectiveReport | None = None  # the same record ``objective`` makes
+    why_no_objective: str = ""
 
     @property
     def passed(self) -> bool:
         return not any(r.status == "fail" for r in self.results)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "schema_version": 1,
-            "command": "check",
-            "source": self.source,
-            "passed": self.passed,
-            "counts": {s: sum(r.status == s for r in self.results) for s in STATUSES},
-            "results": [r.to_json() for r in self.results],
-            "settings": None if self.settings is None else self.settings.to_json(),
-            "engine": None if self.engine is None else self.engine.to_json(),
-        }
 
 
 # ---------------------------------------------------------------------------- verdicts
@@ -695,10 +720,14 @@ def run_check(
     progress: Callable[[int], None] | None = None,
     engine: EngineOptions | None = None,
 ) -> CheckReport:
-    """Evaluate every rule of ``cfg`` on ``src``; optionally compare with a baseline report."""
+    """Evaluate every rule of ``cfg`` on ``src``; optionally compare with a baseline report.
+
+    One pass over the raw token batches folds the integrity scan and the objective
+    together (:class:`CheckPartial`), over the same streams and batches as ``objective``,
+    so the two commands report the same numbers to the last digit.
+    """
     engine = (engine or EngineOptions()).resolved()
     answers = load_answers(src, need_rewards=False, allow_nonfinite=True)
-    scan = Scan()
     fields = _token_fields(src)
     why = ""
     finite_answers = all(
@@ -710,47 +739,42 @@ def run_check(
         why = "not evaluated: no logp in the input"
     elif not finite_answers:
         why = "not evaluated: integrity failed (rewards-finite)"
-    valid = [not why]  # every batch so far validated: the objective may be computed
+    s = settings if src.has("ref_logp") else replace(settings, beta=0.0)
+    p1 = None if why else objective_pass1(src, s, answers=answers)
+    fold_objective = None if p1 is None else p1.fold(src.label)
 
-    def batches() -> Iterator[Batch]:
-        """One pass: scan each raw batch, and while all is valid, feed the objective."""
-        raws_it = iter_raw(src, fields, batch_tokens=engine.batch_tokens)
-        with closing(prefetch(raws_it, threaded=engine.prefetch)) as raws:  # overlaps the scan
-            for raw in raws:
-                _scan_batch(scan, raw, src, answers, cfg)
-                if valid[0]:
-                    try:
-                        batch = raw_to_batch(src, raw, fields)
-                    except InputError:
-                        valid[0] = False
-                        continue
-                    yield batch
+    def new() -> CheckPartial:
+        tokens = None if p1 is None else TokenPartial(s, backend=engine.backend)
+        return CheckPartial(Scan(), tokens)
 
+    def fold(part: CheckPartial, raw: RawBatch) -> None:
+        before = part.scan.problems()
+        _scan_batch(part.scan, raw, src, answers, cfg)
+        if fold_objective is None or part.objective is None or part.invalid:
+            return
+        if part.scan.problems() != before:  # counted, not raised: the objective stops here
+            part.invalid = True
+            return
+        fold_objective(part.objective, raw_to_batch(src, raw, fields))
+
+    def single() -> Iterator[RawBatch]:
+        raws = iter_raw(src, fields, batch_tokens=engine.batch_tokens)
+        with closing(prefetch(raws, threaded=engine.prefetch)) as stream:
+            yield from stream
+
+    streams = iter_raw_streams(
+        src, fields, engine.workers, batch_tokens=engine.batch_tokens, threaded=engine.prefetch
+    )
+    total = fold_source(streams, single, new, fold, workers=engine.workers, progress=progress)
     report = None
-    stream = batches()
-    if valid[0]:
-        s = settings if src.has("ref_logp") else replace(settings, beta=0.0)
+    if p1 is not None and total.objective is not None and not total.invalid:
         band = cfg.rules["ratio-extreme"].params.get("band", 10.0)
-        try:
-            report = objective_report(
-                src,
-                s,
-                progress=progress,
-                ratio_band=band,
-                answers=answers,
-                batches=stream,
-                engine=engine,
-            )
-        except InputError:
-            if valid[0]:
-                raise  # not a problem the scan counts: the input is unreadable
-    for _ in stream:  # finish the scan whatever happened to the objective
-        pass
+        report = objective_record(src, s, total.objective, p1, engine=engine, ratio_band=band)
     facts = Facts(
         src=src,
         answers=answers,
-        scan=scan,
-        report=report if valid[0] else None,
+        scan=total.scan,
+        report=report,
         why_no_report=why,
         advantages=answers.advantage,
         config=cfg,
@@ -760,7 +784,9 @@ def run_check(
     if broken:
         facts.report = None
         facts.why_no_report = f"not evaluated: integrity failed ({', '.join(broken)})"
-    if (
+    if facts.advantages is None and p1 is not None:
+        facts.advantages = p1.adv
+    elif (
         facts.advantages is None
         and answers.reward is not None
         and answers.codes is not None
@@ -779,16 +805,19 @@ def run_check(
         if not rc.enabled:
             results.append(_skip(rid, "turned off by the configuration"))
         elif rid in integrity:
-            results.append(_recap(integrity[rid], rc))
+            results.append(integrity[rid])
         else:
             results.append(fn(facts, rc))
     if baseline is not None:
         results.append(_baseline(results, baseline, cfg.baseline_tolerance))
-    return CheckReport(source=src.label, results=results, settings=settings, engine=engine)
-
-
-def _recap(r: Result, rc: RuleConfig) -> Result:
-    return r if not (r.status == "fail" and rc.severity == "warn") else replace(r, status="warn")
+    return CheckReport(
+        source=src.label,
+        results=results,
+        settings=settings,
+        engine=engine,
+        objective=facts.report,
+        why_no_objective=facts.why_no_report,
+    )
 
 
 DRIFT_FLOOR = 1e-6  # |baseline| below this counts as this, so 0 → tiny is not infinite drift

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -18,7 +18,17 @@ from ._report import (
     ObjectiveReport,
 )
 
-__all__ = ["SCHEMA_VERSION", "advantages_json", "dumps", "kl_json", "objective_json"]
+if TYPE_CHECKING:
+    from ._check import CheckReport
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "advantages_json",
+    "check_json",
+    "dumps",
+    "kl_json",
+    "objective_json",
+]
 
 SCHEMA_VERSION = 1
 
@@ -141,4 +151,23 @@ def objective_json(r: ObjectiveReport) -> dict[str, Any]:
         "settings": r.settings.to_json(),
         "engine": r.engine.to_json(),
         "warnings": r.warnings,
+    }
+
+
+def check_json(r: CheckReport) -> dict[str, Any]:
+    """``check --format json``: the verdicts, and the objective's own document (the same
+    ``objective --json`` prints; null when it was not evaluated, ``warnings`` says why)."""
+    statuses = ("pass", "warn", "fail", "skip")
+    warnings = [] if r.objective is not None else [f"objective: {r.why_no_objective}"]
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "command": "check",
+        "source": r.source,
+        "passed": r.passed,
+        "counts": {s: sum(x.status == s for x in r.results) for s in statuses},
+        "results": [x.to_json() for x in r.results],
+        "objective": None if r.objective is None else objective_json(r.objective),
+        "settings": None if r.settings is None else r.settings.to_json(),
+        "engine": None if r.engine is None else r.engine.to_json(),
+        "warnings": warnings,
     }

@@ -7,7 +7,7 @@ Each ``*_report`` function returns a frozen record; tables and JSON are two view
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -39,7 +39,7 @@ from ._io import (
     iter_batches,
     load_answers,
 )
-from ._local import fold_batches, fold_source
+from ._local import fold_source
 from ._settings import Settings
 from ._stats import IntCounts, Moments, Sketch
 from .errors import InputError, MergeError, UsageError
@@ -846,14 +846,55 @@ def kl_report(
 
 
 # ---------------------------------------------------------------- objective command
-def _pass1(
-    src: Source, settings: Settings, answers: Answers | None, recompute: bool
-) -> tuple[F64, str, GroupStats | None]:
-    """Pass 1: each answer's advantage, where it came from, and the group statistics."""
+@dataclass(frozen=True)
+class Pass1:
+    """What the objective needs before the token pass: each answer's advantage, where it
+    came from (``file`` or ``rewards``), group statistics, and the notes so far."""
+
+    adv: F64
+    source: str
+    stats: GroupStats | None
+    on_policy: bool
+    warnings: list[str]
+
+    def fold(self, label: str) -> Callable[[TokenPartial, Batch], None]:
+        """Fold a batch with its answers' advantages."""
+        adv = self.adv
+
+        def fold(acc: TokenPartial, b: Batch) -> None:
+            if b.start + b.n > adv.shape[0]:
+                raise InputError(f"{label}: more token rows than answers ({adv.shape[0]})")
+            acc.update(b, adv[b.start : b.start + b.n])
+
+        return fold
+
+
+def objective_pass1(
+    src: Source,
+    settings: Settings,
+    *,
+    answers: Answers | None = None,
+    recompute_advantages: bool = False,
+) -> Pass1:
+    """Pass 1 of the objective: the fields it needs are there, and every answer's
+    advantage (the file's own unless ``recompute_advantages``, else from rewards)."""
+    if not src.has("logp"):
+        raise InputError(
+            f"{src.label}: {src.name('logp')!r} is missing (the file has: {', '.join(src.present)})"
+        )
+    if settings.beta > 0 and not src.has("ref_logp"):
+        raise InputError(
+            f"{src.label}: {src.name('ref_logp')!r} is missing, but beta = {settings.beta} > 0 "
+            f"needs the reference log-probs (give them, or pass --beta 0)"
+        )
+    warnings: list[str] = []
+    on_policy = not src.has("old_logp")
+    if on_policy:
+        warnings.append(f"no {src.name('old_logp')!r}: treating the batch as on-policy (ratio = 1)")
     if answers is None:
         answers = load_answers(src, need_rewards=False)
     stats = None
-    if answers.advantage is not None and not recompute:
+    if answers.advantage is not None and not recompute_advantages:
         adv, adv_source = answers.advantage, "file"
         if answers.reward is not None and answers.codes is not None and answers.labels is not None:
             stats = group_stats(
@@ -867,8 +908,7 @@ def _pass1(
             f"{src.label}: neither {src.name('advantage')!r} nor {src.name('reward')!r} is present "
             f"(the file has: {', '.join(src.present)})"
         )
-
-    return adv, adv_source, stats
+    return Pass1(adv, adv_source, stats, on_policy, warnings)
 
 
 def objective_report(
@@ -879,55 +919,42 @@ def objective_report(
     progress: Progress | None = None,
     exact_cap: int | None = None,
     recompute_advantages: bool = False,
-    ratio_band: float = 10.0,
-    answers: Answers | None = None,
-    batches: Iterable[Batch] | None = None,
 ) -> ObjectiveReport:
-    """The GRPO objective of ``src`` and its diagnostics, streamed batch by batch.
-
-    ``answers`` (pass 1) and ``batches`` (pass 2) may be given by a caller that reads the
-    data itself (``check`` scans the raw arrays and validates them in the same pass).
-    """
+    """The GRPO objective of ``src`` and its diagnostics, streamed batch by batch:
+    :func:`objective_pass1`, one fold of :class:`TokenPartial` s over the token batches,
+    :func:`objective_record`."""
     engine = (engine or EngineOptions()).resolved()
-    warnings: list[str] = []
-    if not src.has("logp"):
-        raise InputError(
-            f"{src.label}: {src.name('logp')!r} is missing (the file has: {', '.join(src.present)})"
-        )
-    if settings.beta > 0 and not src.has("ref_logp"):
-        raise InputError(
-            f"{src.label}: {src.name('ref_logp')!r} is missing, but beta = {settings.beta} > 0 "
-            f"needs the reference log-probs (give them, or pass --beta 0)"
-        )
-    on_policy = not src.has("old_logp")
-    if on_policy:
-        warnings.append(f"no {src.name('old_logp')!r}: treating the batch as on-policy (ratio = 1)")
-
     # row-group streams start decoding now, while pass 1 reads the answer columns
-    streams = None
-    if batches is None:
-        streams = _streams(src, TOKEN_FIELDS, engine)
+    streams = _streams(src, TOKEN_FIELDS, engine) if src.has("logp") else None
     try:
-        adv, adv_source, stats = _pass1(src, settings, answers, recompute_advantages)
+        p1 = objective_pass1(src, settings, recompute_advantages=recompute_advantages)
     except BaseException:
         for stream in streams or []:
             stream.close()
         raise
 
-    def fold(acc: TokenPartial, b: Batch) -> None:
-        if b.start + b.n > adv.shape[0]:
-            raise InputError(f"{src.label}: more token rows than answers ({adv.shape[0]})")
-        acc.update(b, adv[b.start : b.start + b.n])
-
     def new() -> TokenPartial:
         return TokenPartial(settings, backend=engine.backend, exact_cap=exact_cap)
 
-    if batches is None:
-        acc = _fold_tokens(
-            src, TOKEN_FIELDS, new, fold, engine=engine, progress=progress, streams=streams
-        )
-    else:
-        acc = fold_batches(iter(batches), new, fold, workers=engine.workers, progress=progress)
+    acc = _fold_tokens(
+        src, TOKEN_FIELDS, new, p1.fold(src.label), engine=engine, progress=progress,
+        streams=streams,
+    )  # fmt: skip
+    return objective_record(src, settings, acc, p1, engine=engine)
+
+
+def objective_record(
+    src: Source,
+    settings: Settings,
+    acc: TokenPartial,
+    p1: Pass1,
+    *,
+    engine: EngineOptions,
+    ratio_band: float = 10.0,
+) -> ObjectiveReport:
+    """The record of a folded objective: checks that every answer was folded, then the
+    aggregations, distributions and notes; ``ratio_band`` sets ``ratio_outside_band``."""
+    adv = p1.adv
     if acc.answers != adv.shape[0]:
         raise InputError(
             f"{src.label}: {acc.answers} token rows but {adv.shape[0]} answers (rewards/advantages)"
@@ -947,11 +974,12 @@ def objective_report(
             f"--max-len {settings.max_len} is shorter than the longest answer "
             f"({acc.max_width} tokens){hint}"
         )
-    rec = _objective_record(src, settings, acc, adv, adv_source, stats, on_policy, warnings)
-    rec = replace(rec, engine=engine)
+    rec = _objective_record(
+        src, settings, acc, adv, p1.source, p1.stats, p1.on_policy, list(p1.warnings)
+    )
     b = math.log(ratio_band)
     outside = acc.delta.count_outside(-b, b) / max(acc.tokens, 1)
-    return replace(rec, ratio_band=ratio_band, ratio_outside_band=outside)
+    return replace(rec, engine=engine, ratio_band=ratio_band, ratio_outside_band=outside)
 
 
 def _objective_record(

@@ -594,7 +594,9 @@ def check(
             report = run_check(
                 src, settings, cfg, baseline=base, progress=tick, engine=_engine(workers)
             )
-        doc = report.to_json()
+        from ._json import check_json
+
+        doc = check_json(report)
         if report_path is not None:
             try:
                 report_path.write_text(dumps(doc) + "\n")
