@@ -11,10 +11,15 @@ Example:
 
 from ._core import (
     AGGREGATIONS,
+    ClipCounts,
+    GroupStats,
     TokenTerms,
     advantages_by_group,
+    advantages_from_stats,
     aggregate,
+    aggregation_weights,
     check_offsets,
+    clip_counts,
     clipped_surrogate,
     flatten_padded,
     group_advantages,
@@ -23,6 +28,7 @@ from ._core import (
     kl_estimate,
     kl_k3,
     log_ratio,
+    ratio_moments,
     segment_mean,
     segment_sum,
     sequence_log_ratio,
@@ -30,40 +36,109 @@ from ._core import (
     used_log_ratio,
 )
 from ._engine import EngineOptions
-from ._io import open_source
-from ._report import advantages_report, kl_report, objective_report
+from ._io import Answers, Batch, RawBatch, Source, iter_batches, load_answers, open_source
+from ._json import advantages_json, check_json, kl_json, objective_json
+from ._report import (
+    AdvantagesReport,
+    ClipFractions,
+    Distribution,
+    GroupSummary,
+    GroupTable,
+    KLReport,
+    ObjectiveReport,
+    Pass1,
+    RolloutReport,
+    TokenPartial,
+    advantages_report,
+    fold_batch,
+    group_table,
+    kl_report,
+    objective_pass1,
+    objective_record,
+    objective_report,
+)
 from ._settings import PRESETS, SettingError, Settings, resolve_settings
-from .errors import GrpoCliError, InputError, UsageError
+from .errors import GrpoCliError, InputError, MergeError, UsageError
 
 __version__ = "0.1.0"
+
+# check's names: its rules are imported when used, so a --json run never loads them
+_LAZY = {"CheckConfig", "CheckReport", "Result", "RuleConfig", "load_config", "run_check"}
+
+
+def __getattr__(name: str) -> object:
+    """``check``'s names, imported on first use (a ``--json`` run never loads them)."""
+    if name in _LAZY:
+        from . import _check
+
+        return getattr(_check, name)
+    raise AttributeError(f"module 'grpo_cli' has no attribute {name!r}")
+
 
 __all__ = [
     "AGGREGATIONS",
     "PRESETS",
+    "AdvantagesReport",
+    "Answers",
+    "Batch",
+    "CheckConfig",
+    "CheckReport",
+    "ClipCounts",
+    "ClipFractions",
+    "Distribution",
     "EngineOptions",
+    "GroupStats",
+    "GroupSummary",
+    "GroupTable",
     "GrpoCliError",
     "InputError",
+    "KLReport",
+    "MergeError",
+    "ObjectiveReport",
+    "Pass1",
+    "RawBatch",
+    "Result",
+    "RolloutReport",
+    "RuleConfig",
     "SettingError",
     "Settings",
+    "Source",
+    "TokenPartial",
     "TokenTerms",
     "UsageError",
     "__version__",
     "advantages_by_group",
+    "advantages_from_stats",
+    "advantages_json",
     "advantages_report",
     "aggregate",
+    "aggregation_weights",
+    "check_json",
     "check_offsets",
+    "clip_counts",
     "clipped_surrogate",
     "flatten_padded",
+    "fold_batch",
     "group_advantages",
     "group_stats",
+    "group_table",
     "grpo_objective",
+    "iter_batches",
     "kl_estimate",
+    "kl_json",
     "kl_k3",
     "kl_report",
+    "load_answers",
+    "load_config",
     "log_ratio",
+    "objective_json",
+    "objective_pass1",
+    "objective_record",
     "objective_report",
     "open_source",
+    "ratio_moments",
     "resolve_settings",
+    "run_check",
     "segment_mean",
     "segment_sum",
     "sequence_log_ratio",

@@ -40,6 +40,7 @@ __all__ = [
     "Singleton",
     "TokenTerms",
     "advantages_by_group",
+    "advantages_from_stats",
     "aggregate",
     "aggregation_weights",
     "check_offsets",
@@ -338,6 +339,49 @@ def advantages_by_group(
         raise InputError(f"codes: group indices must lie in [0, {P})")
 
     stats = group_stats(r, g, n_groups=P, ddof=ddof)
+    batch_std = float(np.std(r, ddof=ddof)) if scale == "batch" and n > ddof else 0.0
+    return advantages_from_stats(
+        r,
+        g,
+        stats,
+        scale=scale,
+        eps=eps,
+        estimator=estimator,
+        singleton=singleton,
+        batch_std=batch_std,
+    )
+
+
+def advantages_from_stats(
+    rewards: F64,
+    codes: I64,
+    stats: GroupStats,
+    *,
+    scale: Scale = "group",
+    eps: float = 1e-8,
+    estimator: AdvantageEstimator = "grpo",
+    singleton: Singleton = "zero",
+    batch_std: float = 0.0,
+) -> F64:
+    """The advantages of any subset of answers, given the statistics of their groups over
+    the whole batch (:func:`group_stats`): the formula of :func:`advantages_by_group`, one
+    answer at a time, so answers may be folded in any blocks, anywhere, with the same
+    result bit for bit. ``batch_std`` is the std of every reward (``scale="batch"``).
+
+    Args:
+        rewards: ``(n,)`` float64 rewards of the answers.
+        codes: ``(n,)`` their groups' indices into ``stats``.
+        stats: the groups' statistics, ``(P,)`` arrays.
+
+    Returns:
+        ``(n,)`` float64 advantages.
+
+    Example:
+        >>> s = group_stats(np.array([1.0, 3.0, 5.0, 5.0]), np.array([0, 0, 1, 1]), n_groups=2)
+        >>> advantages_from_stats(np.array([5.0, 3.0]), np.array([1, 0]), s).round(6).tolist()
+        [0.0, 1.0]
+    """
+    r, g = rewards, codes
     total, mean, std = stats.total, stats.mean, stats.std
     constant = (stats.min == stats.max)[g]
     size = stats.count[g]
@@ -352,8 +396,7 @@ def advantages_by_group(
         if scale == "group":
             adv = centred / (std[g] + eps)
         elif scale == "batch":
-            std_all = float(np.std(r, ddof=ddof)) if n > ddof else 0.0
-            adv = centred / (std_all + eps)
+            adv = centred / (batch_std + eps)
         else:
             adv = centred.copy()
 

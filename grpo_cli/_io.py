@@ -19,6 +19,7 @@ import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -263,6 +264,7 @@ class Answers:
     reward: F64 | None
     advantage: F64 | None
     shape: tuple[int, int] | None
+    group_ids: pa.Array | None = None  # ``labels`` as an Arrow array, for joins by group id
 
 
 def _real(label: str, what: str, arr: np.ndarray) -> F64:
@@ -273,7 +275,11 @@ def _real(label: str, what: str, arr: np.ndarray) -> F64:
     raise InputError(f"{label}: {what} has dtype {arr.dtype}, expected numbers")
 
 
-def _encode_groups(values: pa.Array | np.ndarray, label: str, what: str) -> tuple[I64, list[Any]]:
+def _encode_groups(
+    values: pa.Array | np.ndarray, label: str, what: str
+) -> tuple[I64, list[Any], pa.Array]:
+    """Group ids to codes into the first-seen distinct ids (as a list and as an Arrow array
+    of the column's own type, for joins by id)."""
     arr = values if isinstance(values, pa.Array | pa.ChunkedArray) else pa.array(values)
     if arr.null_count:
         row = int(np.flatnonzero(np.asarray(arr.is_null()))[0])
@@ -285,7 +291,7 @@ def _encode_groups(values: pa.Array | np.ndarray, label: str, what: str) -> tupl
     if isinstance(enc, pa.ChunkedArray):
         enc = enc.unify_dictionaries().combine_chunks()
     codes = np.asarray(enc.indices, dtype=np.int64)
-    return codes, enc.dictionary.to_pylist()
+    return codes, enc.dictionary.to_pylist(), enc.dictionary
 
 
 def load_answers(src: Source, *, need_rewards: bool, allow_nonfinite: bool = False) -> Answers:
@@ -340,7 +346,7 @@ def _npz_answers(src: Source, need_rewards: bool, allow_nonfinite: bool = False)
                     f"{path}: array {gname!r} has shape {group.shape}, expected ({r.shape[0]},) "
                     f"like {rname!r}"
                 )
-            codes, labels = _encode_groups(group, str(path), f"array {gname!r}")
+            codes, labels, _ = _encode_groups(group, str(path), f"array {gname!r}")
         else:
             raise InputError(
                 f"{path}: array {rname!r} has shape {reward.shape}, expected (P, G) or (N,)"
@@ -374,7 +380,10 @@ def _npz_answers(src: Source, need_rewards: bool, allow_nonfinite: bool = False)
         raise InputError(
             f"{path}: array {src.name('logp')!r} has {n_tokens} rows but there are {n} answers"
         )
-    return Answers(n=n, codes=codes, labels=labels, reward=r, advantage=a, shape=shape)
+    ids = None if labels is None else pa.array(labels)  # as _npz_answer_columns writes them
+    return Answers(
+        n=n, codes=codes, labels=labels, reward=r, advantage=a, shape=shape, group_ids=ids
+    )
 
 
 def _npz_getter(z: Any, src: Source) -> Any:
@@ -415,7 +424,7 @@ def _parquet_answers(src: Source, need_rewards: bool, allow_nonfinite: bool = Fa
             f"(the file has: {', '.join(src.present)})"
         )
     table = pa.concat_tables(tables) if tables else None
-    codes = labels = r = a = None
+    codes = labels = r = a = ids = None
     if table is not None and src.has("reward"):
         name = src.name("reward")
         r = _float_column(table.column(name), src.label, name, allow_nonfinite)
@@ -424,14 +433,16 @@ def _parquet_answers(src: Source, need_rewards: bool, allow_nonfinite: bool = Fa
                 f"{src.label}: column {src.name('group')!r} is missing "
                 f"(every answer needs its group id)"
             )
-        codes, labels = _encode_groups(
+        codes, labels, ids = _encode_groups(
             table.column(src.name("group")), src.label, f"column {src.name('group')!r}"
         )
     if table is not None and src.has("advantage"):
         a = _float_column(
             table.column(src.name("advantage")), src.label, src.name("advantage"), allow_nonfinite
         )
-    return Answers(n=n_rows, codes=codes, labels=labels, reward=r, advantage=a, shape=None)
+    return Answers(
+        n=n_rows, codes=codes, labels=labels, reward=r, advantage=a, shape=None, group_ids=ids
+    )
 
 
 def _float_column(
@@ -467,6 +478,7 @@ class Batch:
     offsets: I64
     fields: Mapping[str, FloatArray]
     width: I64
+    answer: Mapping[str, pa.Array] = dataclass_field(default_factory=dict)
 
     @property
     def n(self) -> int:
@@ -537,10 +549,29 @@ def _npz_arrays(src: Source, wanted: list[str]) -> tuple[dict[str, np.ndarray], 
 
 def _npz_batches(src: Source, wanted: list[str]) -> Iterator[Batch]:
     raw, mask = _npz_arrays(src, wanted)
-    yield _npz_batch(src, raw, mask)
+    yield _npz_batch(src, raw, mask, _npz_answer_columns(src))
 
 
-def _npz_batch(src: Source, raw: dict[str, np.ndarray], mask: NDArray[np.bool_]) -> Batch:
+def _npz_answer_columns(src: Source) -> dict[str, pa.Array]:
+    """The answer fields of an npz (group ids per answer, rewards, advantages) as columns,
+    as parquet batches carry them."""
+    a = _npz_answers(src, need_rewards=False, allow_nonfinite=True)
+    out: dict[str, pa.Array] = {}
+    if a.codes is not None and a.group_ids is not None:
+        out["group"] = a.group_ids.take(pa.array(a.codes))
+    if a.reward is not None:
+        out["reward"] = pa.array(a.reward)
+    if a.advantage is not None:
+        out["advantage"] = pa.array(a.advantage)
+    return out
+
+
+def _npz_batch(
+    src: Source,
+    raw: dict[str, np.ndarray],
+    mask: NDArray[np.bool_],
+    answer: Mapping[str, pa.Array],
+) -> Batch:
     """Padded ``(N, L)`` arrays and mask to one validated batch of valid tokens."""
     path = src.paths[0]
     N, L = mask.shape
@@ -561,7 +592,8 @@ def _npz_batch(src: Source, raw: dict[str, np.ndarray], mask: NDArray[np.bool_])
             arr.reshape(-1), mask.reshape(-1), padded_offsets, 0, str(path), what, unit="answer"
         )
         flat[f] = _floating(arr[mask])
-    return Batch(start=0, offsets=offsets, fields=flat, width=np.full(N, L, dtype=np.int64))
+    width = np.full(N, L, dtype=np.int64)
+    return Batch(start=0, offsets=offsets, fields=flat, width=width, answer=answer)
 
 
 def raw_to_batch(src: Source, raw: RawBatch, fields: Sequence[str]) -> Batch:
@@ -573,8 +605,8 @@ def raw_to_batch(src: Source, raw: RawBatch, fields: Sequence[str]) -> Batch:
         N = raw.n
         L = int(raw.mask.shape[0] // N) if N else 0
         arrays = {f: raw.values[f].reshape(N, L) for f in wanted}
-        return _npz_batch(src, arrays, raw.mask.reshape(N, L))
-    names, mname, _ = _token_columns(src, wanted)
+        return _npz_batch(src, arrays, raw.mask.reshape(N, L), raw.answer)
+    names, mname, _, _ = _token_columns(src, wanted)
     return _record_batch(raw, wanted, names, mname)
 
 
@@ -643,19 +675,27 @@ def _read(p: Path, it: Iterator[pa.RecordBatch], cols: list[str]) -> Iterator[pa
         yield rb
 
 
-def _token_columns(src: Source, wanted: list[str]) -> tuple[list[str], str | None, list[str]]:
-    """The file's names of the ``wanted`` token fields, of the mask (None: no mask), and
-    the columns to read."""
+ANSWER_FIELDS = ("group", "reward", "advantage")
+
+
+def _token_columns(
+    src: Source, wanted: list[str]
+) -> tuple[list[str], str | None, list[str], dict[str, str]]:
+    """The file's names of the ``wanted`` token fields, of the mask (None: no mask), the
+    columns to read, and the answer columns read along (group, reward, advantage: what
+    lets any batch compute its own advantages)."""
     names = [src.name(f) for f in wanted]
     mname = src.name("mask") if src.has("mask") else None
-    return names, mname, names + ([mname] if mname else [])
+    answer = {f: src.name(f) for f in ANSWER_FIELDS if src.has(f)}
+    cols = names + ([mname] if mname else [])
+    return names, mname, cols + [c for c in answer.values() if c not in cols], answer
 
 
 def _parquet_batches(src: Source, wanted: list[str], batch_tokens: int) -> Iterator[Batch]:
-    names, mname, cols = _token_columns(src, wanted)
+    names, mname, cols, answer = _token_columns(src, wanted)
     for rb, start, label in _parquet_record_batches(src, cols, batch_tokens):
         yield _record_batch(
-            _raw_record_batch(rb, wanted, names, mname, start, label), wanted, names, mname
+            _raw_record_batch(rb, wanted, names, mname, start, label, answer), wanted, names, mname
         )
 
 
@@ -741,7 +781,7 @@ def _raw_chunks(
 ) -> Iterator[RawBatch]:
     """The raw batches of the given row groups, in order; unreadable data raises
     :class:`BatchError` at the row where it starts."""
-    names, mname, cols = _token_columns(src, wanted)
+    names, mname, cols, answer = _token_columns(src, wanted)
     current: tuple[int, pq.ParquetFile, int] | None = None
     for i, rg, start in chunks:
         if current is None or current[0] != i:
@@ -752,7 +792,7 @@ def _raw_chunks(
         it = pf.iter_batches(batch_size=rows, row_groups=[rg], columns=cols, use_threads=False)
         try:
             for rb in _read(p, it, cols):
-                raw = _raw_record_batch(rb, wanted, names, mname, start, str(p))
+                raw = _raw_record_batch(rb, wanted, names, mname, start, str(p), answer)
                 yield raw
                 start += raw.n
         except InputError as exc:
@@ -763,7 +803,7 @@ def _chunk_batches(
     src: Source, chunks: list[tuple[int, int, int]], wanted: list[str], batch_tokens: int
 ) -> Iterator[Batch]:
     """:func:`_raw_chunks`, validated (in the reader's thread)."""
-    names, mname, _ = _token_columns(src, wanted)
+    names, mname, _, _ = _token_columns(src, wanted)
     for raw in _raw_chunks(src, chunks, wanted, batch_tokens):
         try:
             yield _record_batch(raw, wanted, names, mname)
@@ -786,6 +826,7 @@ class RawBatch:
     offsets: dict[str, I64]
     values: dict[str, np.ndarray]
     mask: NDArray[np.bool_] | None
+    answer: Mapping[str, pa.Array] = dataclass_field(default_factory=dict)
 
     @property
     def n(self) -> int:
@@ -816,11 +857,12 @@ def iter_raw(
             offsets={f: offsets for f in raw},
             values={f: a.reshape(-1) for f, a in raw.items()},
             mask=mask.reshape(-1),
+            answer=_npz_answer_columns(src),
         )
         return
-    names, mname, cols = _token_columns(src, wanted)
+    names, mname, cols, answer = _token_columns(src, wanted)
     for rb, start, label in _parquet_record_batches(src, cols, batch_tokens):
-        yield _raw_record_batch(rb, wanted, names, mname, start, label)
+        yield _raw_record_batch(rb, wanted, names, mname, start, label, answer)
 
 
 def _raw_record_batch(
@@ -830,8 +872,10 @@ def _raw_record_batch(
     mname: str | None,
     start: int,
     label: str,
+    answer: dict[str, str],
 ) -> RawBatch:
-    """The list columns of a record batch as flat arrays and offsets, values unchecked."""
+    """The list columns of a record batch as flat arrays and offsets, values unchecked;
+    the ``answer`` columns (field: column name) as they are."""
     offs: dict[str, I64] = {}
     vals: dict[str, np.ndarray] = {}
     for f, name in zip(wanted, names, strict=True):
@@ -843,7 +887,10 @@ def _raw_record_batch(
             mask = _mask_values(mvals, label, f"column {mname!r}")
         else:
             offs["mask"] = moff
-    return RawBatch(start=start, label=label, unit="row", offsets=offs, values=vals, mask=mask)
+    answers = {f: rb.column(name) for f, name in answer.items()}
+    return RawBatch(
+        start=start, label=label, unit="row", offsets=offs, values=vals, mask=mask, answer=answers
+    )
 
 
 def _list_column(
@@ -916,7 +963,7 @@ def _record_batch(raw: RawBatch, wanted: list[str], names: list[str], mname: str
         values = raw.values[f]
         _check_finite(values, m, offsets, start, label, f"column {name!r}")
         out[f] = _floating(values if m is None else values[m])
-    return Batch(start=start, offsets=new_offsets, fields=out, width=width)
+    return Batch(start=start, offsets=new_offsets, fields=out, width=width, answer=raw.answer)
 
 
 def _check_finite(

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from numpy.typing import NDArray
 
 from . import _fast
@@ -20,6 +22,7 @@ from ._core import (
     FloatArray,
     GroupStats,
     advantages_by_group,
+    advantages_from_stats,
     aggregation_weights,
     clip_counts,
     group_stats,
@@ -847,26 +850,90 @@ def kl_report(
 
 # ---------------------------------------------------------------- objective command
 @dataclass(frozen=True)
+class GroupTable:
+    """The reward statistics of every group of the input (pass 1), keyed by group id: a
+    batch of answers from anywhere in the input computes its own advantages from it
+    (:func:`grpo_cli._core.advantages_from_stats`), with the same result bit for bit as
+    the whole input at once. Small: one row per group.
+    """
+
+    ids: pa.Array
+    stats: GroupStats
+    batch_std: float  # the std of every reward (scale "batch")
+
+    def codes(self, groups: pa.Array, where: str) -> I64:
+        idx = pc.index_in(groups, value_set=self.ids)
+        if idx.null_count:
+            k = int(np.flatnonzero(np.asarray(idx.is_null()))[0])
+            raise InputError(f"{where}: group id {groups[k].as_py()!r} is not in pass 1's table")
+        return np.asarray(idx, dtype=np.int64)
+
+
+def group_table(answers: Answers, settings: Settings) -> GroupTable | None:
+    """Pass 1's :class:`GroupTable` (None without rewards and group ids)."""
+    if answers.reward is None or answers.codes is None or answers.group_ids is None:
+        return None
+    r, P = answers.reward, len(answers.group_ids)
+    stats = group_stats(r, answers.codes, n_groups=P, ddof=settings.ddof)
+    ddof = settings.ddof
+    batch_std = float(np.std(r, ddof=ddof)) if settings.scale == "batch" and r.size > ddof else 0.0
+    return GroupTable(answers.group_ids, stats, batch_std)
+
+
+@dataclass(frozen=True)
 class Pass1:
     """What the objective needs before the token pass: each answer's advantage, where it
-    came from (``file`` or ``rewards``), group statistics, and the notes so far."""
+    came from (``file`` or ``rewards``), the group table, and the notes so far.
+
+    A batch gets its advantages from its own answer columns (:meth:`advantages`): the
+    file's advantage column, or its rewards and group ids joined to the group table; not
+    from its position in the input.
+    """
 
     adv: F64
     source: str
-    stats: GroupStats | None
+    table: GroupTable | None
+    settings: Settings
     on_policy: bool
     warnings: list[str]
 
+    @property
+    def stats(self) -> GroupStats | None:
+        return None if self.table is None else self.table.stats
+
+    def advantages(self, b: Batch, label: str) -> F64:
+        """The advantages of a batch's answers, from the columns it carries."""
+        where = f"{label} (rows {b.start}-{b.start + b.n - 1})"
+        if self.source == "file":
+            return _answer_floats(b, "advantage", where)
+        if self.table is None or "group" not in b.answer:
+            raise InputError(f"{where}: the batch carries no group ids")
+        s = self.settings
+        return advantages_from_stats(
+            _answer_floats(b, "reward", where),
+            self.table.codes(b.answer["group"], where),
+            self.table.stats,
+            scale=s.scale,
+            eps=s.eps,
+            estimator=s.estimator,
+            singleton=s.singleton,
+            batch_std=self.table.batch_std,
+        )
+
     def fold(self, label: str) -> Callable[[TokenPartial, Batch], None]:
         """Fold a batch with its answers' advantages."""
-        adv = self.adv
 
         def fold(acc: TokenPartial, b: Batch) -> None:
-            if b.start + b.n > adv.shape[0]:
-                raise InputError(f"{label}: more token rows than answers ({adv.shape[0]})")
-            acc.update(b, adv[b.start : b.start + b.n])
+            acc.update(b, self.advantages(b, label))
 
         return fold
+
+
+def _answer_floats(b: Batch, field: str, where: str) -> F64:
+    col = b.answer.get(field)
+    if col is None:
+        raise InputError(f"{where}: the batch carries no {field} column")
+    return np.asarray(col.to_numpy(zero_copy_only=False), dtype=np.float64)
 
 
 def objective_pass1(
@@ -893,22 +960,42 @@ def objective_pass1(
         warnings.append(f"no {src.name('old_logp')!r}: treating the batch as on-policy (ratio = 1)")
     if answers is None:
         answers = load_answers(src, need_rewards=False)
-    stats = None
     if answers.advantage is not None and not recompute_advantages:
         adv, adv_source = answers.advantage, "file"
-        if answers.reward is not None and answers.codes is not None and answers.labels is not None:
-            stats = group_stats(
-                answers.reward, answers.codes, n_groups=len(answers.labels), ddof=settings.ddof
-            )
     elif answers.reward is not None:
-        adv, stats = _advantages(answers, settings, src.label)
+        adv, _ = _advantages(answers, settings, src.label)
         adv_source = "rewards"
     else:
         raise InputError(
             f"{src.label}: neither {src.name('advantage')!r} nor {src.name('reward')!r} is present "
             f"(the file has: {', '.join(src.present)})"
         )
-    return Pass1(adv, adv_source, stats, on_policy, warnings)
+    table = group_table(answers, settings)
+    return Pass1(adv, adv_source, table, settings, on_policy, warnings)
+
+
+def fold_batch(
+    batch: Batch,
+    advantages: F64 | Pass1,
+    settings: Settings,
+    *,
+    backend: str = "numpy",
+    exact_cap: int | None = None,
+    label: str = "batch",
+) -> TokenPartial:
+    """The per-batch step, the library's extension point: one batch of answers to one
+    mergeable partial of the objective's statistics. Pure given its inputs: no files,
+    threads or environment. ``advantages`` is ``(batch.n,)``, or pass 1 (:class:`Pass1`),
+    from which the batch computes its own from the group ids and rewards it carries.
+
+    ``fold_batch(a).merge(fold_batch(b))`` equals folding ``a`` and ``b`` together (to
+    the order of float additions), wherever and in whatever order they are folded;
+    :func:`objective_record` turns the merged partial into the report.
+    """
+    p = TokenPartial(settings, backend=backend, exact_cap=exact_cap)
+    adv = advantages.advantages(batch, label) if isinstance(advantages, Pass1) else advantages
+    p.update(batch, adv)
+    return p
 
 
 def objective_report(

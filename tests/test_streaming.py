@@ -16,7 +16,16 @@ import pytest
 
 from grpo_cli import EngineOptions, objective_report, open_source, resolve_settings
 from grpo_cli._io import Batch, iter_batch_streams, iter_batches
-from grpo_cli._report import LOG_RATIO_BINS, QUANTILES, TokenPartial, kl_report
+from grpo_cli._report import (
+    LOG_RATIO_BINS,
+    QUANTILES,
+    TOKEN_FIELDS,
+    TokenPartial,
+    fold_batch,
+    kl_report,
+    objective_pass1,
+    objective_record,
+)
 from grpo_cli._stats import Histogram, IntCounts, Moments, Sketch, quantiles_from_counts
 from grpo_cli.errors import InputError, MergeError
 
@@ -362,3 +371,31 @@ def test_merge_refuses_partials_that_do_not_fit() -> None:
         h.merge(Histogram(-1.0, 1.0, 20))
     with pytest.raises(MergeError, match="exact caps"):
         Sketch(0.0, 1.0, 4, exact_cap=0).merge(Sketch(0.0, 1.0, 4, exact_cap=5))
+
+
+def test_any_block_of_rows_folds_anywhere(tmp_path: Path) -> None:
+    """Batches carry their answers' group ids and rewards: each computes its advantages
+    from pass 1's group table, not from its position, so folding the batches one by one,
+    in reverse order, gives the objective of the whole input."""
+    b = random_batch(np.random.default_rng(52), n=300, width=25, groups=23)
+    rng = np.random.default_rng(53)
+    order = rng.permutation(300)  # the answers of a group are scattered over the file
+    b = {k: [v[i] for i in order] if isinstance(v, list) else np.asarray(v)[order]
+         for k, v in b.items()}  # fmt: skip
+    src = open_source([str(write_parquet(tmp_path / "b.parquet", b))])
+    s = resolve_settings(preset="verl")
+    whole = objective_report(src, s)
+    p1 = objective_pass1(src, s)
+    batches = list(iter_batches(src, TOKEN_FIELDS, batch_tokens=200))
+    assert len(batches) > 10
+    for batch in batches:  # bit for bit the advantages of the whole input
+        own = p1.adv[batch.start : batch.start + batch.n]
+        assert p1.advantages(batch, "b").tolist() == own.tolist()
+    parts = [fold_batch(batch, p1, s) for batch in reversed(batches)]
+    total = parts[0]
+    for p in parts[1:]:
+        total = total.merge(p)
+    rec = objective_record(src, s, total, p1, engine=EngineOptions())
+    assert math.isclose(rec.objective, whole.objective, rel_tol=1e-12)
+    assert (rec.clip, rec.answers, rec.tokens) == (whole.clip, whole.answers, whole.tokens)
+    assert rec.ratio.quantiles == whole.ratio.quantiles
