@@ -36,12 +36,23 @@ from ._core import (
     used_log_ratio,
 )
 from ._engine import EngineOptions
-from ._io import Answers, Batch, RawBatch, Source, iter_batches, load_answers, open_source
+from ._io import (
+    Answers,
+    Batch,
+    RawBatch,
+    Source,
+    iter_batches,
+    load_answers,
+    open_source,
+    raw_from_arrow,
+    validate_raw,
+)
 from ._json import advantages_json, check_json, kl_json, objective_json
 from ._report import (
     AdvantagesReport,
     ClipFractions,
     Distribution,
+    GroupPartial,
     GroupSummary,
     GroupTable,
     KLReport,
@@ -87,6 +98,7 @@ __all__ = [
     "ClipFractions",
     "Distribution",
     "EngineOptions",
+    "GroupPartial",
     "GroupStats",
     "GroupSummary",
     "GroupTable",
@@ -137,6 +149,7 @@ __all__ = [
     "objective_report",
     "open_source",
     "ratio_moments",
+    "raw_from_arrow",
     "resolve_settings",
     "run_check",
     "segment_mean",
@@ -144,4 +157,5 @@ __all__ = [
     "sequence_log_ratio",
     "token_terms",
     "used_log_ratio",
+    "validate_raw",
 ]

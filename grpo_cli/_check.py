@@ -24,6 +24,7 @@ from numpy.typing import NDArray
 from ._core import advantages_by_group
 from ._engine import EngineOptions
 from ._io import (
+    TOKEN_VALUES,
     Answers,
     RawBatch,
     Source,
@@ -618,12 +619,20 @@ def _flagged(
     return int(idx.size), places
 
 
-def _scan_batch(s: Scan, rb: RawBatch, src: Source, answers: Answers, cfg: CheckConfig) -> None:
+def _scan_batch(s: Scan, rb: RawBatch, src: Source, cfg: CheckConfig) -> None:
     """Fold one raw batch into the integrity scan: count every problem, keep a few places."""
     fields = list(rb.values)
 
+    groups = rb.answer.get("group")
+
     def where(file: str, row: int, **extra: Any) -> dict[str, Any]:
-        return _location(answers, file, row, **extra)
+        """A place in this batch: its group id from the batch's own column, so the scan
+        needs no table of the whole input (any block of rows scans anywhere)."""
+        out: dict[str, Any] = {"file": file, "answer": int(row)}
+        if groups is not None:
+            out["group"] = groups[row - rb.start].as_py()
+        out.update(extra)
+        return out
 
     first = fields[0]
     off0 = rb.offsets[first]
@@ -703,7 +712,8 @@ def _scan_batch(s: Scan, rb: RawBatch, src: Source, answers: Answers, cfg: Check
 
 
 def _fields(src: Source) -> list[str]:
-    return [f for f in ("logp", "old_logp", "ref_logp", "rollout_logp") if src.has(f)]
+    """The log-prob fields present (every token value but the entropy)."""
+    return [f for f in TOKEN_VALUES if f != "entropy" and src.has(f)]
 
 
 def _token_fields(src: Source) -> list[str]:
@@ -749,7 +759,7 @@ def run_check(
 
     def fold(part: CheckPartial, raw: RawBatch) -> None:
         before = part.scan.problems()
-        _scan_batch(part.scan, raw, src, answers, cfg)
+        _scan_batch(part.scan, raw, src, cfg)
         if fold_objective is None or part.objective is None or part.invalid:
             return
         if part.scan.problems() != before:  # counted, not raised: the objective stops here

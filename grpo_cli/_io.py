@@ -46,7 +46,9 @@ __all__ = [
     "load_answers",
     "open_source",
     "parse_column_map",
+    "raw_from_arrow",
     "raw_to_batch",
+    "validate_raw",
     "write_advantages",
 ]
 
@@ -54,7 +56,9 @@ F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
 
 ANSWER_FIELDS = ("group", "reward", "advantage")
-TOKEN_FIELDS = ("logp", "old_logp", "ref_logp", "rollout_logp", "entropy", "mask")
+# per-token values, and with the mask every per-token field (the one list of them)
+TOKEN_VALUES = ("logp", "old_logp", "ref_logp", "rollout_logp", "entropy")
+TOKEN_FIELDS = (*TOKEN_VALUES, "mask")
 FIELDS = ANSWER_FIELDS + TOKEN_FIELDS
 
 # Canonical name first; then the names trainers use for the same thing (DESIGN.md).
@@ -596,6 +600,30 @@ def _npz_batch(
     return Batch(start=0, offsets=offsets, fields=flat, width=width, answer=answer)
 
 
+def raw_from_arrow(
+    rb: pa.RecordBatch, columns: Mapping[str, str], *, start: int = 0, label: str = "batch"
+) -> RawBatch:
+    """A record batch of one row per answer (from any reader: a file, a Ray block, a
+    table in memory) as a :class:`RawBatch`. ``columns`` maps fields (``logp``,
+    ``old_logp``, ``ref_logp``, ``rollout_logp``, ``entropy``, ``mask``, ``group``,
+    ``reward``, ``advantage``) to column names; ``start`` is the row of its first answer
+    in the input and ``label`` names it in messages. Values are not checked: see
+    :func:`validate_raw`."""
+    wanted = [f for f in TOKEN_VALUES if f in columns]
+    if not wanted:
+        raise InputError(f"{label}: no token column among {sorted(columns)}")
+    answer = {f: columns[f] for f in ANSWER_FIELDS if f in columns}
+    names = [columns[f] for f in wanted]
+    return _raw_record_batch(rb, wanted, names, columns.get("mask"), start, label, answer)
+
+
+def validate_raw(raw: RawBatch, columns: Mapping[str, str]) -> Batch:
+    """A :class:`RawBatch` of :func:`raw_from_arrow` checked into a :class:`Batch` (valid
+    tokens only), or the :class:`InputError` naming the row, column and token."""
+    wanted = [f for f in TOKEN_VALUES if f in raw.values]
+    return _record_batch(raw, wanted, [columns[f] for f in wanted], columns.get("mask"))
+
+
 def raw_to_batch(src: Source, raw: RawBatch, fields: Sequence[str]) -> Batch:
     """Validate a :class:`RawBatch` from :func:`iter_raw` into a :class:`Batch`, or raise
     the same :class:`InputError` :func:`iter_batches` would."""
@@ -673,9 +701,6 @@ def _read(p: Path, it: Iterator[pa.RecordBatch], cols: list[str]) -> Iterator[pa
         except Exception as exc:
             raise InputError(f"{p}: cannot read columns {cols} ({_why(exc)})") from None
         yield rb
-
-
-ANSWER_FIELDS = ("group", "reward", "advantage")
 
 
 def _token_columns(

@@ -17,11 +17,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ._io import TOKEN_VALUES
 from .errors import UsageError
 
 __all__ = ["SampleSpec", "generate_chunks", "write_sample"]
 
-TOKEN_FIELDS = ("logp", "old_logp", "ref_logp", "rollout_logp", "entropy")
+TOKEN_FIELDS = TOKEN_VALUES
 
 
 @dataclass(frozen=True)

@@ -11,17 +11,29 @@ import threading
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from grpo_cli import EngineOptions, objective_report, open_source, resolve_settings
-from grpo_cli._io import Batch, iter_batch_streams, iter_batches
+from grpo_cli import (
+    EngineOptions,
+    objective_report,
+    open_source,
+    raw_from_arrow,
+    resolve_settings,
+    validate_raw,
+)
+from grpo_cli._core import token_terms
+from grpo_cli._io import Answers, Batch, _encode_groups, iter_batch_streams, iter_batches
 from grpo_cli._report import (
     LOG_RATIO_BINS,
     QUANTILES,
     TOKEN_FIELDS,
+    GroupPartial,
     TokenPartial,
     fold_batch,
+    group_table,
     kl_report,
     objective_pass1,
     objective_record,
@@ -29,7 +41,7 @@ from grpo_cli._report import (
 from grpo_cli._stats import Histogram, IntCounts, Moments, Sketch, quantiles_from_counts
 from grpo_cli.errors import InputError, MergeError
 
-from .conftest import Cli, random_batch, write_npz, write_parquet
+from .conftest import SAMPLE, Cli, random_batch, write_npz, write_parquet
 
 _Q = np.array(list(QUANTILES.values()))
 
@@ -399,3 +411,58 @@ def test_any_block_of_rows_folds_anywhere(tmp_path: Path) -> None:
     assert math.isclose(rec.objective, whole.objective, rel_tol=1e-12)
     assert (rec.clip, rec.answers, rec.tokens) == (whole.clip, whole.answers, whole.tokens)
     assert rec.ratio.quantiles == whole.ratio.quantiles
+
+
+def test_group_partials_merge_to_the_two_pass_table() -> None:
+    """Pass 1 as a mergeable partial: blocks of answers in any order give the table of the
+    whole input (counts, extremes and zero variance exactly; moments to rounding)."""
+    rng = np.random.default_rng(54)
+    n = 500
+    ids = pa.array([f"g{k}" for k in rng.integers(0, 37, n)])
+    rewards = rng.choice([0.0, 0.5, 1.0, 3.0], n) + rng.normal(0, 1e-3, n) * (rng.random(n) < 0.5)
+    rewards[np.asarray(pc.equal(ids, "g3"))] = 0.7  # a zero-variance group
+    codes, _, table_ids = _encode_groups(ids, "x", "ids")
+    answers = Answers(n=n, codes=codes, labels=table_ids.to_pylist(), reward=rewards,
+                      advantage=None, shape=None, group_ids=table_ids)  # fmt: skip
+    for s in (resolve_settings(preset="trl"), resolve_settings(scale="batch")):
+        whole = group_table(answers, s)
+        assert whole is not None
+        cuts = np.sort(rng.choice(np.arange(1, n), 7, replace=False))
+        parts = [GroupPartial().update(ids[lo:hi], rewards[lo:hi])
+                 for lo, hi in zip([0, *cuts], [*cuts, n], strict=True)]  # fmt: skip
+        total = GroupPartial()
+        for p in reversed(parts):
+            total.merge(p)
+        t = total.table(s)
+        assert t is not None
+        order = np.asarray(pc.index_in(whole.ids, value_set=t.ids))
+        assert np.array_equal(t.stats.count[order], whole.stats.count)
+        assert np.array_equal(t.stats.min[order], whole.stats.min)
+        assert np.array_equal(t.stats.max[order], whole.stats.max)
+        np.testing.assert_allclose(t.stats.mean[order], whole.stats.mean, rtol=1e-14)
+        np.testing.assert_allclose(t.stats.std[order], whole.stats.std, rtol=1e-12, atol=1e-15)
+        assert math.isclose(t.batch_std, whole.batch_std, rel_tol=1e-13)
+
+
+def test_batches_from_any_arrow_reader() -> None:
+    """raw_from_arrow + validate_raw make batches from record batches in memory (a Ray
+    block, a table): folded with pass 1, the same partial as the file reader's."""
+    src = open_source([str(SAMPLE / "batch.parquet")])
+    s = resolve_settings()
+    p1 = objective_pass1(src, s)
+    table = pq.read_table(SAMPLE / "batch.parquet")
+    cols = {f: f for f in ("group", "reward", "logp", "old_logp", "ref_logp", "rollout_logp")}
+    raw = raw_from_arrow(table.slice(40, 60).to_batches()[0], cols, start=40, label="block")
+    mine = fold_batch(validate_raw(raw, cols), p1, s)
+    # independently: the per-token terms of rows 40-99, with pass 1's advantages by row
+    part = table.slice(40, 60)
+    lists = {f: part.column(f).to_pylist() for f in ("logp", "old_logp", "ref_logp")}
+    off = np.concatenate(([0], np.cumsum([len(x) for x in lists["logp"]])))
+    flat = {f: np.concatenate([np.asarray(x, dtype=np.float64) for x in v])
+            for f, v in lists.items()}  # fmt: skip
+    terms = token_terms(flat["logp"], flat["old_logp"], flat["ref_logp"], p1.adv[40:100], off,
+                        **s.term_kwargs())  # fmt: skip
+    assert mine.answers == 60 and mine.tokens == int(off[-1])
+    assert math.isclose(float(mine.sums["term"][0]), float(terms.term.sum()), rel_tol=1e-12)
+    with pytest.raises(InputError, match="no token column"):
+        raw_from_arrow(table.to_batches()[0], {"group": "group"})
