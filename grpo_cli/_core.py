@@ -632,7 +632,7 @@ class ClipCounts:
     and A > 0; ``region`` = low + high, the tokens whose gradient the clip removes (TRL
     ``region_mean``, verl ``pg_clipfrac``, OpenRLHF ``ppo_clip_ratio``); ``outside``: ρ
     outside [1−ε_low, 1+ε_high] whatever A; ``dual``: A < 0 and ρ > c (verl
-    ``pg_clipfrac_lower``; 0 without a dual clip). They merge by addition.
+    ``pg_clipfrac_lower``; 0 without a dual clip). They merge by addition (:meth:`merge`).
     """
 
     low: int = 0
@@ -641,7 +641,8 @@ class ClipCounts:
     outside: int = 0
     dual: int = 0
 
-    def __add__(self, o: ClipCounts) -> ClipCounts:
+    def merge(self, o: ClipCounts) -> ClipCounts:
+        """The counts of both (a new record: counts are values)."""
         return ClipCounts(
             self.low + o.low,
             self.high + o.high,

@@ -19,6 +19,7 @@ from numpy.typing import NDArray
 from . import _fast
 from ._core import (
     AGGREGATIONS,
+    ClipCounts,
     FloatArray,
     GroupStats,
     advantages_by_group,
@@ -458,33 +459,110 @@ class RolloutPartial:
         )
 
 
+@dataclass
+class AnswerCounts:
+    """How many answers and valid tokens, the widest row, and every answer's length."""
+
+    answers: int = 0
+    tokens: int = 0
+    max_width: int = 0
+    lengths: IntCounts = field(default_factory=IntCounts)
+
+    def update(self, b: Batch) -> None:
+        self.answers += b.n
+        self.tokens += int(b.offsets[-1])
+        self.max_width = max(self.max_width, int(b.width.max()) if b.n else 0)
+        self.lengths.update(b.lengths)
+
+    def merge(self, o: AnswerCounts) -> AnswerCounts:
+        self.answers += o.answers
+        self.tokens += o.tokens
+        self.max_width = max(self.max_width, o.max_width)
+        self.lengths.merge(o.lengths)
+        return self
+
+
+@dataclass
+class TermSums:
+    """``Σ_t v`` over every token and ``Σ_i mean_t v`` over answers of a per-token value:
+    every aggregation of it follows (:meth:`TokenPartial.aggregate`)."""
+
+    token: float = 0.0
+    answer_means: float = 0.0
+
+    def add(self, per_answer: F64, lengths: I64) -> F64:
+        """Fold in per-answer sums; returns the per-answer means."""
+        means = per_answer / lengths
+        self.token += float(np.sum(per_answer))
+        self.answer_means += float(np.sum(means))
+        return means
+
+    def merge(self, o: TermSums) -> TermSums:
+        self.token += o.token
+        self.answer_means += o.answer_means
+        return self
+
+
+@dataclass
+class RatioMoments:
+    """``Σρ``, ``Σρ²`` and overflow count of the raw ratio (:func:`ratio_moments`); ρ is
+    near 1 with a spread of 1e-3..1, so ``Σρ²`` has no cancellation issue."""
+
+    total: float = 0.0
+    sq: float = 0.0
+    n_inf: int = 0
+
+    def add(self, total: float, sq: float, n_inf: int) -> None:
+        self.total += total
+        self.sq += sq
+        self.n_inf += n_inf
+
+    def merge(self, o: RatioMoments) -> RatioMoments:
+        self.add(o.total, o.sq, o.n_inf)
+        return self
+
+
 class TokenPartial:
     """Mergeable partial statistics of the per-token GRPO terms over a run of answers.
 
-    Two ways to fold a batch, with the same results (tests/test_kernel.py): the compiled
-    kernel of :mod:`grpo_cli._fast`, one pass over the token columns, when it is built and
-    the ratio is per token; else numpy, where every per-token quantity is touched as few
-    times as possible (segment sums give token sums for free; clip counts are taken per
-    answer, where the advantage's sign is known; ratio extremes come from the log-ratio's).
+    Made of parts (:data:`PARTS`), each with its own ``merge``: a new statistic is a new
+    part, its update in the fold, and its view. Two ways to fold a batch, with the same
+    results (tests/test_kernel.py): the compiled kernel of :mod:`grpo_cli._fast` (backend
+    ``c``: one pass over the token columns, when the ratio is per token and the KL has no
+    bias correction), else numpy, composed of the core's definitions (:func:`token_terms`,
+    :func:`clip_counts`, :func:`ratio_moments`).
     """
+
+    PARTS = (
+        "counts",
+        "term",
+        "policy",
+        "kl",
+        "clip",
+        "ratio",
+        "delta",
+        "kl_values",
+        "kl_d",
+        "kl_answer",
+        "kl_answer_q",
+        "rollout",
+        "entropy",
+        "entropy_q",
+    )
 
     def __init__(
         self, settings: Settings, *, backend: str = "numpy", exact_cap: int | None = None
     ) -> None:
-        self.s = settings
+        self.settings = settings
+        self.exact_cap = exact_cap
         cap = {} if exact_cap is None else {"exact_cap": exact_cap}
-        self.answers = 0
-        self.tokens = 0
-        self.max_width = 0
-        self.lengths = IntCounts()
-        # Σ_t v and Σ_i mean_t v, for v in term, policy, kl: all four aggregations follow.
-        self.sums = {k: np.zeros(2) for k in ("term", "policy", "kl")}
-        self.clip = np.zeros(5, dtype=np.int64)  # low, high, region, outside, dual_lower
-        self.ratio_sum = 0.0
-        self.ratio_sq = 0.0  # Σρ²: ρ is near 1 with a spread of 1e-3..1, no cancellation issue
-        self.ratio_inf = 0
+        self.counts = AnswerCounts()
+        self.term, self.policy = TermSums(), TermSums()  # policy − β·KL, and the policy part
+        self.kl = TermSums()  # the KL as the loss takes it (bias-corrected when asked)
+        self.clip = ClipCounts()
+        self.ratio = RatioMoments()
         self.delta = Sketch(*LOG_RATIO_BINS, **cap)  # Δ = logp − old_logp; ρ = exp(Δ)
-        self.kl = Moments(fast=True)
+        self.kl_values = Moments(fast=True)  # the per-token KL estimate of logp vs ref_logp
         self.kl_d = Sketch(*LOG_RATIO_BINS, **cap)  # d = ref_logp − logp; KL is f(d)
         self.kl_answer = Moments()
         self.kl_answer_q = Sketch(*ANSWER_BINS, **cap)
@@ -498,25 +576,22 @@ class TokenPartial:
         )
         self.vector = True  # the kernel's AVX2 path where the CPU has it (tests turn it off)
 
-    def _sums(self, key: str, v: F64, b: Batch) -> F64:
-        return self._answer_sums(key, segment_sum(v, b.offsets), b)
+    # the counts, by name
+    @property
+    def answers(self) -> int:
+        return self.counts.answers
 
-    def _answer_sums(self, key: str, seg: F64, b: Batch) -> F64:
-        """Fold in per-answer sums of a per-token value; returns the per-answer means."""
-        means = seg / b.lengths
-        self.sums[key] += (float(np.sum(seg)), float(np.sum(means)))
-        return means
+    @property
+    def tokens(self) -> int:
+        return self.counts.tokens
 
-    def _count(self, b: Batch) -> None:
-        self.answers += b.n
-        self.tokens += int(b.offsets[-1])
-        self.max_width = max(self.max_width, int(b.width.max()) if b.n else 0)
-        self.lengths.update(b.lengths)
+    @property
+    def max_width(self) -> int:
+        return self.counts.max_width
 
-    def _kl(self, k: F64, d: F64, b: Batch) -> None:
-        self.kl.update(k)
-        self.kl_d.update(d)
-        self._kl_answers(self._sums("kl", k, b))
+    @property
+    def lengths(self) -> IntCounts:
+        return self.counts.lengths
 
     def _kl_answers(self, per_answer: F64) -> None:
         """Fold in the per-answer mean KL."""
@@ -525,16 +600,12 @@ class TokenPartial:
 
     def update_kl(self, b: Batch) -> None:
         """Statistics of the KL estimate alone (``grpo-cli kl``)."""
-        self._count(b)
+        self.counts.update(b)
         d = np.subtract(b.fields["ref_logp"], b.fields["logp"], dtype=np.float64)
-        s = self.s
-        k = kl_from_log_ratio(
-            d,
-            estimator=s.kl_estimator,
-            clamp=s.kl_clamp,
-            log_ratio_clamp=s.log_ratio_clamp,
-        )
-        self._kl(k, d, b)
+        k = self.kl_function()(d)
+        self.kl_values.update(k)
+        self.kl_d.update(d)
+        self._kl_answers(self.kl.add(segment_sum(k, b.offsets), b.lengths))
 
     def update(self, b: Batch, adv: F64) -> None:
         """Fold in a batch of answers with their advantages ``(b.n,)``."""
@@ -545,7 +616,8 @@ class TokenPartial:
         self._update_extras(b)
 
     def _update_compiled(self, b: Batch, adv: F64) -> None:
-        """The same statistics as :meth:`_update_numpy`, from one pass of the kernel."""
+        """The same statistics as :meth:`_update_numpy`, from one pass of the kernel (which
+        bins Δ and d into the two sketches' histograms in place, for speed)."""
         f = b.fields
         logp, old, ref = f["logp"], f.get("old_logp"), f.get("ref_logp")
         out = _fast.fold(
@@ -558,25 +630,25 @@ class TokenPartial:
             x_hist=self.kl_d.hist.counts,
             bins=LOG_RATIO_BINS,
             vector=self.vector,
-            **self.s.term_kwargs(),
+            **self.settings.term_kwargs(),
         )
-        self._count(b)
+        self.counts.update(b)
         t, n = out.totals, int(b.offsets[-1])
-        self._answer_sums("term", out.term, b)
-        self._answer_sums("policy", out.policy, b)
+        self.term.add(out.term, b.lengths)
+        self.policy.add(out.policy, b.lengths)
         if out.kl is not None:
             assert ref is not None
-            self.kl.merge(
+            self.kl_values.merge(
                 Moments.from_sums(
                     n, t.k_inf, float(np.sum(out.kl)), t.kf_sum, t.kf_sq, t.k_min, t.k_max
                 )
             )
             self.kl_d.counted(n, t.x_min, t.x_max, lambda: np.subtract(ref, logp, dtype=np.float64))
-            self._kl_answers(self._answer_sums("kl", out.kl, b))
-        self.clip += (t.n_low, t.n_high, t.n_low + t.n_high, t.n_outside, t.n_dual)
-        self.ratio_sum += t.r_sum
-        self.ratio_sq += t.r2_sum
-        self.ratio_inf += t.r_inf
+            self._kl_answers(self.kl.add(out.kl, b.lengths))
+        self.clip = self.clip.merge(
+            ClipCounts(t.n_low, t.n_high, t.n_low + t.n_high, t.n_outside, t.n_dual)
+        )
+        self.ratio.add(t.r_sum, t.r2_sum, t.r_inf)
 
         def delta() -> F64:
             return np.zeros(n) if old is None else log_ratio(logp, old)
@@ -584,8 +656,8 @@ class TokenPartial:
         self.delta.counted(n, t.d_min, t.d_max, delta)
 
     def _update_numpy(self, b: Batch, adv: F64) -> None:
-        s = self.s
-        self._count(b)
+        s = self.settings
+        self.counts.update(b)
         terms = token_terms(
             b.fields["logp"],
             b.fields.get("old_logp"),
@@ -594,32 +666,31 @@ class TokenPartial:
             b.offsets,
             **s.term_kwargs(),
         )
-        self._sums("term", terms.term, b)
-        self._sums("policy", terms.policy, b)
+        self.term.add(segment_sum(terms.term, b.offsets), b.lengths)
+        self.policy.add(segment_sum(terms.policy, b.offsets), b.lengths)
         if terms.kl is not None and terms.ref_delta is not None:
-            self.kl.update(terms.kl)
+            self.kl_values.update(terms.kl)
             self.kl_d.update(terms.ref_delta)
+            raw = segment_sum(terms.kl, b.offsets)
             if terms.kl_loss is terms.kl:
-                self._kl_answers(self._sums("kl", terms.kl, b))
+                self._kl_answers(self.kl.add(raw, b.lengths))
             else:  # the loss's KL (bias-corrected) is summed; the statistics describe the KL
                 assert terms.kl_loss is not None
-                self._sums("kl", terms.kl_loss, b)
-                self._kl_answers(segment_sum(terms.kl, b.offsets) / b.lengths)
+                self.kl.add(segment_sum(terms.kl_loss, b.offsets), b.lengths)
+                self._kl_answers(raw / b.lengths)
         # clip counts on the ratio the surrogate used; the ratio's moments from the raw Δ
-        c = clip_counts(
-            terms.ratio,
-            adv,
-            b.offsets,
-            clip_eps=s.clip_eps,
-            clip_eps_high=s.clip_eps_high,
-            dual_clip=s.dual_clip,
-            unit=s.clip_unit,
+        self.clip = self.clip.merge(
+            clip_counts(
+                terms.ratio,
+                adv,
+                b.offsets,
+                clip_eps=s.clip_eps,
+                clip_eps_high=s.clip_eps_high,
+                dual_clip=s.dual_clip,
+                unit=s.clip_unit,
+            )
         )
-        self.clip += (c.low, c.high, c.region, c.outside, c.dual)
-        total, sq, n_inf = ratio_moments(terms.delta)
-        self.ratio_sum += total
-        self.ratio_sq += sq
-        self.ratio_inf += n_inf
+        self.ratio.add(*ratio_moments(terms.delta))
         self.delta.update(terms.delta)
 
     def _update_extras(self, b: Batch) -> None:
@@ -636,33 +707,18 @@ class TokenPartial:
             self.rollout.update(delta_r, old, rollout, b.offsets)
 
     def merge(self, o: TokenPartial) -> TokenPartial:
-        if o.s != self.s:
+        """Every part merges with its own; partials of other settings are refused."""
+        if o.settings != self.settings:
             raise MergeError("partials of different settings")
-        self.answers += o.answers
-        self.tokens += o.tokens
-        self.max_width = max(self.max_width, o.max_width)
-        self.lengths.merge(o.lengths)
-        for k in self.sums:
-            self.sums[k] += o.sums[k]
-        self.clip += o.clip
-        self.ratio_sum += o.ratio_sum
-        self.ratio_sq += o.ratio_sq
-        self.ratio_inf += o.ratio_inf
-        self.delta.merge(o.delta)
-        self.kl.merge(o.kl)
-        self.kl_d.merge(o.kl_d)
-        self.kl_answer.merge(o.kl_answer)
-        self.kl_answer_q.merge(o.kl_answer_q)
-        self.rollout.merge(o.rollout)
-        self.entropy.merge(o.entropy)
-        self.entropy_q.merge(o.entropy_q)
+        for name in self.PARTS:
+            setattr(self, name, getattr(self, name).merge(getattr(o, name)))
         return self
 
     # ---- results
     @property
     def overflow(self) -> int:
         """Tokens whose ratio exp(Δ) overflowed to inf."""
-        return self.ratio_inf
+        return self.ratio.n_inf
 
     def ratio_distribution(self) -> Distribution:
         """ρ = exp(Δ): mean from Σρ, extremes and quantiles from Δ's (exp is monotone)."""
@@ -673,8 +729,8 @@ class TokenPartial:
             lo, hi = math.exp(self.delta.hist.vmin), np.exp(self.delta.hist.vmax)
         vals = self.delta.quantiles(_Q, np.exp)
         assert vals is not None
-        mean = self.ratio_sum / n
-        std = math.sqrt(max(self.ratio_sq / n - mean * mean, 0.0)) if not self.ratio_inf else None
+        mean = self.ratio.total / n
+        std = math.sqrt(max(self.ratio.sq / n - mean * mean, 0.0)) if not self.ratio.n_inf else None
         return Distribution(
             count=n,
             mean=mean,
@@ -693,7 +749,8 @@ class TokenPartial:
 
     def aggregate(self, key: str, agg: str) -> float:
         """:func:`grpo_cli._core.aggregate` of a per-token value, from the partial's sums."""
-        token_sum, mean_sum = (float(v) for v in self.sums[key])
+        sums: TermSums = getattr(self, key)
+        token_sum, mean_sum = sums.token, sums.answer_means
         n, t = self.answers, self.tokens
         if agg == "seq-mean-token-mean":
             return mean_sum / n
@@ -703,19 +760,19 @@ class TokenPartial:
             return token_sum / n
         if agg == "token-sum":
             return token_sum
-        return token_sum / _norm_divisor(self.s, n, self.max_width)
+        return token_sum / _norm_divisor(self.settings, n, self.max_width)
 
     def objective(self, agg: str) -> float:
         """J under the policy aggregation ``agg``; the KL term keeps the settings' own
         (``kl_agg``): one sum of per-token terms when the two agree."""
-        s = self.s
+        s = self.settings
         if s.kl_agg is None or s.kl_agg == agg or not s.beta:
             return self.aggregate("term", agg)
         return self.aggregate("policy", agg) - s.beta * self.aggregate("kl", s.kl_agg)
 
     def kl_function(self) -> Callable[[F64], F64]:
-        """The KL estimate as a function of d = ref_logp − logp, for its quantiles."""
-        s = self.s
+        """The KL estimate as a function of d = ref_logp − logp (also for its quantiles)."""
+        s = self.settings
 
         def f(d: F64) -> F64:
             return kl_from_log_ratio(
@@ -728,7 +785,7 @@ class TokenPartial:
         return f
 
     def ratio_histogram(self) -> list[tuple[float, float, int]]:
-        lo, hi = self.s.clip_eps, self.s.eps_high
+        lo, hi = self.settings.clip_eps, self.settings.eps_high
         edges = [0.0, 1 - 2 * lo, 1 - lo, 1 - lo / 2, 1.0, 1 + hi / 2, 1 + hi, 1 + 2 * hi, math.inf]
         edges = sorted({e for e in edges if e >= 0})
         inner = np.log(np.array(edges[1:-1]))
@@ -756,7 +813,7 @@ def _length_weights(p: TokenPartial) -> list[dict[str, float]]:
     """Weight of one token, and of a whole answer, under each aggregation, by length."""
     q = p.lengths.quantiles(np.array([0.0, 0.25, 0.5, 0.75, 1.0]))
     assert q is not None
-    lmax = p.s.max_len if p.s.max_len is not None else p.max_width
+    lmax = p.settings.max_len if p.settings.max_len is not None else p.max_width
     per_token = {
         agg: aggregation_weights(
             q,
@@ -764,7 +821,7 @@ def _length_weights(p: TokenPartial) -> list[dict[str, float]]:
             answers=p.answers,
             tokens=p.tokens,
             max_len=lmax,
-            norm_scale=p.s.norm_scale,
+            norm_scale=p.settings.norm_scale,
         )
         for agg in AGGREGATIONS
     }
@@ -843,7 +900,7 @@ def kl_report(
         engine=engine,
         answers=acc.answers,
         tokens=acc.tokens,
-        token=_distribution(acc.kl, acc.kl_d, acc.kl_function()),
+        token=_distribution(acc.kl_values, acc.kl_d, acc.kl_function()),
         per_answer=_distribution(acc.kl_answer, acc.kl_answer_q),
         lengths=_int_distribution(acc.lengths),
     )
@@ -1166,11 +1223,11 @@ def _objective_record(
     units = acc.answers if settings.clip_unit == "sequences" else acc.tokens
     t = max(units, 1)
     clip = ClipFractions(
-        low=acc.clip[0] / t,
-        high=acc.clip[1] / t,
-        region=acc.clip[2] / t,
-        outside_range=acc.clip[3] / t,
-        dual_clip_lower=acc.clip[4] / t if settings.dual_clip is not None else None,
+        low=acc.clip.low / t,
+        high=acc.clip.high / t,
+        region=acc.clip.region / t,
+        outside_range=acc.clip.outside / t,
+        dual_clip_lower=acc.clip.dual / t if settings.dual_clip is not None else None,
         unit=settings.clip_unit,
     )
     if acc.overflow:
@@ -1182,7 +1239,7 @@ def _objective_record(
         warnings.append(
             "the objective is not finite (overflowing ratio or KL); see ratio.max and kl.max"
         )
-    has_kl = acc.kl.n > 0
+    has_kl = acc.kl_values.n > 0
     return ObjectiveReport(
         source=src.label,
         settings=settings,
@@ -1201,7 +1258,7 @@ def _objective_record(
         ratio_histogram=acc.ratio_histogram(),
         overflow_tokens=acc.overflow,
         extreme_tokens=acc.extreme,
-        kl=_distribution(acc.kl, acc.kl_d, acc.kl_function()) if has_kl else None,
+        kl=_distribution(acc.kl_values, acc.kl_d, acc.kl_function()) if has_kl else None,
         lengths=_int_distribution(acc.lengths),
         advantage=_values_distribution(adv),
         group_summary=_group_summary(stats) if stats is not None else None,

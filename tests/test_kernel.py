@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grpo_cli import EngineOptions, _fast, objective_report, open_source, resolve_settings
-from grpo_cli._core import clip_counts, ratio_moments, token_terms
+from grpo_cli._core import ClipCounts, clip_counts, ratio_moments, token_terms
 from grpo_cli._io import Batch
 from grpo_cli._report import TokenPartial
 from grpo_cli._settings import Settings
@@ -88,16 +88,17 @@ def _near(a: float, b: float, scale: float, what: str) -> None:
 def _same(c: TokenPartial, n: TokenPartial, scale: dict[str, float]) -> None:
     """Compiled partial ``c`` against numpy partial ``n``."""
     assert (c.answers, c.tokens, c.max_width) == (n.answers, n.tokens, n.max_width)
-    np.testing.assert_array_equal(c.clip, n.clip)
+    assert c.clip == n.clip
     for key in ("term", "policy", "kl"):
-        for i in range(2):
-            _near(float(c.sums[key][i]), float(n.sums[key][i]), scale[key], f"{key}[{i}]")
-    assert c.ratio_inf == n.ratio_inf
-    if c.ratio_inf == 0:
-        assert math.isclose(c.ratio_sum, n.ratio_sum, rel_tol=1e-12)
-        assert math.isclose(c.ratio_sq, n.ratio_sq, rel_tol=1e-12)
+        sc, sn = getattr(c, key), getattr(n, key)
+        _near(sc.token, sn.token, scale[key], f"{key} token sum")
+        _near(sc.answer_means, sn.answer_means, scale[key], f"{key} answer means")
+    assert c.ratio.n_inf == n.ratio.n_inf
+    if c.ratio.n_inf == 0:
+        assert math.isclose(c.ratio.total, n.ratio.total, rel_tol=1e-12)
+        assert math.isclose(c.ratio.sq, n.ratio.sq, rel_tol=1e-12)
     else:
-        assert c.ratio_sum == n.ratio_sum == math.inf
+        assert c.ratio.total == n.ratio.total == math.inf
     # Δ and d are computed with the same operations: histograms and extremes are exact
     for sk_c, sk_n in ((c.delta, n.delta), (c.kl_d, n.kl_d)):
         assert sk_c.n == sk_n.n
@@ -106,7 +107,7 @@ def _same(c: TokenPartial, n: TokenPartial, scale: dict[str, float]) -> None:
         assert sk_c.exact is not None and sk_n.exact is not None
         if sk_c.n:
             np.testing.assert_array_equal(np.concatenate(sk_c.exact), np.concatenate(sk_n.exact))
-    kc, kn = c.kl, n.kl
+    kc, kn = c.kl_values, n.kl_values
     assert (kc.n, kc.n_inf) == (kn.n, kn.n_inf)
     if kc.n:
         _near(kc.total, kn.total, scale["kl"], "kl total")
@@ -176,12 +177,12 @@ def _same_as_core(c: TokenPartial, b: Batch, adv: np.ndarray, s: Settings) -> No
         terms.ratio, adv, b.offsets,
         clip_eps=s.clip_eps, clip_eps_high=s.clip_eps_high, dual_clip=s.dual_clip,
     )  # fmt: skip
-    assert c.clip.tolist() == [cc.low, cc.high, cc.region, cc.outside, cc.dual]
+    assert c.clip == cc
     total, sq, n_inf = ratio_moments(terms.delta)
-    assert c.ratio_inf == n_inf
+    assert c.ratio.n_inf == n_inf
     if n_inf == 0:
-        assert math.isclose(c.ratio_sum, total, rel_tol=1e-12)
-        assert math.isclose(c.ratio_sq, sq, rel_tol=1e-12)
+        assert math.isclose(c.ratio.total, total, rel_tol=1e-12)
+        assert math.isclose(c.ratio.sq, sq, rel_tol=1e-12)
 
 
 @pytest.mark.parametrize("vector", [True, False])
@@ -206,8 +207,8 @@ def test_on_policy_and_no_reference() -> None:
         c, n = _fold(bb, adv, s, True, True), _fold(bb, adv, s, False, False)
         _same(c, n, _scale(bb, adv, s))
         if "old_logp" in drop:  # ratio 1 everywhere: the policy term is A, token by token
-            assert c.ratio_sum == c.tokens
-            assert c.sums["policy"][0] == pytest.approx(float(adv @ np.diff(bb.offsets)))
+            assert c.ratio.total == c.tokens
+            assert c.policy.token == pytest.approx(float(adv @ np.diff(bb.offsets)))
 
 
 def test_hand_worked_batch() -> None:
@@ -225,14 +226,14 @@ def test_hand_worked_batch() -> None:
     s = replace(resolve_settings(), dual_clip=3.0, beta=0.1)
     p = _fold(b, adv, s, True, True)
     # A = 1: min(ρ, 1.2) → 0.5 + 1 + 1.2; A = −1: −min(max(ρ, 0.8), 3) → −0.8 − 3
-    assert p.sums["policy"][0] == pytest.approx(2.7 - 3.8, rel=1e-15)
-    assert p.sums["kl"][0] == pytest.approx(math.e - 2, rel=1e-15)
-    assert p.sums["term"][0] == pytest.approx(2.7 - 3.8 - 0.1 * (math.e - 2), rel=1e-15)
-    assert p.sums["policy"][1] == pytest.approx(2.7 / 3 - 3.8 / 2, rel=1e-15)
+    assert p.policy.token == pytest.approx(2.7 - 3.8, rel=1e-15)
+    assert p.kl.token == pytest.approx(math.e - 2, rel=1e-15)
+    assert p.term.token == pytest.approx(2.7 - 3.8 - 0.1 * (math.e - 2), rel=1e-15)
+    assert p.policy.answer_means == pytest.approx(2.7 / 3 - 3.8 / 2, rel=1e-15)
     # low: ρ < 0.8 with A < 0 (0.5); high: ρ > 1.2 with A > 0 (1.5); outside: 0.5,1.5,0.5,10
     # dual: ρ > 3 with A < 0 (10)
-    assert p.clip.tolist() == [1, 1, 2, 4, 1]
-    assert p.ratio_sum == pytest.approx(0.5 + 1 + 1.5 + 0.5 + 10, rel=1e-15)
+    assert p.clip == ClipCounts(low=1, high=1, region=2, outside=4, dual=1)
+    assert p.ratio.total == pytest.approx(0.5 + 1 + 1.5 + 0.5 + 10, rel=1e-15)
 
 
 def test_cli_results_agree_with_numpy(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
