@@ -51,6 +51,14 @@ METRIC = 1e-6
 # verl's and OpenRLHF's per-answer token mean divides by |o_i| + 1e-8: a relative effect of
 # at most 1e-8 that grpo-cli, dividing by |o_i|, does not copy.
 SEQ_MEAN = 1e-7
+VERL_METRICS = ("actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl")
+TRL_METRICS = (
+    "clip_ratio/low_mean",
+    "clip_ratio/low_min",
+    "clip_ratio/high_mean",
+    "clip_ratio/high_max",
+    "clip_ratio/region_mean",
+)
 
 
 # ----------------------------------------------------------------------- the data
@@ -241,17 +249,22 @@ def check_verl(s: Suite) -> None:
             {"loss": (loss, doc["loss"])},
             rel=SEQ_MEAN if agg == "seq-mean-token-mean" else REL,
         )
+        tm = doc["trainer_metrics"]["metrics"]
         s.compare(
             "verl",
             f"vanilla + low_var_kl, loss_agg_mode={agg}",
             flags,
             {
-                "actor/pg_clipfrac": (metrics["actor/pg_clipfrac"], doc["clip_fraction"]["region"]),
-                "actor/pg_clipfrac_lower": (
-                    metrics["actor/pg_clipfrac_lower"],
-                    doc["clip_fraction"]["dual_clip_lower"],
-                ),
+                "actor/pg_loss": (float(pg_loss), tm["actor/pg_loss"]),
+                "actor/kl_loss": (kl_loss("low_var_kl", agg), tm["actor/kl_loss"]),
             },
+            rel=SEQ_MEAN if agg == "seq-mean-token-mean" else REL,
+        )
+        s.compare(
+            "verl",
+            f"vanilla + low_var_kl, loss_agg_mode={agg}",
+            flags,
+            {k: (metrics[k], tm[k]) for k in VERL_METRICS},
             rel=METRIC,
         )
     for kind, est in (("kl", "k1"), ("mse", "k2")):
@@ -274,16 +287,18 @@ def check_verl(s: Suite) -> None:
         config = f"gspo + low_var_kl, loss_agg_mode={agg}"
         rel = SEQ_MEAN if agg == "seq-mean-token-mean" else REL
         s.compare("verl", config, flags, {"loss": (loss, doc["loss"])}, rel=rel)
-        clipfrac = (metrics["actor/pg_clipfrac"], doc["clip_fraction"]["region"])
-        s.compare("verl", config, flags, {"actor/pg_clipfrac": clipfrac}, rel=METRIC)
+        tm = doc["trainer_metrics"]["metrics"]
+        s.compare("verl", config, flags, {k: (metrics[k], tm[k]) for k in VERL_METRICS}, METRIC)
     pg_loss, metrics = ca.compute_policy_loss_vanilla(
         old, logp, adv, m, loss_agg_mode="token-mean", config=actor(0.2, 0.28, "token-mean")
     )
     doc = s.grpo_cli("objective", data, "--preset dapo")
     config = "DAPO recipe: vanilla, clip_ratio_low 0.2, clip_ratio_high 0.28, no KL loss"
     s.compare("verl", config, "--preset dapo", {"loss": (float(pg_loss), doc["loss"])})
-    clipfrac = (metrics["actor/pg_clipfrac"], doc["clip_fraction"]["region"])
-    s.compare("verl", config, "--preset dapo", {"actor/pg_clipfrac": clipfrac}, rel=METRIC)
+    tm = doc["trainer_metrics"]["metrics"]
+    s.compare(
+        "verl", config, "--preset dapo", {k: (metrics[k], tm[k]) for k in VERL_METRICS}, METRIC
+    )
 
 
 # -------------------------------------------------------------------------- TRL
@@ -371,14 +386,27 @@ def check_trl(s: Suite) -> None:
         "--preset trl",
         {"advantages: max relative difference": (0.0, max_rel_diff(adv_group.numpy(), ours))},
     )
+    zero_std = torch.isclose(std, torch.zeros_like(std)).double().mean()  # TRL's logging line
+    doc = s.grpo_cli("objective", data, "--preset trl")
+    s.compare(
+        "trl",
+        "frac_reward_zero_std (isclose(nanstd, 0))",
+        "--preset trl",
+        {
+            "frac_reward_zero_std": (
+                float(zero_std),
+                doc["trainer_metrics"]["metrics"]["frac_reward_zero_std"],
+            )
+        },
+    )
 
     def clip_pairs(metrics: dict[str, float], doc: dict[str, Any]) -> dict[str, Any]:
-        cf = doc["clip_fraction"]
-        return {
-            "clip_ratio/low_mean": (metrics["clip_ratio/low_mean"], cf["low"]),
-            "clip_ratio/high_mean": (metrics["clip_ratio/high_mean"], cf["high"]),
-            "clip_ratio/region_mean": (metrics["clip_ratio/region_mean"], cf["region"]),
-        }
+        tm = doc["trainer_metrics"]["metrics"]
+        pairs = {k: (metrics[k], tm[k]) for k in TRL_METRICS}
+        if "kl" in metrics:  # logged only when beta != 0, by both
+            pairs["kl"] = (metrics["kl"], tm["kl"])
+        assert ("kl" in metrics) == ("kl" in tm)
+        return pairs
 
     cases: list[tuple[str, str, dict[str, Any], torch.Tensor]] = [
         ('loss_type="dapo", beta=0', "--preset trl", {"loss_type": "dapo"}, adv_group),
@@ -518,16 +546,30 @@ def check_openrlhf(s: Suite) -> None:
         policy = orl["loss"].PolicyLoss(
             clip_eps_low=0.2, clip_eps_high=0.2, dual_clip=dual, policy_loss_type=kind
         )
-        pg_loss, clip_ratio, *_ = policy(logp, old, a, action_mask=m)
+        pg_loss, clip_ratio, ppo_kl, *_ = policy(logp, old, a, action_mask=m)
         kl = orl["utils"].compute_approx_kl(logp, ref, kl_estimator=est)
         kl_loss = orl["loss"].aggregate_loss(kl, m)  # token-level, whatever the policy's
+        # ppo_actor.py: logprobs_diff = masked_mean(logp.float() − base.float(), mask)
+        diff = orl["utils"].masked_mean(logp.float() - ref.float(), m)
         loss = float(pg_loss) + 0.01 * float(kl_loss)
         doc = s.grpo_cli("objective", data, flags)
         config = f"PolicyLoss({kind}, dual_clip={dual}) + compute_approx_kl({est}) · 0.01"
         # compute_approx_kl works in float32 (log_probs.float()): compared to 1e-6
         s.compare("openrlhf", config, flags, {"loss": (loss, doc["loss"])}, rel=1e-6)
-        clip = (float(clip_ratio), doc["clip_fraction"]["region"])
-        s.compare("openrlhf", config, flags, {"ppo_clip_ratio": clip}, rel=METRIC)
+        tm = doc["trainer_metrics"]["metrics"]
+        s.compare(
+            "openrlhf",
+            config,
+            flags,
+            {
+                "policy_loss": (float(pg_loss), tm["policy_loss"]),
+                "ppo_clip_ratio": (float(clip_ratio), tm["ppo_clip_ratio"]),
+                "ppo_kl": (float(ppo_kl), tm["ppo_kl"]),
+                "kl": (float(kl_loss), tm["kl"]),
+                "logprobs_diff": (float(diff), tm["logprobs_diff"]),
+            },
+            rel=1e-6,  # float32 casts (.float()) in the KL and logprobs_diff
+        )
 
 
 # -------------------------------------------------------------------------- main

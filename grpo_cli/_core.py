@@ -43,6 +43,7 @@ __all__ = [
     "advantages_from_stats",
     "aggregate",
     "aggregation_weights",
+    "answer_clip_counts",
     "check_offsets",
     "clip_counts",
     "clipped_surrogate",
@@ -683,10 +684,7 @@ def clip_counts(
     hi = clip_eps if clip_eps_high is None else clip_eps_high
 
     def per_answer(flags: NDArray[np.bool_]) -> I64:
-        counts = np.zeros(adv.shape[0], dtype=np.int64)
-        nonempty = offsets[1:] > offsets[:-1]
-        if flags.shape[0]:
-            counts[nonempty] = np.add.reduceat(flags, offsets[:-1][nonempty], dtype=np.int64)
+        counts = _per_answer(flags, offsets)
         return np.minimum(counts, 1) if unit == "sequences" else counts
 
     is_below, is_above = ratio < 1.0 - clip_eps, ratio > 1.0 + hi
@@ -698,6 +696,41 @@ def clip_counts(
         dual = int(per_answer(ratio > dual_clip)[neg].sum())
     outside = int(per_answer(is_below | is_above).sum())
     return ClipCounts(low, high, low + high, outside, dual)
+
+
+def answer_clip_counts(
+    ratio: F64,
+    adv: F64,
+    offsets: I64,
+    *,
+    clip_eps: float = 0.2,
+    clip_eps_high: float | None = None,
+) -> tuple[I64, I64]:
+    """Per answer, its low-clipped (ρ < 1−ε_low, A < 0) and high-clipped (ρ > 1+ε_high,
+    A > 0) tokens: ``(N,)`` counts each. TRL logs the extremes of their shares
+    (``clip_ratio/low_min``, ``clip_ratio/high_max``).
+
+    Example:
+        >>> answer_clip_counts(np.array([0.5, 0.7, 1.5]), np.array([-1.0, 1.0]),
+        ...                    np.array([0, 2, 3]))
+        (array([2, 0]), array([0, 1]))
+    """
+    offsets = check_offsets(offsets, ratio.shape[0])
+    hi = clip_eps if clip_eps_high is None else clip_eps_high
+    low = _per_answer(ratio < 1.0 - clip_eps, offsets)
+    high = _per_answer(ratio > 1.0 + hi, offsets)
+    low[adv >= 0] = 0
+    high[adv <= 0] = 0
+    return low, high
+
+
+def _per_answer(flags: NDArray[np.bool_], offsets: I64) -> I64:
+    """How many flags are set in each answer's run."""
+    counts = np.zeros(offsets.shape[0] - 1, dtype=np.int64)
+    nonempty = offsets[1:] > offsets[:-1]
+    if flags.shape[0]:
+        counts[nonempty] = np.add.reduceat(flags, offsets[:-1][nonempty], dtype=np.int64)
+    return counts
 
 
 def ratio_moments(delta: F64) -> tuple[float, float, int]:

@@ -59,6 +59,9 @@ class Totals(ctypes.Structure):
             "k_max",
             "x_min",
             "x_max",
+            "d_sum",
+            "d20_sum",
+            "x_sum",
         )
     ] + [
         (name, ctypes.c_int64)
@@ -67,13 +70,13 @@ class Totals(ctypes.Structure):
 
 
 _ptr, _i64 = ctypes.c_void_p, ctypes.c_int64
-# grpo_fold(params, n, offsets, adv, logp, old, ref, f32, term, policy, kl, d_hist, x_hist,
-#           totals, vector)
-_ARGS: list[Any] = [ctypes.POINTER(Params), _i64, *[_ptr] * 5, _i64, *[_ptr] * 5]
+# grpo_fold(params, n, offsets, adv, logp, old, ref, f32, term, policy, kl, low_n, high_n,
+#           d_hist, x_hist, totals, vector)
+_ARGS: list[Any] = [ctypes.POINTER(Params), _i64, *[_ptr] * 5, _i64, *[_ptr] * 7]
 _ARGS += [ctypes.POINTER(Totals), _i64]
 
 
-ABI_VERSION = 2  # grpo_abi() in _kernel.c: bump both when Params, Totals or grpo_fold change
+ABI_VERSION = 3  # grpo_abi() in _kernel.c: bump both when Params, Totals or grpo_fold change
 
 
 def check_abi(lib: ctypes.CDLL, origin: str) -> None:
@@ -138,6 +141,8 @@ class Folded:
     term: F64  # (n,) Σ_t of the per-token term policy − β·KL
     policy: F64  # (n,) Σ_t of the clipped surrogate
     kl: F64 | None  # (n,) Σ_t of the KL estimate, when ref_logp is given
+    low: I64  # (n,) tokens with ρ < 1 − ε_low and A < 0, per answer
+    high: I64  # (n,) tokens with ρ > 1 + ε_high and A > 0, per answer
     totals: Totals
 
 
@@ -205,6 +210,7 @@ def fold(
     n = int(offsets.shape[0] - 1)
     term, policy = np.empty(n), np.empty(n)
     kl = np.empty(n) if ref is not None else None
+    low, high = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
     tot = Totals(
         d_min=math.inf, d_max=-math.inf, k_min=math.inf, k_max=-math.inf,
         x_min=math.inf, x_max=-math.inf,
@@ -230,9 +236,11 @@ def fold(
         p(term),
         p(policy),
         p(kl),
+        p(low),
+        p(high),
         p(d_hist),
         p(x_hist),
         ctypes.byref(tot),
         int(vector),
     )
-    return Folded(term=term, policy=policy, kl=kl, totals=tot)
+    return Folded(term=term, policy=policy, kl=kl, low=low, high=high, totals=tot)

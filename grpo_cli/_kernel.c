@@ -47,8 +47,10 @@ typedef struct {
     double kf_sum, kf_sq; /* Σk, Σk² over finite k */
     double k_min, k_max;
     double x_min, x_max;  /* extremes of x = ref_logp - logp */
-    int64_t r_inf;        /* tokens whose raw ratio is inf */
-    int64_t k_inf;        /* tokens whose k is not finite */
+    double d_sum, d20_sum; /* Σ Δ and Σ clamp(Δ, ±20) (the trainers' ppo_kl) */
+    double x_sum;          /* Σ x */
+    int64_t r_inf;         /* tokens whose raw ratio is inf */
+    int64_t k_inf;         /* tokens whose k is not finite */
     int64_t n_low, n_high, n_outside, n_dual;
 } grpo_totals;
 
@@ -67,7 +69,7 @@ typedef struct {
 
 /* Running sums of one answer; extremes and counts of the batch. */
 typedef struct {
-    double term, pol, kl, r, r2, kf, kf2;
+    double term, pol, kl, r, r2, kf, kf2, d, d20, x;
 } sums;
 
 /* ----------------------------------------------------------------- phase 1 */
@@ -181,6 +183,8 @@ static void phase2_scalar(const grpo_params *p, double A, int has_ref, const blo
         s->r2 += q * q;
         tot->r_inf += isinf(q) != 0;
         const double d = B->dl[j];
+        s->d += d;
+        s->d20 += clampd(d, 20.0);
         tot->d_min = d < tot->d_min ? d : tot->d_min;
         tot->d_max = d > tot->d_max ? d : tot->d_max;
         d_hist[bin_of(d, p->h_inv_w, c0, top)]++;
@@ -190,6 +194,7 @@ static void phase2_scalar(const grpo_params *p, double A, int has_ref, const blo
         }
         const double k = B->k[j], x = B->x[j];
         s->kl += k;
+        s->x += x;
         if (isfinite(k)) {
             s->kf += k;
             s->kf2 += k * k;
@@ -257,7 +262,8 @@ __attribute__((target("avx2,fma"))) static void phase2_avx2(const grpo_params *p
     const int has_dual = !isnan(p->dual), use_beta = p->beta != 0.0;
     const double *raw = isfinite(p->lrc) ? B->rr : B->r;
     V s_pol = zero, s_term = zero, s_kl = zero, s_r = zero, s_r2 = zero, s_kf = zero;
-    V s_kf2 = zero;
+    V s_kf2 = zero, s_d = zero, s_d20 = zero, s_x = zero;
+    const V c20 = SET1(20.0), m20 = SET1(-20.0);
     V dmin = SET1(tot->d_min), dmax = SET1(tot->d_max), kmin = SET1(tot->k_min);
     V kmax = SET1(tot->k_max), xmin = SET1(tot->x_min), xmax = SET1(tot->x_max);
     int64_t n_low = 0, n_high = 0, n_out = 0, n_dual = 0, r_inf = 0, k_inf = 0;
@@ -285,6 +291,8 @@ __attribute__((target("avx2,fma"))) static void phase2_avx2(const grpo_params *p
         s_r2 = ADD(s_r2, MUL(q, q));
         r_inf += COUNT(CMP(q, inf, _CMP_EQ_OQ));
         const V d = _mm256_loadu_pd(B->dl + j);
+        s_d = ADD(s_d, d);
+        s_d20 = ADD(s_d20, VMIN(VMAX(d, m20), c20));
         dmin = VMIN(d, dmin);
         dmax = VMAX(d, dmax);
         bins4(d, inv_w, c0, top, di + j);
@@ -294,6 +302,7 @@ __attribute__((target("avx2,fma"))) static void phase2_avx2(const grpo_params *p
         }
         const V k = _mm256_loadu_pd(B->k + j), x = _mm256_loadu_pd(B->x + j);
         s_kl = ADD(s_kl, k);
+        s_x = ADD(s_x, x);
         const V finite = CMP(_mm256_and_pd(k, absmask), inf, _CMP_LT_OQ);
         s_kf = ADD(s_kf, _mm256_and_pd(k, finite));
         s_kf2 = ADD(s_kf2, _mm256_and_pd(MUL(k, k), finite));
@@ -312,8 +321,11 @@ __attribute__((target("avx2,fma"))) static void phase2_avx2(const grpo_params *p
     s->term += hsum(s_term);
     s->r += hsum(s_r);
     s->r2 += hsum(s_r2);
+    s->d += hsum(s_d);
+    s->d20 += hsum(s_d20);
     if (has_ref) {
         s->kl += hsum(s_kl);
+        s->x += hsum(s_x);
         s->kf += hsum(s_kf);
         s->kf2 += hsum(s_kf2);
         tot->k_min = hmin(kmin);
@@ -333,10 +345,9 @@ __attribute__((target("avx2,fma"))) static void phase2_avx2(const grpo_params *p
 }
 #endif
 
-/* 1 when this build has the AVX2 path and this CPU can run it. */
 /* The interface version and the sizes of the structs the caller mirrors (grpo_cli._fast):
  * the loader refuses a kernel whose layout is not its own instead of reading garbage. */
-#define GRPO_ABI_VERSION 2
+#define GRPO_ABI_VERSION 3
 int64_t grpo_abi(int64_t *out) {
     out[0] = GRPO_ABI_VERSION;
     out[1] = (int64_t)sizeof(grpo_params);
@@ -344,6 +355,7 @@ int64_t grpo_abi(int64_t *out) {
     return 3;
 }
 
+/* 1 when this build has the AVX2 path and this CPU can run it. */
 int64_t grpo_vector_exp(void) {
 #ifdef HAVE_AVX2
     __builtin_cpu_init();
@@ -355,12 +367,14 @@ int64_t grpo_vector_exp(void) {
 
 /* Fold a batch of n answers (tokens offsets[i] .. offsets[i+1]) of float32 (f32 = 1) or
  * float64 columns; old and ref may be NULL. Writes the per-answer sums of the per-token
- * term, policy term and KL (kl_sum may be NULL without ref), increments the histograms and
- * accumulates into *tot. vector = 0 forces the scalar path. Returns 0. */
+ * term, policy term and KL (kl_sum may be NULL without ref) and the per-answer counts of
+ * low- and high-clipped tokens, increments the histograms and accumulates into *tot.
+ * vector = 0 forces the scalar path. Returns 0. */
 int64_t grpo_fold(const grpo_params *p, int64_t n, const int64_t *offsets, const double *adv,
                   const void *logp, const void *old, const void *ref, int64_t f32,
-                  double *term_sum, double *policy_sum, double *kl_sum, int64_t *d_hist,
-                  int64_t *x_hist, grpo_totals *tot, int64_t vector) {
+                  double *term_sum, double *policy_sum, double *kl_sum, int64_t *low_n,
+                  int64_t *high_n, int64_t *d_hist, int64_t *x_hist, grpo_totals *tot,
+                  int64_t vector) {
 #ifdef HAVE_AVX2
     const int use_avx2 = vector && grpo_vector_exp();
     const exp_fn vexp = use_avx2 ? exp_avx2 : exp_scalar;
@@ -370,7 +384,8 @@ int64_t grpo_fold(const grpo_params *p, int64_t n, const int64_t *offsets, const
 #endif
     static __thread block B;
     for (int64_t i = 0; i < n; i++) {
-        sums s = {0, 0, 0, 0, 0, 0, 0};
+        sums s = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+        const int64_t low0 = tot->n_low, high0 = tot->n_high;
         for (int64_t b0 = offsets[i]; b0 < offsets[i + 1]; b0 += BLOCK) {
             B.m = offsets[i + 1] - b0 < BLOCK ? offsets[i + 1] - b0 : BLOCK;
             phase1(p, vexp, logp, old, ref, (int)f32, b0, &B);
@@ -384,10 +399,15 @@ int64_t grpo_fold(const grpo_params *p, int64_t n, const int64_t *offsets, const
         }
         term_sum[i] = s.term;
         policy_sum[i] = s.pol;
+        low_n[i] = tot->n_low - low0;
+        high_n[i] = tot->n_high - high0;
         tot->r_sum += s.r;
         tot->r2_sum += s.r2;
+        tot->d_sum += s.d;
+        tot->d20_sum += s.d20;
         if (ref) {
             kl_sum[i] = s.kl;
+            tot->x_sum += s.x;
             tot->kf_sum += s.kf;
             tot->kf_sq += s.kf2;
         }

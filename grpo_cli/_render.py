@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 from rich import box
 from rich.console import Group, RenderableType
+from rich.markup import escape
 from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
@@ -267,6 +268,14 @@ def render_objective(r: ObjectiveReport, compare: bool = False) -> RenderableTyp
     parts.append(_dist_table("Answer lengths, advantages and entropy", dists, digits=5))
     if r.rollout is not None:
         parts.append(_rollout_table(r))
+    if r.trainer_metrics:
+        who = s.mirrors or s.trainer
+        parts.append(
+            _kv_table(
+                f"What {who} logs for this batch (its names, its formulas)",
+                [(escape(k), fmt(v, 10)) for k, v in r.trainer_metrics.items()],
+            )
+        )
     if compare:
         parts.append(_compare_table(r))
     for w in r.warnings:

@@ -25,6 +25,7 @@ from ._core import (
     advantages_by_group,
     advantages_from_stats,
     aggregation_weights,
+    answer_clip_counts,
     clip_counts,
     group_stats,
     kl_from_log_ratio,
@@ -281,6 +282,8 @@ class ObjectiveReport:
     length_weights: list[dict[str, float]]
     ratio_band: float = 10.0
     ratio_outside_band: float = 0.0  # share of tokens with ρ outside [1/band, band]
+    # the metrics the settings' trainer logs, under its names and as it computes them
+    trainer_metrics: dict[str, float] = field(default_factory=dict)
     rollout: RolloutReport | None = None  # sampler vs trainer, when rollout_logp is logged
     entropy: Distribution | None = None  # per-token policy entropy, when logged
     warnings: list[str] = field(default_factory=list)
@@ -522,6 +525,51 @@ class RatioMoments:
         return self
 
 
+@dataclass
+class LogRatioSums:
+    """``Σ Δ`` (raw), ``Σ clamp(Δ, ±20)`` and ``Σ d`` over valid tokens, with ``Δ = logp −
+    old_logp`` and ``d = ref_logp − logp``: the trainers' ``ppo_kl`` (the mean of −Δ;
+    verl's vanilla loss clamps Δ first) and OpenRLHF's ``logprobs_diff`` (the mean of −d)."""
+
+    delta: float = 0.0
+    delta20: float = 0.0
+    ref: float = 0.0
+
+    def add(self, delta: float, delta20: float, ref: float) -> None:
+        self.delta += delta
+        self.delta20 += delta20
+        self.ref += ref
+
+    def merge(self, o: LogRatioSums) -> LogRatioSums:
+        self.add(o.delta, o.delta20, o.ref)
+        return self
+
+
+@dataclass
+class ClipShares:
+    """Over answers, the least share of low-clipped and the largest share of high-clipped
+    tokens (at sequence level an answer's share is its flag, 0 or 1): TRL's
+    ``clip_ratio/low_min`` and ``clip_ratio/high_max``."""
+
+    low_min: float = math.inf
+    high_max: float = -math.inf
+
+    def add(self, low: I64, high: I64, lengths: I64, unit: str) -> None:
+        if low.shape[0] == 0:
+            return
+        if unit == "sequences":
+            lo, hi = np.minimum(low, 1), np.minimum(high, 1)
+        else:
+            lo, hi = low / lengths, high / lengths
+        self.low_min = min(self.low_min, float(np.min(lo)))
+        self.high_max = max(self.high_max, float(np.max(hi)))
+
+    def merge(self, o: ClipShares) -> ClipShares:
+        self.low_min = min(self.low_min, o.low_min)
+        self.high_max = max(self.high_max, o.high_max)
+        return self
+
+
 class TokenPartial:
     """Mergeable partial statistics of the per-token GRPO terms over a run of answers.
 
@@ -539,7 +587,9 @@ class TokenPartial:
         "policy",
         "kl",
         "clip",
+        "clip_shares",
         "ratio",
+        "log_ratios",
         "delta",
         "kl_values",
         "kl_d",
@@ -560,7 +610,9 @@ class TokenPartial:
         self.term, self.policy = TermSums(), TermSums()  # policy − β·KL, and the policy part
         self.kl = TermSums()  # the KL as the loss takes it (bias-corrected when asked)
         self.clip = ClipCounts()
+        self.clip_shares = ClipShares()
         self.ratio = RatioMoments()
+        self.log_ratios = LogRatioSums()
         self.delta = Sketch(*LOG_RATIO_BINS, **cap)  # Δ = logp − old_logp; ρ = exp(Δ)
         self.kl_values = Moments(fast=True)  # the per-token KL estimate of logp vs ref_logp
         self.kl_d = Sketch(*LOG_RATIO_BINS, **cap)  # d = ref_logp − logp; KL is f(d)
@@ -649,6 +701,8 @@ class TokenPartial:
             ClipCounts(t.n_low, t.n_high, t.n_low + t.n_high, t.n_outside, t.n_dual)
         )
         self.ratio.add(t.r_sum, t.r2_sum, t.r_inf)
+        self.log_ratios.add(t.d_sum, t.d20_sum, t.x_sum)
+        self.clip_shares.add(out.low, out.high, b.lengths, self.settings.clip_unit)
 
         def delta() -> F64:
             return np.zeros(n) if old is None else log_ratio(logp, old)
@@ -690,7 +744,14 @@ class TokenPartial:
                 unit=s.clip_unit,
             )
         )
+        low, high = answer_clip_counts(
+            terms.ratio, adv, b.offsets, clip_eps=s.clip_eps, clip_eps_high=s.clip_eps_high
+        )
+        self.clip_shares.add(low, high, b.lengths, s.clip_unit)
         self.ratio.add(*ratio_moments(terms.delta))
+        d = terms.delta
+        ref = 0.0 if terms.ref_delta is None else float(np.sum(terms.ref_delta))
+        self.log_ratios.add(float(np.sum(d)), float(np.sum(np.clip(d, -20.0, 20.0))), ref)
         self.delta.update(terms.delta)
 
     def _update_extras(self, b: Batch) -> None:
@@ -1206,6 +1267,88 @@ def objective_record(
     return replace(rec, engine=engine, ratio_band=ratio_band, ratio_outside_band=outside)
 
 
+# The names each trainer logs (checked against their code: conformance/oracle.py).
+TRAINER_METRICS: dict[str, tuple[str, ...]] = {
+    "trl": (
+        "kl",
+        "clip_ratio/low_mean",
+        "clip_ratio/low_min",
+        "clip_ratio/high_mean",
+        "clip_ratio/high_max",
+        "clip_ratio/region_mean",
+        "frac_reward_zero_std",
+    ),
+    "verl": (
+        "actor/pg_loss",
+        "actor/pg_clipfrac",
+        "actor/pg_clipfrac_lower",
+        "actor/ppo_kl",
+        "actor/kl_loss",
+    ),
+    "openrlhf": ("policy_loss", "ppo_clip_ratio", "ppo_kl", "kl", "logprobs_diff"),
+}
+
+
+def trainer_metrics(
+    settings: Settings,
+    acc: TokenPartial,
+    policy_term: float,
+    clip: ClipFractions,
+    groups: GroupSummary | None,
+    warnings: list[str],
+) -> dict[str, float]:
+    """The metrics ``settings.trainer`` logs, each computed the way that trainer computes
+    it; a metric the input cannot give is left out, with a warning.
+
+    - TRL 1.16.0 (``GRPOTrainer._compute_loss``): ``kl`` is the token mean of the KL as the
+      loss takes it (bias-corrected when ``use_bias_correction_kl``), logged only when
+      β ≠ 0; ``clip_ratio/*`` count tokens, or sequences under GSPO; ``low_min`` and
+      ``high_max`` are the extremes over answers of their clipped shares;
+      ``frac_reward_zero_std`` the share of answers whose group std is zero.
+    - verl 0.9.1 (``compute_policy_loss_vanilla`` / ``_gspo``, ``agg_loss``):
+      ``actor/pg_loss`` is the aggregated policy loss, ``actor/ppo_kl`` the token mean of
+      ``old_logp − logp`` (clamped to ±20 first by the vanilla loss, not by GSPO's),
+      ``actor/pg_clipfrac_lower`` the dual-clip share (0 under GSPO), ``actor/kl_loss``
+      the aggregated KL (with ``use_kl_loss``, i.e. β ≠ 0).
+    - OpenRLHF 0.11.2 (``PolicyLoss``, ``--algo.kl.use_loss``): ``ppo_kl`` is the token
+      mean of the raw ``old_logp − logp``, ``kl`` the token mean of the KL estimate,
+      ``logprobs_diff`` the token mean of ``logp − ref_logp``.
+    """
+    trainer = settings.trainer
+    if trainer is None:
+        return {}
+    t = max(acc.tokens, 1)
+    lr = acc.log_ratios
+    out: dict[str, float | None] = {}
+    if trainer == "trl":
+        if settings.beta != 0.0:
+            out["kl"] = acc.kl.token / t
+        out["clip_ratio/low_mean"] = clip.low
+        out["clip_ratio/low_min"] = acc.clip_shares.low_min
+        out["clip_ratio/high_mean"] = clip.high
+        out["clip_ratio/high_max"] = acc.clip_shares.high_max
+        out["clip_ratio/region_mean"] = clip.region
+        out["frac_reward_zero_std"] = None if groups is None else groups.frac_zero_std_answers
+    elif trainer == "verl":
+        gspo = settings.ratio_level == "sequence"
+        out["actor/pg_loss"] = -policy_term
+        out["actor/pg_clipfrac"] = clip.region
+        out["actor/pg_clipfrac_lower"] = 0.0 if gspo else clip.dual_clip_lower
+        out["actor/ppo_kl"] = -(lr.delta if gspo else lr.delta20) / t
+        if settings.beta != 0.0:
+            out["actor/kl_loss"] = acc.aggregate("kl", settings.kl_aggregation)
+    else:
+        out["policy_loss"] = -policy_term
+        out["ppo_clip_ratio"] = clip.region
+        out["ppo_kl"] = -lr.delta / t
+        out["kl"] = acc.kl.token / t if settings.beta != 0.0 else 0.0
+        out["logprobs_diff"] = -lr.ref / t if settings.beta != 0.0 else 0.0
+    missing = [k for k, v in out.items() if v is None]
+    for k in missing:
+        warnings.append(f"trainer metric {k!r} left out: the input does not give it")
+    return {k: v for k, v in out.items() if v is not None}
+
+
 def _objective_record(
     src: Source,
     settings: Settings,
@@ -1240,6 +1383,8 @@ def _objective_record(
             "the objective is not finite (overflowing ratio or KL); see ratio.max and kl.max"
         )
     has_kl = acc.kl_values.n > 0
+    group_summary = _group_summary(stats) if stats is not None else None
+    metrics = trainer_metrics(settings, acc, policy, clip, group_summary, warnings)
     return ObjectiveReport(
         source=src.label,
         settings=settings,
@@ -1261,7 +1406,8 @@ def _objective_record(
         kl=_distribution(acc.kl_values, acc.kl_d, acc.kl_function()) if has_kl else None,
         lengths=_int_distribution(acc.lengths),
         advantage=_values_distribution(adv),
-        group_summary=_group_summary(stats) if stats is not None else None,
+        group_summary=group_summary,
+        trainer_metrics=metrics,
         length_weights=_length_weights(acc),
         rollout=acc.rollout.report(),
         entropy=_distribution(acc.entropy, acc.entropy_q) if acc.entropy.n else None,

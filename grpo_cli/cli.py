@@ -248,6 +248,15 @@ KLClampOpt = Annotated[
         show_default=False,
     ),
 ]
+TrainerOpt = Annotated[
+    str | None,
+    typer.Option(
+        rich_help_panel="Conventions",
+        help="Also report the metrics this trainer logs (trl, verl, openrlhf), under its names; "
+        "the trl, gspo, dr-grpo, verl, dapo and openrlhf presets name theirs.",
+        show_default=False,
+    ),
+]
 KLBiasOpt = Annotated[
     bool | None,
     typer.Option(
@@ -356,6 +365,10 @@ def _settings(**kw: Any) -> Settings:
     for name in ("clip_eps_high", "dual_clip", "log_ratio_clamp", "seq_ratio_clamp", "kl_clamp"):
         kw[name] = _optional(name.replace("_", "-"), kw.get(name))
     preset = kw.pop("preset", None)
+    trainer = kw.get("trainer")
+    named = PRESETS[preset].trainer if preset in PRESETS else None
+    if trainer is not None and named is not None and trainer != named:
+        raise UsageError(f"--trainer {trainer}: the {preset} preset mirrors {named}")
     try:
         return resolve_settings(preset, **kw)
     except SettingError as exc:  # the library names the field; a user typed the flag
@@ -453,6 +466,7 @@ def objective(
     ] = False,
     column: ColumnOpt = None,
     preset: PresetOpt = None,
+    trainer: TrainerOpt = None,
     clip_eps: ClipOpt = None,
     clip_eps_high: ClipHighOpt = None,
     dual_clip: DualClipOpt = None,
@@ -480,6 +494,7 @@ def objective(
     with _errors():
         settings = _settings(
             preset=preset,
+            trainer=trainer,
             clip_eps=clip_eps,
             clip_eps_high=clip_eps_high,
             dual_clip=dual_clip,

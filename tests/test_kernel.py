@@ -89,6 +89,12 @@ def _same(c: TokenPartial, n: TokenPartial, scale: dict[str, float]) -> None:
     """Compiled partial ``c`` against numpy partial ``n``."""
     assert (c.answers, c.tokens, c.max_width) == (n.answers, n.tokens, n.max_width)
     assert c.clip == n.clip
+    assert c.clip_shares == n.clip_shares  # per-answer counts over integer lengths: exact
+    lc, ln = c.log_ratios, n.log_ratios
+    for a, b, what in ((lc.delta, ln.delta, "ΣΔ"), (lc.delta20, ln.delta20, "Σ clamp Δ"),
+                       (lc.ref, ln.ref, "Σd")):  # fmt: skip
+        if math.isfinite(a) or math.isfinite(b):
+            assert math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-9), (what, a, b)
     for key in ("term", "policy", "kl"):
         sc, sn = getattr(c, key), getattr(n, key)
         _near(sc.token, sn.token, scale[key], f"{key} token sum")

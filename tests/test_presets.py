@@ -387,3 +387,51 @@ def test_preset_rules_follow_the_trainer() -> None:
     assert (s.clip_unit, s.trainer, s.mirrors) == ("tokens", "trl", "trl 1.16.0")
     assert resolve_settings("openrlhf", ratio_level="sequence").agg == "seq-mean-token-mean"
     assert resolve_settings(None, kl_estimator="k1").kl_clamp is None  # no preset: no rules
+
+
+def test_trainer_metrics_under_the_trainers_names(cli: Cli, batch: dict[str, Any]) -> None:
+    """Each preset's trainer metrics, from the trainers' formulas on the padded batch."""
+    lp, old, ref, m = batch["logp"], batch["old"], batch["ref"], batch["mask"]
+    delta = lp - old
+    verl = run(cli, batch, "--preset", "verl")["trainer_metrics"]
+    assert (verl["trainer"], verl["version"]) == ("verl", "verl 0.9.1")
+    vm = verl["metrics"]
+    assert set(vm) == {
+        "actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl",
+        "actor/kl_loss",
+    }  # fmt: skip
+    assert math.isclose(vm["actor/ppo_kl"], masked_token_mean(-np.clip(delta, -20, 20), m))
+    adv = group_norm(REWARDS, ddof=1, eps=1e-6)
+    pg = masked_token_mean(verl_vanilla(lp, old, adv, 0.2, 0.2), m)
+    assert math.isclose(vm["actor/pg_loss"], pg)
+    kl = np.clip(ref - lp, -20, 20)
+    low_var_kl = np.clip(np.exp(kl) - kl - 1, -10, 10)
+    assert math.isclose(vm["actor/kl_loss"], masked_token_mean(low_var_kl, m))
+    orl = run(cli, batch, "--preset", "openrlhf")["trainer_metrics"]["metrics"]
+    assert math.isclose(orl["ppo_kl"], masked_token_mean(-delta, m))
+    assert math.isclose(orl["logprobs_diff"], masked_token_mean(lp - ref, m))
+    assert math.isclose(orl["kl"], masked_token_mean(np.clip(lp - ref, -10, 10), m))
+    trl = run(cli, batch, "--preset", "trl", "--beta", "0.1")["trainer_metrics"]["metrics"]
+    ratio = np.exp(delta)
+    a = group_norm(REWARDS, ddof=1, eps=1e-4)[:, None]
+    high = (ratio > 1.2) & (a > 0) & m
+    low = (ratio < 0.8) & (a < 0) & m
+    assert trl["clip_ratio/high_max"] == float(np.max(high.sum(1) / m.sum(1))) > 0
+    assert trl["clip_ratio/low_min"] == float(np.min(low.sum(1) / m.sum(1)))
+    assert math.isclose(trl["kl"], masked_token_mean(k3(lp, ref) * ratio, m))  # bias-corrected
+    assert trl["frac_reward_zero_std"] == 4 / 12  # the group of 0.5s: 4 answers of 12
+    assert "kl" not in run(cli, batch, "--preset", "trl")["trainer_metrics"]["metrics"]  # β = 0
+    assert run(cli, batch)["trainer_metrics"] == {"trainer": None, "version": None, "metrics": {}}
+
+
+def test_trainer_option(cli: Cli, batch: dict[str, Any]) -> None:
+    doc = run(cli, batch, "--trainer", "openrlhf")
+    assert set(doc["trainer_metrics"]["metrics"]) == {
+        "policy_loss", "ppo_clip_ratio", "ppo_kl", "kl", "logprobs_diff"
+    }  # fmt: skip
+    assert doc["settings"]["agg"] == "seq-mean-token-mean"  # only names; no preset conventions
+    cli.error(
+        ["objective", str(batch["path"]), "--preset", "verl", "--trainer", "trl"],
+        "--trainer trl: the verl preset mirrors verl",
+    )
+    cli.error(["objective", str(batch["path"]), "--trainer", "x"], "--trainer: 'x' is not one of")
