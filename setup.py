@@ -18,7 +18,7 @@ kernel = [
     Extension(
         "grpo_cli._kernel",
         sources=["grpo_cli/_kernel.c"],
-        extra_compile_args=["-O3", "-ffp-contract=off", "-std=c11"],
+        extra_compile_args=["-O3", "-ffp-contract=off", "-std=c11", "-Wall", "-Wextra"],
         define_macros=[("GRPO_LIBMVEC", "1")] if vector else [],
         libraries=["mvec", "m"] if vector else [],
         optional=True,

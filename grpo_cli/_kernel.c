@@ -417,6 +417,7 @@ int64_t grpo_fold(const grpo_params *p, int64_t n, const int64_t *offsets, const
 
 static struct PyModuleDef kernel_module = {
     PyModuleDef_HEAD_INIT, "_kernel", "Fused GRPO token kernel, called through ctypes.", -1, NULL,
+    NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__kernel(void) { return PyModule_Create(&kernel_module); }
