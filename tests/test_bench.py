@@ -30,10 +30,13 @@ def test_bench_runs_end_to_end_at_tiny_scale(tmp_path: Path) -> None:
     )
     assert r.returncode == 0, r.stderr[-2000:]
     out = r.stdout
-    names = ("read_table", "read_stream", "grpo-cli", "cli-serial", "cli-numpy", "flat-numpy")
+    names = ("read_table", "read_stream", "grpo-cli", "cli-kl", "cli-check", "cli-serial")
+    names += ("cli-numpy", "flat-numpy")
     for name in (*names, "padded"):
         assert f"\n{name} " in out
-    assert "paired (2 alternations): grpo-cli / read_table median " in out
+    for name in ("objective", "kl", "check"):
+        assert f"paired (2 alternations): {name} / read_table median " in out
+    assert "criterion: objective median <= 1.3x read_table: " in out
     # the streamed objective equals the in-memory float64 one
     rel = float(out.split("relative difference ")[1].split(";")[0])
     assert rel < 1e-12
