@@ -159,7 +159,7 @@ def main() -> None:
 
     groups = max(1, int(6400 * args.scale))
     args.data.mkdir(parents=True, exist_ok=True)
-    path = args.data / f"rollouts_x{args.scale:g}.parquet"
+    path = args.data / f"rollouts_x{args.scale:g}_rg1024.parquet"
     cli = [sys.executable, "-m", "grpo_cli"]
     if not path.exists():
         print(f"generating {path} ...", file=sys.stderr)
@@ -178,6 +178,8 @@ def main() -> None:
                 "8192",
                 "--seed",
                 "1",
+                "--row-group-rows",
+                "1024",  # 50 row groups at scale 1
             ],
             check=True,
         )

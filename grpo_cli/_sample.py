@@ -36,11 +36,14 @@ class SampleSpec:
     shuffle: bool = True  # parquet: answers of a group are not adjacent
     rewards_only: bool = False  # npz: only rewards (P, G)
     extras: bool = False  # also rollout_logp (the sampler's own log-probs) and entropy
+    row_group_rows: int = 1 << 14  # parquet: answers per row group
 
 
 def _check(spec: SampleSpec) -> None:
     if spec.groups < 1 or spec.group_size < 1 or spec.mean_len < 1:
         raise UsageError("--groups, --group-size and --mean-len must be >= 1")
+    if spec.row_group_rows < 1:
+        raise UsageError(f"--row-group-rows: must be >= 1, got {spec.row_group_rows}")
     if spec.max_len is not None and spec.max_len < 1:
         raise UsageError("--max-len must be >= 1")
 
@@ -122,7 +125,7 @@ def write_sample(out: Path, spec: SampleSpec) -> tuple[int, int]:
                 table = _to_table(chunk, rng, spec.shuffle)
                 if writer is None:
                     writer = pq.ParquetWriter(out, table.schema)
-                writer.write_table(table, row_group_size=1 << 16)
+                writer.write_table(table, row_group_size=spec.row_group_rows)
                 n += table.num_rows
                 t += int(np.asarray(chunk["lengths"]).sum())
         finally:

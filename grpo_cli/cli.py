@@ -652,6 +652,9 @@ def sample(
     mean_len: Annotated[int, typer.Option(help="Mean answer length in tokens (log-normal).")] = 200,
     max_len: Annotated[int | None, typer.Option(help="Longest answer (default 8 × mean).")] = None,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+    row_group_rows: Annotated[
+        int, typer.Option(help=".parquet: answers per row group (readers parallelise over them).")
+    ] = 1 << 14,
     rewards_only: Annotated[
         bool, typer.Option("--rewards-only", help=".npz only: write just rewards (P, G).")
     ] = False,
@@ -674,6 +677,7 @@ def sample(
             max_len=max_len,
             seed=seed,
             rewards_only=rewards_only,
+            row_group_rows=row_group_rows,
         )
         try:
             n, t = write_sample(out, spec)
