@@ -35,6 +35,7 @@ from ._io import (
     raw_to_batch,
 )
 from ._local import fold_source
+from ._logged import compare_logged
 from ._report import ObjectiveReport, TokenPartial, objective_pass1, objective_record
 from ._settings import Settings
 from .errors import InputError, UsageError
@@ -140,6 +141,7 @@ class Facts:
     why_no_report: str
     advantages: NDArray[np.float64] | None
     config: CheckConfig
+    logged: tuple[str, dict[str, float], int | None] | None = None
     _starts: NDArray[np.int64] | None = None
 
     def where(self, row: int, **extra: Any) -> dict[str, Any]:
@@ -460,6 +462,79 @@ def rule_advantage_mean(f: Facts, c: RuleConfig) -> Result:
     )
 
 
+def rule_zero_variance_advantage(f: Facts, c: RuleConfig) -> Result:
+    """Logged advantages that are not 0 in a group whose rewards are all equal.
+
+    Every trainer computes group statistics in float32 (its reward manager's dtype): equal
+    rewards then give a mean off by an ulp and a std of ~1e-8, and the normalisation turns
+    that into one nonzero advantage shared by the whole group (up to 0.056 in verl with
+    ε 1e-6, 6e-4 in TRL with ε 1e-4, ±10 after OpenRLHF's reward clip with ε 1e-9), which
+    sign-based clip metrics then count. grpo-cli decides zero variance exactly (max == min).
+    """
+    rid = "zero-variance-advantage"
+    a = f.answers
+    if a.advantage is None:
+        return _skip(rid, "needs logged advantages")
+    if a.reward is None or a.codes is None or a.labels is None:
+        return _skip(rid, "needs rewards and group ids to find the zero-variance groups")
+    if not (np.isfinite(a.reward).all() and np.isfinite(a.advantage).all()):
+        return _skip(rid, "non-finite rewards or advantages (see rewards-finite)")
+    P = len(a.labels)
+    lo, hi = np.full(P, np.inf), np.full(P, -np.inf)
+    np.minimum.at(lo, a.codes, a.reward)
+    np.maximum.at(hi, a.codes, a.reward)
+    constant = (lo == hi)[a.codes]
+    bad = constant & (a.advantage != 0.0)
+    rows = np.flatnonzero(bad)
+    ex = [
+        {"answer": int(i), "group": a.labels[int(a.codes[i])], "advantage": float(a.advantage[i])}
+        for i in rows[:MAX_EXAMPLES]
+    ]
+    worst = float(np.max(np.abs(a.advantage[bad]))) if rows.size else 0.0
+    groups = len({int(a.codes[i]) for i in rows})
+    message = (
+        f"{rows.size} answer(s) in {groups} zero-variance group(s) have nonzero logged "
+        f"advantages (largest |A| {worst:.3g}): the trainer's float32 group statistics "
+        "(a residual std of ~1e-8 divided by std + ε); its clip metrics count these tokens"
+        if rows.size
+        else "every zero-variance group has zero logged advantages"
+    )
+    return _judge(rid, c, int(rows.size), message, ex)
+
+
+def rule_logged_metrics(f: Facts, c: RuleConfig) -> Result:
+    """What the trainer logged (``--logged``) against the same metrics recomputed: the
+    largest relative difference, failing above ``fail`` (1e-3: float32 logging is far
+    tighter; a difference this size is another formula, preset or batch)."""
+    rid = "logged-metrics"
+    if f.logged is None:
+        return _skip(rid, "no --logged metrics given")
+    if f.report is None:
+        return _skip(rid, f.why_no_report)
+    if not f.report.trainer_metrics:
+        return _skip(rid, "no trainer named (--preset or --trainer): nothing to compare")
+    file, metrics, step = f.logged
+    cmp = compare_logged(file, metrics, step, f.report.trainer_metrics, tolerance=c.fail or 0.0)
+    if not cmp.compared:
+        names = ", ".join(sorted(metrics)) or "none"
+        return _skip(rid, f"none of the logged metrics ({names}) is one grpo-cli recomputes")
+    value = cmp.max_relative
+    assert value is not None
+    ex = [
+        {"metric": m.metric, "logged": m.logged, "recomputed": m.recomputed, "relative": m.relative}
+        for m in sorted(cmp.compared, key=lambda m: -(m.relative or 0.0))
+    ]
+    at = f" (step {step})" if step is not None else ""
+    return _judge(
+        rid,
+        c,
+        value,
+        f"{len(cmp.compared)} logged metric(s){at} against grpo-cli's: largest relative "
+        f"difference {value:.3g} ({ex[0]['metric']})",
+        ex,
+    )
+
+
 # Rule id -> (function, default config). Integrity rules fail on any count above 0.
 RULES: dict[str, tuple[Rule, RuleConfig]] = {
     "finite": (rule_finite, RuleConfig(fail=0)),
@@ -476,6 +551,8 @@ RULES: dict[str, tuple[Rule, RuleConfig]] = {
     "on-policy-exact": (rule_on_policy_exact, RuleConfig(fail=0)),
     "rollout-mismatch": (rule_rollout_mismatch, RuleConfig(warn=0.01, fail=0.1)),
     "advantage-mean": (rule_advantage_mean, RuleConfig(warn=1e-6, fail=1e-3)),
+    "zero-variance-advantage": (rule_zero_variance_advantage, RuleConfig(fail=0)),
+    "logged-metrics": (rule_logged_metrics, RuleConfig(fail=1e-3)),
 }
 INTEGRITY = ("finite", "logp-range", "lengths-match", "mask-nonempty", "rewards-finite")
 
@@ -729,6 +806,7 @@ def run_check(
     baseline: dict[str, Any] | None = None,
     progress: Callable[[int], None] | None = None,
     engine: EngineOptions | None = None,
+    logged: tuple[str, dict[str, float], int | None] | None = None,
 ) -> CheckReport:
     """Evaluate every rule of ``cfg`` on ``src``; optionally compare with a baseline report.
 
@@ -788,6 +866,7 @@ def run_check(
         why_no_report=why,
         advantages=answers.advantage,
         config=cfg,
+        logged=logged,
     )
     integrity = {rid: RULES[rid][0](facts, cfg.rules[rid]) for rid in INTEGRITY}
     broken = [rid for rid, r in integrity.items() if r.status == "fail"]

@@ -24,7 +24,7 @@ DEFAULT_WORKERS = 2
 MAX_WORKERS = 64
 # Tokens per streamed batch: bounds memory (a few float64 temporaries of this size) and
 # keeps them small enough to stay in cache and in the allocator's heap.
-DEFAULT_BATCH_TOKENS = 1 << 18
+DEFAULT_BATCH_TOKENS = 1 << 20
 BACKENDS = ("auto", "c", "numpy")
 
 

@@ -124,7 +124,7 @@ def objective_json(r: ObjectiveReport) -> dict[str, Any]:
             "outside_band_share": r.ratio_outside_band,
         }
     )
-    return {
+    doc = {
         "schema_version": SCHEMA_VERSION,
         "command": "objective",
         "source": r.source,
@@ -157,6 +157,9 @@ def objective_json(r: ObjectiveReport) -> dict[str, Any]:
         "engine": r.engine.to_json(),
         "warnings": r.warnings,
     }
+    if r.logged is not None:  # only with --logged
+        doc["logged"] = r.logged.to_json()
+    return doc
 
 
 def check_json(r: CheckReport) -> dict[str, Any]:

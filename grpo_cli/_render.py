@@ -276,6 +276,23 @@ def render_objective(r: ObjectiveReport, compare: bool = False) -> RenderableTyp
                 [(escape(k), fmt(v, 10)) for k, v in r.trainer_metrics.items()],
             )
         )
+    if r.logged is not None:
+        t = _table(
+            f"Logged by the trainer ({escape(r.logged.file)}"
+            + (f", step {r.logged.step}" if r.logged.step is not None else "")
+            + f") vs recomputed; tolerance {r.logged.tolerance:g}"
+        )
+        for col in ("metric", "logged", "recomputed", "relative diff", "verdict"):
+            t.add_column(col, justify="left" if col in ("metric", "verdict") else "right")
+        for m in r.logged.metrics:
+            t.add_row(
+                escape(m.metric),
+                fmt(m.logged, 10),
+                "—" if m.recomputed is None else fmt(m.recomputed, 10),
+                "—" if m.relative is None else fmt(m.relative, 3),
+                m.verdict,
+            )
+        parts.append(t)
     if compare:
         parts.append(_compare_table(r))
     for w in r.warnings:

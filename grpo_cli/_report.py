@@ -46,6 +46,7 @@ from ._io import (
     load_answers,
 )
 from ._local import fold_source
+from ._logged import LoggedReport
 from ._settings import Settings
 from ._stats import IntCounts, Moments, Sketch
 from .errors import InputError, MergeError, UsageError
@@ -288,6 +289,7 @@ class ObjectiveReport:
     entropy: Distribution | None = None  # per-token policy entropy, when logged
     warnings: list[str] = field(default_factory=list)
     engine: EngineOptions = field(default_factory=EngineOptions)
+    logged: LoggedReport | None = None  # what the trainer logged, compared (--logged)
 
     @property
     def loss(self) -> float:
@@ -1169,7 +1171,28 @@ def objective_pass1(
             f"(the file has: {', '.join(src.present)})"
         )
     table = group_table(answers, settings)
+    if adv_source == "file" and table is not None and answers.codes is not None:
+        warnings += _residual_note(answers, answers.codes, table)
     return Pass1(adv, adv_source, table, settings, on_policy, warnings)
+
+
+def _residual_note(answers: Answers, codes: I64, table: GroupTable) -> list[str]:
+    """A note when logged advantages are nonzero in groups of equal rewards: the residual of
+    a trainer's float32 group statistics (see the check rule zero-variance-advantage)."""
+    assert answers.advantage is not None
+    constant = (table.stats.min == table.stats.max)[codes]
+    with np.errstate(invalid="ignore"):
+        bad = constant & (answers.advantage != 0.0)
+    n = int(np.count_nonzero(bad))
+    if not n:
+        return []
+    worst = float(np.max(np.abs(answers.advantage[bad])))
+    return [
+        f"{n} answer(s) of zero-variance groups have nonzero logged advantages (up to "
+        f"{worst:.3g}): the trainer's float32 group statistics; the objective and clip "
+        "fractions use the logged advantages, as the trainer did (--recompute-advantages "
+        "gives exact zeros)"
+    ]
 
 
 def fold_batch(

@@ -23,7 +23,7 @@ from . import __version__
 from ._engine import DEFAULT_BATCH_TOKENS, DEFAULT_WORKERS, MAX_WORKERS, EngineOptions
 from ._io import open_source, parse_column_map, write_advantages
 from ._json import advantages_json, dumps, kl_json, objective_json
-from ._report import advantages_report, kl_report, objective_report
+from ._report import ObjectiveReport, advantages_report, kl_report, objective_report
 from ._sample import SampleSpec, write_sample
 from ._settings import OFF, PRESETS, SettingError, Settings, resolve_settings
 from .errors import GrpoCliError, UsageError
@@ -309,6 +309,31 @@ WorkersOpt = Annotated[
         show_default=False,
     ),
 ]
+LoggedOpt = Annotated[
+    Path | None,
+    typer.Option(
+        rich_help_panel="Trainer",
+        help="Metrics the trainer logged (JSON object, or JSON lines with a step), in its names; "
+        "each is compared with grpo-cli's value.",
+        show_default=False,
+    ),
+]
+LoggedStepOpt = Annotated[
+    int | None,
+    typer.Option(
+        rich_help_panel="Trainer",
+        help="The step of --logged to compare (default: the last record).",
+        show_default=False,
+    ),
+]
+LoggedTolOpt = Annotated[
+    float,
+    typer.Option(
+        rich_help_panel="Trainer",
+        help="Relative difference from which a logged metric differs (objective; check: "
+        "the logged-metrics rule's fail threshold).",
+    ),
+]
 ProgressOpt = Annotated[
     bool,
     typer.Option(
@@ -359,6 +384,40 @@ def _engine(workers: int | None = None) -> EngineOptions:
         if "not built" in str(exc):
             raise UsageError(f"GRPO_CLI_KERNEL=c but {str(exc).split(': ', 1)[1]}") from None
         raise
+
+
+def _logged_metrics(
+    path: Path, step: int | None, tolerance: float
+) -> tuple[dict[str, float], int | None]:
+    from ._logged import load_logged
+
+    if not (math.isfinite(tolerance) and tolerance >= 0):
+        raise UsageError(f"--logged-tolerance: must be a finite number >= 0, got {tolerance}")
+    return load_logged(path, step)
+
+
+def _with_logged(
+    report: ObjectiveReport, path: Path, step: int | None, tolerance: float
+) -> ObjectiveReport:
+    """The report with what the trainer logged compared to its trainer metrics."""
+    from dataclasses import replace
+
+    from ._logged import compare_logged
+
+    metrics, got = _logged_metrics(path, step, tolerance)
+    cmp = compare_logged(str(path), metrics, got, report.trainer_metrics, tolerance=tolerance)
+    warnings = list(report.warnings)
+    if not report.trainer_metrics:
+        warnings.append(
+            "--logged: no trainer metrics to compare (name the trainer: --preset or --trainer)"
+        )
+    differ = [c.metric for c in cmp.metrics if c.verdict == "differs"]
+    if differ:
+        warnings.append(
+            f"--logged: {len(differ)} metric(s) differ from the trainer's by more than "
+            f"{tolerance:g} (relative): {', '.join(differ)}"
+        )
+    return replace(report, logged=cmp, warnings=warnings)
 
 
 def _settings(**kw: Any) -> Settings:
@@ -487,6 +546,9 @@ def objective(
     eps: EpsOpt = None,
     estimator: EstimatorOpt = None,
     singleton: SingletonOpt = None,
+    logged: LoggedOpt = None,
+    logged_step: LoggedStepOpt = None,
+    logged_tolerance: LoggedTolOpt = 1e-3,
     progress: ProgressOpt = True,
     workers: WorkersOpt = None,
 ) -> None:
@@ -525,6 +587,8 @@ def objective(
                 recompute_advantages=recompute_advantages,
                 engine=_engine(workers),
             )
+        if logged is not None:
+            report = _with_logged(report, logged, logged_step, logged_tolerance)
         for w in report.warnings:
             _note(w)
         if json_out:
@@ -582,6 +646,8 @@ def check(
     preset: PresetOpt = None,
     clip_eps: ClipOpt = None,
     clip_eps_high: ClipHighOpt = None,
+    logged: LoggedOpt = None,
+    logged_step: LoggedStepOpt = None,
     progress: ProgressOpt = True,
     workers: WorkersOpt = None,
 ) -> None:
@@ -604,10 +670,20 @@ def check(
                 raise UsageError(
                     f"--baseline {baseline}: cannot read a JSON report ({exc})"
                 ) from None
+        logged_in = None
+        if logged is not None:
+            metrics, got = _logged_metrics(logged, logged_step, 0.0)
+            logged_in = (str(logged), metrics, got)
         src = open_source(files, parse_column_map(column))
         with _progress(progress, src.n_rows(), "check") as tick:
             report = run_check(
-                src, settings, cfg, baseline=base, progress=tick, engine=_engine(workers)
+                src,
+                settings,
+                cfg,
+                baseline=base,
+                progress=tick,
+                engine=_engine(workers),
+                logged=logged_in,
             )
         from ._json import check_json
 

@@ -30,6 +30,7 @@ BROKEN = {
     "recomputed.parquet": ["on-policy-exact"],
     "bad_advantages.parquet": ["advantage-mean"],
     "rollout_mismatch.parquet": ["rollout-mismatch"],
+    "residual_advantages.parquet": ["zero-variance-advantage"],
 }
 
 G = 4
@@ -147,11 +148,22 @@ def main() -> None:
     write("recomputed.parquet", d)
 
     d = base()
-    write("bad_advantages.parquet", d, advantage=np.asarray(d["reward"]))  # not centred
+    adv = advantages(d["reward"])
+    adv[adv != 0] += 0.5  # not centred (0 left in the zero-variance groups)
+    write("bad_advantages.parquet", d, advantage=adv)
 
     d = base()
     d["rollout_logp"] = [o - 0.5 for o in d["old_logp"]]  # sampler disagrees: k3 = e^½ − 1.5
     write("rollout_mismatch.parquet", d)
+
+    d = base()
+    adv = advantages(d["reward"])
+    reward = np.asarray(d["reward"])
+    for g in range(len(reward) // G):  # the residual of float32 statistics (as in TRL)
+        block = slice(g * G, (g + 1) * G)
+        if np.ptp(reward[block]) == 0:
+            adv[block] = 6e-4
+    write("residual_advantages.parquet", d, advantage=adv)
 
 
 if __name__ == "__main__":

@@ -54,6 +54,8 @@ def test_healthy_broken_baseline_passes_every_rule(cli: Cli) -> None:
     s = statuses(doc)
     assert s.pop("on-policy-exact") == "skip"  # opt-in
     assert s.pop("rollout-mismatch") == "skip"  # no rollout_logp logged
+    assert s.pop("zero-variance-advantage") == "skip"  # no logged advantages
+    assert s.pop("logged-metrics") == "skip"  # no --logged
     assert set(s.values()) == {"pass"}
 
 
@@ -126,7 +128,9 @@ def test_junit_format(cli: Cli) -> None:
     failed = [c.get("name") for c in cases if c.find("failure") is not None]
     assert failed == ["kl-max"] and suite.get("failures") == "1"
     skipped = [c.get("name") for c in cases if c.find("skipped") is not None]
-    assert skipped == ["on-policy-exact", "rollout-mismatch"]
+    assert skipped == [
+        "on-policy-exact", "rollout-mismatch", "zero-variance-advantage", "logged-metrics"
+    ]  # fmt: skip
 
 
 def test_config_file_flags_and_severity(cli: Cli, tmp_path: Path) -> None:
@@ -251,3 +255,37 @@ def test_scans_merge_keeping_the_first_examples_by_row() -> None:
     assert [(e["answer"], e["token"]) for e in a.nonfinite_ex] == [
         (3, 0), (3, 1), (20, 0), (21, 0), (22, 0)
     ]  # fmt: skip
+
+
+def test_residual_advantages_are_named_and_noted(cli: Cli) -> None:
+    """Logged advantages of 6e-4 in a group of equal rewards (TRL's float32 residual):
+    check fails zero-variance-advantage with the cause; objective notes it and, like the
+    trainer, uses them (the clip metrics count those tokens); recomputing gives zeros."""
+    path = BROKEN_DIR / "residual_advantages.parquet"
+    r = cli("check", path, "--format", "json")
+    res = {x["rule"]: x for x in json.loads(r.stdout)["results"]}
+    z = res["zero-variance-advantage"]
+    assert r.exit_code == 1 and z["status"] == "fail"
+    groups = {e["group"] for e in z["examples"]}
+    table = pq.read_table(path).to_pydict()
+    constant = {
+        g for g in set(table["group"])
+        if len({r for r, gg in zip(table["reward"], table["group"], strict=True) if gg == g}) == 1
+    }  # fmt: skip
+    assert groups and groups <= constant
+    assert z["value"] == 4 * len(constant)
+    assert "float32 group statistics" in z["message"]
+    assert all(e["advantage"] == 6e-4 for e in z["examples"])
+    healthy = {
+        x["rule"]: x
+        for x in json.loads(
+            cli("check", BROKEN_DIR / "healthy.parquet", "--format", "json").stdout
+        )["results"]
+    }
+    assert healthy["zero-variance-advantage"]["status"] == "skip"  # no logged advantages
+    out = cli("objective", path, "--json")
+    doc = json.loads(out.stdout)
+    assert doc["advantages_source"] == "file"
+    assert any("zero-variance groups have nonzero logged advantages" in w for w in doc["warnings"])
+    clean = cli.json("objective", path, "--recompute-advantages")
+    assert not any("zero-variance" in w for w in clean["warnings"])

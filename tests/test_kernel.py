@@ -277,7 +277,7 @@ def test_engine_options_choose_the_backend(cli: Cli, monkeypatch: pytest.MonkeyP
     assert r.tokens > 0 and r.engine.backend == "numpy"
     doc = cli.json("objective", str(SAMPLE / "batch.parquet"))
     assert doc["engine"] == {
-        "name": "local", "workers": 2, "batch_tokens": 262144, "prefetch": True,
+        "name": "local", "workers": 2, "batch_tokens": 1048576, "prefetch": True,
         "backend": "numpy",
     }  # fmt: skip
     monkeypatch.setenv("GRPO_CLI_KERNEL", "c")

@@ -7,6 +7,7 @@ objective = −loss on the same fixed batch.
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import pytest
 from grpo_cli import Settings, resolve_settings
 from grpo_cli._settings import SettingError
 
-from .conftest import Cli
+from .conftest import SAMPLE, Cli
 
 G = 4
 LENGTHS = np.array([3, 7, 5, 2, 6, 6, 1, 4, 8, 3, 5, 2])  # 3 groups of 4, ragged
@@ -435,3 +436,53 @@ def test_trainer_option(cli: Cli, batch: dict[str, Any]) -> None:
         "--trainer trl: the verl preset mirrors verl",
     )
     cli.error(["objective", str(batch["path"]), "--trainer", "x"], "--trainer: 'x' is not one of")
+
+
+def test_logged_metrics_are_compared(cli: Cli, batch: dict[str, Any], tmp_path: Path) -> None:
+    """--logged: what the trainer logged, with the loggers' prefixes, against the recomputed
+    values; a wrong one differs; check --logged fails the logged-metrics rule on it."""
+    mine = run(cli, batch, "--preset", "verl")["trainer_metrics"]["metrics"]
+    lines = [
+        {"step": 1, "train/actor/pg_loss": 0.0, "actor/ppo_kl": 1.0},
+        {"step": 2, "train/actor/pg_loss": mine["actor/pg_loss"] * (1 + 1e-6),
+         "actor/ppo_kl": mine["actor/ppo_kl"] * 1.5, "actor/lr": 1e-6, "note": "x"},
+    ]  # fmt: skip
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    doc = run(cli, batch, "--preset", "verl", "--logged", str(path))
+    got = {m["metric"]: m for m in doc["logged"]["metrics"]}
+    assert doc["logged"]["step"] == 2 and doc["logged"]["tolerance"] == 1e-3
+    assert got["actor/pg_loss"]["verdict"] == "match"
+    assert got["actor/ppo_kl"]["verdict"] == "differs"
+    assert math.isclose(got["actor/ppo_kl"]["relative"], 0.5 / 1.5)
+    assert got["actor/lr"]["verdict"] == "not recomputed" and "note" not in got
+    assert any("1 metric(s) differ" in w for w in doc["warnings"])
+    step1 = run(cli, batch, "--preset", "verl", "--logged", str(path), "--logged-step", "1")
+    assert step1["logged"]["step"] == 1
+    cli.error(
+        ["objective", str(batch["path"]), "--preset", "verl", "--logged", str(path),
+         "--logged-step", "7"],
+        "no record of step 7 (steps logged: [1, 2])",
+    )  # fmt: skip
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"a": 1}\n{oops\n')
+    cli.error(["objective", str(batch["path"]), "--logged", str(bad)], "line 2 is not JSON")
+    assert "logged" not in run(cli, batch, "--preset", "verl")  # only when asked
+    # check: on a file whose integrity holds (this batch has log-probs above 0 on purpose)
+    sample = str(SAMPLE / "batch.parquet")
+    theirs = cli.json("objective", sample, "--preset", "verl")["trainer_metrics"]["metrics"]
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text(json.dumps({"actor/pg_loss": theirs["actor/pg_loss"],
+                                 "actor/ppo_kl": theirs["actor/ppo_kl"] * 2}))  # fmt: skip
+    r = cli("check", sample, "--preset", "verl", "--logged", str(wrong), "--format", "json")
+    res = {x["rule"]: x for x in json.loads(r.stdout)["results"]}
+    assert r.exit_code == 1 and res["logged-metrics"]["status"] == "fail"
+    assert res["logged-metrics"]["examples"][0]["metric"] == "actor/ppo_kl"
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps({"actor/pg_loss": theirs["actor/pg_loss"]}))
+    r = cli("check", sample, "--preset", "verl", "--logged", str(good), "--format", "json")
+    res = {x["rule"]: x for x in json.loads(r.stdout)["results"]}
+    assert res["logged-metrics"]["status"] == "pass"
+    r = cli("check", sample, "--logged", str(good), "--format", "json")
+    res = {x["rule"]: x for x in json.loads(r.stdout)["results"]}
+    assert res["logged-metrics"]["status"] == "skip"  # no trainer named: never a vacuous pass

@@ -1,0 +1,153 @@
+"""What the trainer logged, against what grpo-cli recomputes (``--logged FILE``).
+
+A training run exports its metrics as JSON: one object ``{metric: value, ...}``, or JSON
+lines of them (one per step, with an optional ``step``). Names are the trainer's own
+(:data:`grpo_cli._report.TRAINER_METRICS`), with or without the prefixes loggers add
+(``train/``, ``eval_``). Each logged metric that grpo-cli recomputes gets its difference
+and a verdict; a relative difference above the tolerance is a difference to explain (a
+wrong preset, another batch, the trainer's float32 residual advantages, ...).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import InputError
+
+__all__ = ["LoggedComparison", "LoggedReport", "compare_logged", "load_logged"]
+
+PREFIXES = ("train/", "eval_", "eval/")
+
+
+@dataclass(frozen=True)
+class LoggedComparison:
+    """One logged metric: its value, grpo-cli's, their difference and the verdict
+    (``match``, ``differs``, or ``not recomputed`` when grpo-cli has no such metric)."""
+
+    metric: str
+    logged: float
+    recomputed: float | None
+    difference: float | None
+    relative: float | None
+    verdict: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+@dataclass(frozen=True)
+class LoggedReport:
+    file: str
+    step: int | None
+    tolerance: float
+    metrics: list[LoggedComparison]
+
+    @property
+    def compared(self) -> list[LoggedComparison]:
+        return [m for m in self.metrics if m.recomputed is not None]
+
+    @property
+    def max_relative(self) -> float | None:
+        rel = [m.relative for m in self.compared if m.relative is not None]
+        return max(rel) if rel else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "file": self.file,
+            "step": self.step,
+            "tolerance": self.tolerance,
+            "metrics": [m.to_json() for m in self.metrics],
+        }
+
+
+def _name(key: str) -> str:
+    for p in PREFIXES:
+        if key.startswith(p):
+            return key[len(p) :]
+    return key
+
+
+def load_logged(path: Path, step: int | None = None) -> tuple[dict[str, float], int | None]:
+    """The metrics of one logged step: the record whose ``step`` is ``step``, else the last.
+
+    Raises:
+        InputError: the file is unreadable, not JSON (the line is named), holds no object,
+            or has no record of the step asked for.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: cannot read the logged metrics ({exc})") from None
+    records: list[dict[str, Any]] = []
+    try:
+        whole = json.loads(text)
+    except json.JSONDecodeError:
+        whole = None
+    except RecursionError:
+        raise InputError(f"{path}: JSON nested too deeply") from None
+    if isinstance(whole, dict):
+        records = [whole]
+    elif isinstance(whole, list):
+        records = [r for r in whole if isinstance(r, dict)]
+    else:
+        for i, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except (json.JSONDecodeError, RecursionError) as exc:
+                raise InputError(f"{path}: line {i} is not JSON ({exc})") from None
+            if not isinstance(rec, dict):
+                raise InputError(f"{path}: line {i} is not a JSON object of metric: value")
+            records.append(rec)
+    if not records:
+        raise InputError(f"{path}: no JSON object of metric: value")
+    if step is not None:
+        chosen = [r for r in records if r.get("step") == step]
+        if not chosen:
+            steps = sorted({r["step"] for r in records if isinstance(r.get("step"), int)})
+            raise InputError(f"{path}: no record of step {step} (steps logged: {steps or 'none'})")
+        record = chosen[-1]
+    else:
+        record = records[-1]
+    got = record.get("step")
+    metrics = {
+        _name(k): float(v)
+        for k, v in record.items()
+        if k != "step" and isinstance(v, int | float) and not isinstance(v, bool)
+    }
+    return metrics, got if isinstance(got, int) else None
+
+
+def compare_logged(
+    file: str,
+    logged: dict[str, float],
+    step: int | None,
+    recomputed: dict[str, float],
+    *,
+    tolerance: float = 1e-3,
+) -> LoggedReport:
+    """Compare each logged metric with grpo-cli's value of the same name.
+
+    ``relative`` is ``|logged − recomputed| / max(|logged|, |recomputed|)`` (0 when both
+    are 0); ``match`` when it is at most ``tolerance``.
+    """
+    out = []
+    for name, value in logged.items():
+        mine = recomputed.get(name)
+        if mine is None:
+            out.append(LoggedComparison(name, value, None, None, None, "not recomputed"))
+            continue
+        diff = mine - value
+        scale = max(abs(value), abs(mine))
+        rel = abs(diff) / scale if scale > 0 else 0.0
+        if not math.isfinite(rel):
+            rel = math.inf
+        verdict = "match" if rel <= tolerance else "differs"
+        out.append(LoggedComparison(name, value, mine, diff, rel, verdict))
+    out.sort(key=lambda c: (c.recomputed is None, c.metric))
+    return LoggedReport(file, step, tolerance, out)
