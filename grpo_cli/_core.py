@@ -91,7 +91,7 @@ NormScale = Literal["n-lmax", "lmax"]
 ClipUnit = Literal["tokens", "sequences"]
 
 # exp(x) overflows float64 above this.
-_EXP_MAX = float(np.log(np.finfo(np.float64).max))
+EXP_MAX = float(np.log(np.finfo(np.float64).max))
 
 
 # --------------------------------------------------------------------------- checks
@@ -802,7 +802,7 @@ def aggregate(
     - ``seq-mean-token-sum``: ``(1/N) Σ_i Σ_t v`` (verl);
     - ``seq-mean-token-sum-norm``: ``Σ v / (N · L)`` (Dr. GRPO, Liu et al. 2025; TRL
       ``dr_grpo`` with L = ``max_completion_length``; verl >= 0.7.1 ``agg_loss`` with L =
-      ``loss_scale_factor``, else the padded width), ``L = max_len`` or the longest answer;
+      ``loss_scale_factor``, else the padded width), ``L = max_len`` or the widest row;
       ``norm_scale="lmax"`` divides by ``L`` alone (verl <= 0.7.0);
     - ``token-sum``: ``Σ v`` (verl 0.9.1 ``token-sum``).
 

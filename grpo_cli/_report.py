@@ -19,6 +19,7 @@ from numpy.typing import NDArray
 from . import _fast
 from ._core import (
     AGGREGATIONS,
+    EXP_MAX,
     ClipCounts,
     FloatArray,
     GroupStats,
@@ -867,7 +868,8 @@ class TokenPartial:
 
 def _norm_divisor(s: Settings, answers: int, longest: int) -> float:
     """The divisor of seq-mean-token-sum-norm: N·L (``n-lmax``) or L (``lmax``), with L =
-    ``max_len`` or the longest answer."""
+    ``max_len`` or the widest row (its padded width: masked tokens included, as verl's
+    ``loss_mask.shape[-1]``)."""
     lmax = s.max_len if s.max_len is not None else longest
     return float(lmax if s.norm_scale == "lmax" else answers * lmax)
 
@@ -1279,8 +1281,8 @@ def objective_record(
                 "pass --max-len with your run's value)"
             )
         raise UsageError(
-            f"--max-len {settings.max_len} is shorter than the longest answer "
-            f"({acc.max_width} tokens){hint}"
+            f"--max-len {settings.max_len} is shorter than the widest row "
+            f"({acc.max_width} tokens, masked ones included){hint}"
         )
     rec = _objective_record(
         src, settings, acc, adv, p1.source, p1.stats, p1.on_policy, list(p1.warnings)
@@ -1398,7 +1400,7 @@ def _objective_record(
     )
     if acc.overflow:
         warnings.append(
-            f"{acc.overflow} token(s) have a log-ratio above {math.log(np.finfo(float).max):.1f}: "
+            f"{acc.overflow} token(s) have a log-ratio above {EXP_MAX:.1f}: "
             f"their ratio overflows to inf"
         )
     if not math.isfinite(objective):

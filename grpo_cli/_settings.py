@@ -46,7 +46,7 @@ class Settings:
     fraction counts). KL: ``beta``, ``kl_estimator`` k1|k2|k3, ``kl_clamp``,
     ``kl_bias_correction`` (the per-token KL times the importance ratio, TRL),
     ``kl_agg`` (None: as ``agg``). Aggregation: ``agg``, ``max_len`` (L of
-    seq-mean-token-sum-norm; None: the longest answer) and ``norm_scale`` n-lmax|lmax.
+    seq-mean-token-sum-norm; None: the widest row) and ``norm_scale`` n-lmax|lmax.
     ``trainer`` and ``mirrors`` name the trainer (and version) a preset reproduces.
     """
 

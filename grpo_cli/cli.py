@@ -287,7 +287,7 @@ MaxLenOpt = Annotated[
     int | None,
     typer.Option(
         rich_help_panel="Aggregation",
-        help="L of seq-mean-token-sum-norm (default: the longest answer; dr-grpo preset: 512, TRL's max_completion_length).",
+        help="L of seq-mean-token-sum-norm (default: the widest row, masked tokens included; dr-grpo preset: 512, TRL's max_completion_length).",
         show_default=False,
     ),
 ]

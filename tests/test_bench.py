@@ -6,9 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 def test_bench_runs_end_to_end_at_tiny_scale(tmp_path: Path) -> None:
     r = subprocess.run(
         [

@@ -174,7 +174,7 @@ def test_max_len_shorter_than_longest_answer(cli: Cli) -> None:
         "seq-mean-token-sum-norm",
         "--max-len",
         "2",
-        contains=["--max-len 2", "longest answer (3 tokens)"],
+        contains=["--max-len 2", "widest row (3 tokens, masked ones included)"],
     )
 
 
