@@ -1,0 +1,697 @@
+"""Mergeable partial statistics: what one batch folds into, and how two merge.
+
+:class:`TokenPartial` is made of parts, each with its own ``merge``; merging two partials
+equals folding their batches together (to the order of float additions), wherever and in
+whatever order they were folded. :class:`GroupPartial` is pass 1 as a partial, and
+:class:`GroupTable` the small per-group table any batch computes its advantages from.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from numpy.typing import NDArray
+
+from . import _fast
+from ._core import (
+    AGGREGATIONS,
+    ClipCounts,
+    FloatArray,
+    GroupStats,
+    aggregation_weights,
+    answer_clip_counts,
+    clip_counts,
+    group_stats,
+    kl_from_log_ratio,
+    log_ratio,
+    ratio_moments,
+    segment_sum,
+    token_terms,
+)
+from ._io import (
+    Answers,
+    Batch,
+)
+from ._records import QUANTILE_LEVELS, QUANTILES, Distribution, RolloutReport
+from ._settings import Settings
+from ._stats import IntCounts, Moments, Sketch
+from .errors import InputError, MergeError
+
+F64 = NDArray[np.float64]
+I64 = NDArray[np.int64]
+
+
+# Fine histograms behind streamed quantiles (README "Quantile resolution").
+LOG_RATIO_BINS = (-20.0, 20.0, 400_000)  # width 1e-4 on log-ratios: Δ and logp − ref_logp
+ANSWER_BINS = (-10.0, 10.0, 200_000)  # width 1e-4 on per-answer means
+ENTROPY_BINS = (0.0, 20.0, 200_000)  # width 1e-4 on per-token entropies (nats)
+
+
+class RolloutPartial:
+    """Mergeable sums behind :class:`RolloutReport`; answer weights kept in log space
+    (running max plus rescaled sums), so no sequence weight ever overflows."""
+
+    def __init__(self) -> None:
+        self.tokens = 0
+        self.answers = 0
+        self.abs_sum = 0.0
+        self.abs_max = 0.0
+        self.d_sum = 0.0
+        self.k3_sum = 0.0
+        self.r_sum = 0.0
+        self.r2_sum = 0.0
+        self.r_min = math.inf
+        self.r_max = -math.inf
+        self.p_sum = 0.0
+        # answers' log weights s_i = Σ_t δ: their max, Σ exp(s − max), Σ exp(2(s − max))
+        self.s_max = -math.inf
+        self.s1 = 0.0
+        self.s2 = 0.0
+
+    def update(self, delta: F64, old: FloatArray, rollout: FloatArray, offsets: I64) -> None:
+        if delta.shape[0] == 0:
+            return
+        self.tokens += int(delta.shape[0])
+        self.answers += int(offsets.shape[0] - 1)
+        a = np.abs(delta)
+        self.abs_sum += float(np.sum(a))
+        self.abs_max = max(self.abs_max, float(np.max(a)))
+        self.d_sum += float(np.sum(delta))
+        with np.errstate(over="ignore", invalid="ignore"):
+            r = np.exp(delta)
+            k3 = r - delta
+            k3 -= 1.0
+            self.k3_sum += float(np.sum(k3))
+            self.r_sum += float(np.sum(r))
+            self.r2_sum += float(np.einsum("i,i->", r, r))
+            # probabilities: a difference, not a ratio, of exponentials is the metric itself
+            p_old = np.exp(np.asarray(old, dtype=np.float64))
+            p_rollout = np.exp(np.asarray(rollout, dtype=np.float64))
+            self.p_sum += float(np.sum(np.abs(p_old - p_rollout)))
+        self.r_min = min(self.r_min, float(np.min(r)))
+        self.r_max = max(self.r_max, float(np.max(r)))
+        s = segment_sum(delta, offsets)
+        top = float(np.max(s))
+        self._merge_weights(
+            top, float(np.sum(np.exp(s - top))), float(np.sum(np.exp(2.0 * (s - top))))
+        )
+
+    def _merge_weights(self, m: float, s1: float, s2: float) -> None:
+        if m == -math.inf:
+            return
+        if self.s_max == -math.inf:
+            self.s_max, self.s1, self.s2 = m, s1, s2
+            return
+        top = max(self.s_max, m)
+        self.s1 = self.s1 * math.exp(self.s_max - top) + s1 * math.exp(m - top)
+        self.s2 = self.s2 * math.exp(2.0 * (self.s_max - top)) + s2 * math.exp(2.0 * (m - top))
+        self.s_max = top
+
+    def merge(self, o: RolloutPartial) -> RolloutPartial:
+        self.tokens += o.tokens
+        self.answers += o.answers
+        self.abs_sum += o.abs_sum
+        self.abs_max = max(self.abs_max, o.abs_max)
+        self.d_sum += o.d_sum
+        self.k3_sum += o.k3_sum
+        self.r_sum += o.r_sum
+        self.r2_sum += o.r2_sum
+        self.r_min = min(self.r_min, o.r_min)
+        self.r_max = max(self.r_max, o.r_max)
+        self.p_sum += o.p_sum
+        self._merge_weights(o.s_max, o.s1, o.s2)
+        return self
+
+    def report(self) -> RolloutReport | None:
+        n = self.tokens
+        if n == 0:
+            return None
+        mean_r, mean_r2 = self.r_sum / n, self.r2_sum / n
+        ess_token = mean_r * mean_r / mean_r2 if math.isfinite(mean_r2) else 0.0
+        return RolloutReport(
+            tokens=n,
+            answers=self.answers,
+            abs_diff_mean=self.abs_sum / n,
+            abs_diff_max=self.abs_max,
+            kl_k1=-self.d_sum / n,
+            kl_k3=self.k3_sum / n,
+            chi2_token=mean_r2 - 1.0,
+            is_weight_mean=mean_r,
+            is_weight_min=self.r_min,
+            is_weight_max=self.r_max,
+            ess_token=ess_token,
+            ess_sequence=self.s1 * self.s1 / (self.answers * self.s2),
+            prob_abs_diff_mean=self.p_sum / n,
+        )
+
+
+@dataclass
+class AnswerCounts:
+    """How many answers and valid tokens, the widest row, and every answer's length."""
+
+    answers: int = 0
+    tokens: int = 0
+    max_width: int = 0
+    lengths: IntCounts = field(default_factory=IntCounts)
+
+    def update(self, b: Batch) -> None:
+        self.answers += b.n
+        self.tokens += int(b.offsets[-1])
+        self.max_width = max(self.max_width, int(b.width.max()) if b.n else 0)
+        self.lengths.update(b.lengths)
+
+    def merge(self, o: AnswerCounts) -> AnswerCounts:
+        self.answers += o.answers
+        self.tokens += o.tokens
+        self.max_width = max(self.max_width, o.max_width)
+        self.lengths.merge(o.lengths)
+        return self
+
+
+@dataclass
+class TermSums:
+    """``Σ_t v`` over every token and ``Σ_i mean_t v`` over answers of a per-token value:
+    every aggregation of it follows (:meth:`TokenPartial.aggregate`)."""
+
+    token: float = 0.0
+    answer_means: float = 0.0
+
+    def add(self, per_answer: F64, lengths: I64) -> F64:
+        """Fold in per-answer sums; returns the per-answer means."""
+        means = per_answer / lengths
+        self.token += float(np.sum(per_answer))
+        self.answer_means += float(np.sum(means))
+        return means
+
+    def merge(self, o: TermSums) -> TermSums:
+        self.token += o.token
+        self.answer_means += o.answer_means
+        return self
+
+
+@dataclass
+class RatioMoments:
+    """``Σρ``, ``Σρ²`` and overflow count of the raw ratio (:func:`ratio_moments`); ρ is
+    near 1 with a spread of 1e-3..1, so ``Σρ²`` has no cancellation issue."""
+
+    total: float = 0.0
+    sq: float = 0.0
+    n_inf: int = 0
+
+    def add(self, total: float, sq: float, n_inf: int) -> None:
+        self.total += total
+        self.sq += sq
+        self.n_inf += n_inf
+
+    def merge(self, o: RatioMoments) -> RatioMoments:
+        self.add(o.total, o.sq, o.n_inf)
+        return self
+
+
+@dataclass
+class LogRatioSums:
+    """``Σ Δ`` (raw), ``Σ clamp(Δ, ±20)`` and ``Σ d`` over valid tokens, with ``Δ = logp −
+    old_logp`` and ``d = ref_logp − logp``: the trainers' ``ppo_kl`` (the mean of −Δ;
+    verl's vanilla loss clamps Δ first) and OpenRLHF's ``logprobs_diff`` (the mean of −d)."""
+
+    delta: float = 0.0
+    delta20: float = 0.0
+    ref: float = 0.0
+
+    def add(self, delta: float, delta20: float, ref: float) -> None:
+        self.delta += delta
+        self.delta20 += delta20
+        self.ref += ref
+
+    def merge(self, o: LogRatioSums) -> LogRatioSums:
+        self.add(o.delta, o.delta20, o.ref)
+        return self
+
+
+@dataclass
+class ClipShares:
+    """Over answers, the least share of low-clipped and the largest share of high-clipped
+    tokens (at sequence level an answer's share is its flag, 0 or 1): TRL's
+    ``clip_ratio/low_min`` and ``clip_ratio/high_max``."""
+
+    low_min: float = math.inf
+    high_max: float = -math.inf
+
+    def add(self, low: I64, high: I64, lengths: I64, unit: str) -> None:
+        if low.shape[0] == 0:
+            return
+        if unit == "sequences":
+            lo, hi = np.minimum(low, 1), np.minimum(high, 1)
+        else:
+            lo, hi = low / lengths, high / lengths
+        self.low_min = min(self.low_min, float(np.min(lo)))
+        self.high_max = max(self.high_max, float(np.max(hi)))
+
+    def merge(self, o: ClipShares) -> ClipShares:
+        self.low_min = min(self.low_min, o.low_min)
+        self.high_max = max(self.high_max, o.high_max)
+        return self
+
+
+class TokenPartial:
+    """Mergeable partial statistics of the per-token GRPO terms over a run of answers.
+
+    Made of parts (:data:`PARTS`), each with its own ``merge``: a new statistic is a new
+    part, its update in the fold, and its view. Two ways to fold a batch, with the same
+    results (tests/test_kernel.py): the compiled kernel of :mod:`grpo_cli._fast` (backend
+    ``c``: one pass over the token columns, when the ratio is per token and the KL has no
+    bias correction), else numpy, composed of the core's definitions (:func:`token_terms`,
+    :func:`clip_counts`, :func:`ratio_moments`).
+    """
+
+    PARTS = (
+        "counts",
+        "term",
+        "policy",
+        "kl",
+        "clip",
+        "clip_shares",
+        "ratio",
+        "log_ratios",
+        "delta",
+        "kl_values",
+        "kl_d",
+        "kl_answer",
+        "kl_answer_q",
+        "rollout",
+        "entropy",
+        "entropy_q",
+    )
+
+    def __init__(
+        self, settings: Settings, *, backend: str = "numpy", exact_cap: int | None = None
+    ) -> None:
+        self.settings = settings
+        self.exact_cap = exact_cap
+        cap = {} if exact_cap is None else {"exact_cap": exact_cap}
+        self.counts = AnswerCounts()
+        self.term, self.policy = TermSums(), TermSums()  # policy − β·KL, and the policy part
+        self.kl = TermSums()  # the KL as the loss takes it (bias-corrected when asked)
+        self.clip = ClipCounts()
+        self.clip_shares = ClipShares()
+        self.ratio = RatioMoments()
+        self.log_ratios = LogRatioSums()
+        self.delta = Sketch(*LOG_RATIO_BINS, **cap)  # Δ = logp − old_logp; ρ = exp(Δ)
+        self.kl_values = Moments(fast=True)  # the per-token KL estimate of logp vs ref_logp
+        self.kl_d = Sketch(*LOG_RATIO_BINS, **cap)  # d = ref_logp − logp; KL is f(d)
+        self.kl_answer = Moments()
+        self.kl_answer_q = Sketch(*ANSWER_BINS, **cap)
+        self.rollout = RolloutPartial()
+        self.entropy = Moments()
+        self.entropy_q = Sketch(*ENTROPY_BINS, **cap)
+        # the compiled kernel folds token-level ratios; GSPO's sequence ratio and TRL's
+        # bias-corrected KL stay in numpy
+        self.compiled = backend == "c" and _fast.supports(
+            settings.ratio_level, settings.beta, settings.kl_bias_correction
+        )
+        self.vector = True  # the kernel's AVX2 path where the CPU has it (tests turn it off)
+
+    # the counts, by name
+    @property
+    def answers(self) -> int:
+        return self.counts.answers
+
+    @property
+    def tokens(self) -> int:
+        return self.counts.tokens
+
+    @property
+    def max_width(self) -> int:
+        return self.counts.max_width
+
+    @property
+    def lengths(self) -> IntCounts:
+        return self.counts.lengths
+
+    def _kl_answers(self, per_answer: F64) -> None:
+        """Fold in the per-answer mean KL."""
+        self.kl_answer.update(per_answer)
+        self.kl_answer_q.update(per_answer)
+
+    def update_kl(self, b: Batch) -> None:
+        """Statistics of the KL estimate alone (``grpo-cli kl``)."""
+        self.counts.update(b)
+        d = np.subtract(b.fields["ref_logp"], b.fields["logp"], dtype=np.float64)
+        k = self.kl_function()(d)
+        self.kl_values.update(k)
+        self.kl_d.update(d)
+        self._kl_answers(self.kl.add(segment_sum(k, b.offsets), b.lengths))
+
+    def update(self, b: Batch, adv: F64) -> None:
+        """Fold in a batch of answers with their advantages ``(b.n,)``."""
+        if self.compiled:
+            self._update_compiled(b, adv)
+        else:
+            self._update_numpy(b, adv)
+        self._update_extras(b)
+
+    def _update_compiled(self, b: Batch, adv: F64) -> None:
+        """The same statistics as :meth:`_update_numpy`, from one pass of the kernel (which
+        bins Δ and d into the two sketches' histograms in place, for speed)."""
+        f = b.fields
+        logp, old, ref = f["logp"], f.get("old_logp"), f.get("ref_logp")
+        out = _fast.fold(
+            logp,
+            old,
+            ref,
+            adv,
+            b.offsets,
+            d_hist=self.delta.hist.counts,
+            x_hist=self.kl_d.hist.counts,
+            bins=LOG_RATIO_BINS,
+            vector=self.vector,
+            **self.settings.term_kwargs(),
+        )
+        self.counts.update(b)
+        t, n = out.totals, int(b.offsets[-1])
+        self.term.add(out.term, b.lengths)
+        self.policy.add(out.policy, b.lengths)
+        if out.kl is not None:
+            assert ref is not None
+            self.kl_values.merge(
+                Moments.from_sums(
+                    n, t.k_inf, float(np.sum(out.kl)), t.kf_sum, t.kf_sq, t.k_min, t.k_max
+                )
+            )
+            self.kl_d.counted(n, t.x_min, t.x_max, lambda: np.subtract(ref, logp, dtype=np.float64))
+            self._kl_answers(self.kl.add(out.kl, b.lengths))
+        self.clip = self.clip.merge(
+            ClipCounts(t.n_low, t.n_high, t.n_low + t.n_high, t.n_outside, t.n_dual)
+        )
+        self.ratio.add(t.r_sum, t.r2_sum, t.r_inf)
+        self.log_ratios.add(t.d_sum, t.d20_sum, t.x_sum)
+        self.clip_shares.add(out.low, out.high, b.lengths, self.settings.clip_unit)
+
+        def delta() -> F64:
+            return np.zeros(n) if old is None else log_ratio(logp, old)
+
+        self.delta.counted(n, t.d_min, t.d_max, delta)
+
+    def _update_numpy(self, b: Batch, adv: F64) -> None:
+        s = self.settings
+        self.counts.update(b)
+        terms = token_terms(
+            b.fields["logp"],
+            b.fields.get("old_logp"),
+            b.fields.get("ref_logp"),
+            adv,
+            b.offsets,
+            **s.term_kwargs(),
+        )
+        self.term.add(segment_sum(terms.term, b.offsets), b.lengths)
+        self.policy.add(segment_sum(terms.policy, b.offsets), b.lengths)
+        if terms.kl is not None and terms.ref_delta is not None:
+            self.kl_values.update(terms.kl)
+            self.kl_d.update(terms.ref_delta)
+            raw = segment_sum(terms.kl, b.offsets)
+            if terms.kl_loss is terms.kl:
+                self._kl_answers(self.kl.add(raw, b.lengths))
+            else:  # the loss's KL (bias-corrected) is summed; the statistics describe the KL
+                assert terms.kl_loss is not None
+                self.kl.add(segment_sum(terms.kl_loss, b.offsets), b.lengths)
+                self._kl_answers(raw / b.lengths)
+        # clip counts on the ratio the surrogate used; the ratio's moments from the raw Δ
+        self.clip = self.clip.merge(
+            clip_counts(
+                terms.ratio,
+                adv,
+                b.offsets,
+                clip_eps=s.clip_eps,
+                clip_eps_high=s.clip_eps_high,
+                dual_clip=s.dual_clip,
+                unit=s.clip_unit,
+            )
+        )
+        low, high = answer_clip_counts(
+            terms.ratio, adv, b.offsets, clip_eps=s.clip_eps, clip_eps_high=s.clip_eps_high
+        )
+        self.clip_shares.add(low, high, b.lengths, s.clip_unit)
+        self.ratio.add(*ratio_moments(terms.delta))
+        d = terms.delta
+        ref = 0.0 if terms.ref_delta is None else float(np.sum(terms.ref_delta))
+        self.log_ratios.add(float(np.sum(d)), float(np.sum(np.clip(d, -20.0, 20.0))), ref)
+        self.delta.update(terms.delta)
+
+    def _update_extras(self, b: Batch) -> None:
+        """Entropy and sampler-vs-trainer statistics, when those fields are logged."""
+        entropy = b.fields.get("entropy")
+        if entropy is not None:
+            e = np.asarray(entropy, dtype=np.float64)
+            self.entropy.update(e)
+            self.entropy_q.update(e)
+        rollout = b.fields.get("rollout_logp")
+        if rollout is not None:  # the trainer's old policy is logp itself when on-policy
+            old = b.fields.get("old_logp", b.fields["logp"])
+            delta_r = np.subtract(old, rollout, dtype=np.float64)
+            self.rollout.update(delta_r, old, rollout, b.offsets)
+
+    def merge(self, o: TokenPartial) -> TokenPartial:
+        """Every part merges with its own; partials of other settings are refused."""
+        if o.settings != self.settings:
+            raise MergeError("partials of different settings")
+        for name in self.PARTS:
+            setattr(self, name, getattr(self, name).merge(getattr(o, name)))
+        return self
+
+    # ---- results
+    @property
+    def overflow(self) -> int:
+        """Tokens whose ratio exp(Δ) overflowed to inf."""
+        return self.ratio.n_inf
+
+    def ratio_distribution(self) -> Distribution:
+        """ρ = exp(Δ): mean from Σρ, extremes and quantiles from Δ's (exp is monotone)."""
+        n = self.delta.n
+        if n == 0:
+            return Distribution(0, None, None, None, None, {})
+        with np.errstate(over="ignore"):
+            lo, hi = math.exp(self.delta.hist.vmin), np.exp(self.delta.hist.vmax)
+        vals = self.delta.quantiles(QUANTILE_LEVELS, np.exp)
+        assert vals is not None
+        mean = self.ratio.total / n
+        std = math.sqrt(max(self.ratio.sq / n - mean * mean, 0.0)) if not self.ratio.n_inf else None
+        return Distribution(
+            count=n,
+            mean=mean,
+            std=std,
+            min=lo,
+            max=float(hi),
+            quantiles={k: float(v) for k, v in zip(QUANTILES, vals, strict=True)},
+            exact=self.delta.is_exact,
+        )
+
+    @property
+    def extreme(self) -> int:
+        """Tokens with Δ outside [−20, 20), where verl and OpenRLHF clamp: the open end bins
+        of the log-ratio histogram (LOG_RATIO_BINS)."""
+        return int(self.delta.hist.counts[0] + self.delta.hist.counts[-1])
+
+    def aggregate(self, key: str, agg: str) -> float:
+        """:func:`grpo_cli._core.aggregate` of a per-token value, from the partial's sums."""
+        sums: TermSums = getattr(self, key)
+        token_sum, mean_sum = sums.token, sums.answer_means
+        n, t = self.answers, self.tokens
+        if agg == "seq-mean-token-mean":
+            return mean_sum / n
+        if agg == "token-mean":
+            return token_sum / t
+        if agg == "seq-mean-token-sum":
+            return token_sum / n
+        if agg == "token-sum":
+            return token_sum
+        return token_sum / _norm_divisor(self.settings, n, self.max_width)
+
+    def objective(self, agg: str) -> float:
+        """J under the policy aggregation ``agg``; the KL term keeps the settings' own
+        (``kl_agg``): one sum of per-token terms when the two agree."""
+        s = self.settings
+        if s.kl_agg is None or s.kl_agg == agg or not s.beta:
+            return self.aggregate("term", agg)
+        return self.aggregate("policy", agg) - s.beta * self.aggregate("kl", s.kl_agg)
+
+    def kl_function(self) -> Callable[[F64], F64]:
+        """The KL estimate as a function of d = ref_logp − logp (also for its quantiles)."""
+        s = self.settings
+
+        def f(d: F64) -> F64:
+            return kl_from_log_ratio(
+                d,
+                estimator=s.kl_estimator,
+                clamp=s.kl_clamp,
+                log_ratio_clamp=s.log_ratio_clamp,
+            )
+
+        return f
+
+    def ratio_histogram(self) -> list[tuple[float, float, int]]:
+        lo, hi = self.settings.clip_eps, self.settings.eps_high
+        edges = [0.0, 1 - 2 * lo, 1 - lo, 1 - lo / 2, 1.0, 1 + hi / 2, 1 + hi, 1 + 2 * hi, math.inf]
+        edges = sorted({e for e in edges if e >= 0})
+        inner = np.log(np.array(edges[1:-1]))
+        if self.delta.is_exact:
+            x = np.concatenate(self.delta.exact) if self.delta.exact else np.zeros(0)
+            counts = np.bincount(np.searchsorted(inner, x, side="right"), minlength=len(edges) - 1)
+        else:
+            rep = self.delta.hist.representatives()
+            counts = np.bincount(
+                np.searchsorted(inner, rep, side="right"),
+                weights=self.delta.hist.counts,
+                minlength=len(edges) - 1,
+            )
+        return [(edges[i], edges[i + 1], int(counts[i])) for i in range(len(edges) - 1)]
+
+
+def _norm_divisor(s: Settings, answers: int, longest: int) -> float:
+    """The divisor of seq-mean-token-sum-norm: N·L (``n-lmax``) or L (``lmax``), with L =
+    ``max_len`` or the widest row (its padded width: masked tokens included, as verl's
+    ``loss_mask.shape[-1]``)."""
+    lmax = s.max_len if s.max_len is not None else longest
+    return float(lmax if s.norm_scale == "lmax" else answers * lmax)
+
+
+def length_weights(p: TokenPartial) -> list[dict[str, float]]:
+    """Weight of one token, and of a whole answer, under each aggregation, by length."""
+    q = p.lengths.quantiles(np.array([0.0, 0.25, 0.5, 0.75, 1.0]))
+    assert q is not None
+    lmax = p.settings.max_len if p.settings.max_len is not None else p.max_width
+    per_token = {
+        agg: aggregation_weights(
+            q,
+            agg=agg,
+            answers=p.answers,
+            tokens=p.tokens,
+            max_len=lmax,
+            norm_scale=p.settings.norm_scale,
+        )
+        for agg in AGGREGATIONS
+    }
+    rows = []
+    for j, (label, length) in enumerate(zip(("min", "p25", "p50", "p75", "max"), q, strict=True)):
+        row: dict[str, Any] = {"length": label, "tokens": float(length)}
+        for agg in AGGREGATIONS:
+            row[f"{agg}/token"] = float(per_token[agg][j])
+            row[f"{agg}/answer"] = float(per_token[agg][j]) * length
+        rows.append(row)
+    return rows
+
+
+# ---------------------------------------------------------------- objective command
+@dataclass(frozen=True)
+class GroupTable:
+    """The reward statistics of every group of the input (pass 1), keyed by group id: a
+    batch of answers from anywhere in the input computes its own advantages from it
+    (:func:`grpo_cli._core.advantages_from_stats`), with the same result bit for bit as
+    the whole input at once. Small: one row per group.
+    """
+
+    ids: pa.Array
+    stats: GroupStats
+    batch_std: float  # the std of every reward (scale "batch")
+
+    def codes(self, groups: pa.Array, where: str) -> I64:
+        idx = pc.index_in(groups, value_set=self.ids)
+        if idx.null_count:
+            k = int(np.flatnonzero(np.asarray(idx.is_null()))[0])
+            raise InputError(f"{where}: group id {groups[k].as_py()!r} is not in pass 1's table")
+        return np.asarray(idx, dtype=np.int64)
+
+
+def group_table(answers: Answers, settings: Settings) -> GroupTable | None:
+    """Pass 1's :class:`GroupTable` (None without rewards and group ids)."""
+    if answers.reward is None or answers.codes is None or answers.group_ids is None:
+        return None
+    r, P = answers.reward, len(answers.group_ids)
+    stats = group_stats(r, answers.codes, n_groups=P, ddof=settings.ddof)
+    ddof = settings.ddof
+    batch_std = float(np.std(r, ddof=ddof)) if settings.scale == "batch" and r.size > ddof else 0.0
+    return GroupTable(answers.group_ids, stats, batch_std)
+
+
+class GroupPartial:
+    """Pass 1 as a mergeable partial: per group id, the count, mean and squared deviations
+    (merged with Chan et al.'s formula), min and max of the rewards, plus the same over
+    every reward (for ``scale="batch"``). Merged in any order over any blocks, its
+    :meth:`table` equals :func:`group_table` of the whole input to rounding (1e-15 relative;
+    counts, extremes and zero-variance flags exactly). The local engine computes the table
+    in two passes over the rewards in memory; a cluster merges these.
+    """
+
+    def __init__(self) -> None:
+        self.ids: pa.Array | None = None
+        self.count = np.zeros(0, dtype=np.int64)
+        self.mean = np.zeros(0)
+        self.m2 = np.zeros(0)
+        self.lo = np.zeros(0)
+        self.hi = np.zeros(0)
+        self.all = Moments()
+
+    def update(self, groups: pa.Array, rewards: F64) -> GroupPartial:
+        """Fold in a block of answers: their group ids and rewards."""
+        if len(groups) == 0:
+            return self
+        enc = groups.dictionary_encode()
+        codes = np.asarray(enc.indices, dtype=np.int64)
+        s = group_stats(rewards, codes, n_groups=len(enc.dictionary), ddof=0)
+        other = GroupPartial()
+        other.ids = enc.dictionary
+        other.count, other.mean, other.lo, other.hi = s.count, s.mean, s.min, s.max
+        other.m2 = s.std * s.std * s.count
+        other.all.update(rewards)
+        return self.merge(other)
+
+    def merge(self, o: GroupPartial) -> GroupPartial:
+        if o.ids is None:
+            return self
+        if self.ids is None:
+            self.ids, self.count, self.mean, self.m2 = o.ids, o.count, o.mean, o.m2
+            self.lo, self.hi, self.all = o.lo, o.hi, Moments().merge(o.all)
+            return self
+        ids = pa.concat_arrays([self.ids, o.ids]).unique()
+        a = np.asarray(pc.index_in(self.ids, value_set=ids), dtype=np.int64)
+        b = np.asarray(pc.index_in(o.ids, value_set=ids), dtype=np.int64)
+        P = len(ids)
+        na, nb = np.zeros(P, dtype=np.int64), np.zeros(P, dtype=np.int64)
+        na[a], nb[b] = self.count, o.count
+        ma, mb, qa, qb = np.zeros(P), np.zeros(P), np.zeros(P), np.zeros(P)
+        ma[a], mb[b], qa[a], qb[b] = self.mean, o.mean, self.m2, o.m2
+        n = na + nb
+        d = mb - ma
+        self.mean = ma + d * nb / n
+        self.m2 = qa + qb + d * d * na * nb / n
+        lo, hi = np.full(P, np.inf), np.full(P, -np.inf)
+        lo[a], hi[a] = self.lo, self.hi
+        lo[b], hi[b] = np.minimum(lo[b], o.lo), np.maximum(hi[b], o.hi)
+        self.ids, self.count, self.lo, self.hi = ids, n, lo, hi
+        self.all.merge(o.all)
+        return self
+
+    def table(self, settings: Settings) -> GroupTable | None:
+        if self.ids is None:
+            return None
+        ddof = settings.ddof
+        with np.errstate(divide="ignore", invalid="ignore"):
+            std = np.sqrt(self.m2 / (self.count - ddof))
+        stats = GroupStats(
+            count=self.count,
+            total=self.mean * self.count,
+            mean=self.mean,
+            std=std,
+            min=self.lo,
+            max=self.hi,
+        )
+        n = self.all.n
+        batch_std = 0.0
+        if settings.scale == "batch" and n > ddof:
+            batch_std = math.sqrt(self.all.m2 / (n - ddof))
+        return GroupTable(self.ids, stats, batch_std)
