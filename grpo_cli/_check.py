@@ -75,6 +75,7 @@ class CheckConfig:
     rules: dict[str, RuleConfig]
     on_policy: bool = False
     baseline_tolerance: float = 0.25
+    require: tuple[str, ...] = ()  # rules whose skip is a failure (never pass unevaluated)
 
 
 # ----------------------------------------------------------------------------- facts
@@ -559,7 +560,9 @@ INTEGRITY = ("finite", "logp-range", "lengths-match", "mask-nonempty", "rewards-
 
 # --------------------------------------------------------------------------- config io
 _RULE_KEYS = {"enabled", "severity", "warn", "fail"}
-_TOP_KEYS = {"rules", "on-policy", "baseline-tolerance"}
+_TOP_KEYS = {"rules", "on-policy", "baseline-tolerance", "require"}
+# rule parameters and their domains: (lowest allowed, whether the lowest is excluded)
+_PARAM_DOMAIN = {"band": (1.0, True), "zero_share_warn": (0.0, False)}
 
 
 def _rule_params(rule: str) -> set[str]:
@@ -574,7 +577,10 @@ def _apply(cfg: CheckConfig, table: dict[str, Any], where: str) -> CheckConfig:
             f"allowed: {', '.join(sorted(_TOP_KEYS))}"
         )
     rules = dict(cfg.rules)
-    for rid, body in (table.get("rules") or {}).items():
+    body_of = table.get("rules") or {}
+    if not isinstance(body_of, dict):
+        raise UsageError(f"{where}: rules must be a table of rule tables")
+    for rid, body in body_of.items():
         if not isinstance(body, dict):
             raise UsageError(f"{where}: rules.{rid} must be a table")
         for key, value in body.items():
@@ -583,9 +589,30 @@ def _apply(cfg: CheckConfig, table: dict[str, Any], where: str) -> CheckConfig:
     tol = table.get("baseline-tolerance", cfg.baseline_tolerance)
     if not isinstance(on_policy, bool):
         raise UsageError(f"{where}: on-policy must be true or false")
-    if not isinstance(tol, int | float) or tol < 0:
-        raise UsageError(f"{where}: baseline-tolerance must be a number >= 0")
-    return CheckConfig(rules=rules, on_policy=on_policy, baseline_tolerance=float(tol))
+    if (
+        isinstance(tol, bool)
+        or not isinstance(tol, int | float)
+        or not (math.isfinite(tol) and tol >= 0)
+    ):
+        raise UsageError(f"{where}: baseline-tolerance must be a finite number >= 0, got {tol!r}")
+    require = table.get("require", list(cfg.require))
+    if not isinstance(require, list) or not all(isinstance(r, str) for r in require):
+        raise UsageError(f"{where}: require must be a list of rule names")
+    return CheckConfig(
+        rules=rules,
+        on_policy=on_policy,
+        baseline_tolerance=float(tol),
+        require=_known_rules(require, f"{where}: require"),
+    )
+
+
+def _known_rules(names: list[str], where: str) -> tuple[str, ...]:
+    unknown = [n for n in names if n not in RULES]
+    if unknown:
+        raise UsageError(
+            f"{where}: unknown rule(s) {', '.join(unknown)}; rules: {', '.join(RULES)}"
+        )
+    return tuple(dict.fromkeys(names))
 
 
 def _set_rule(
@@ -603,13 +630,25 @@ def _set_rule(
             raise UsageError(f"{where}: rules.{rid}.severity must be 'fail' or 'warn'")
         rc = replace(rc, severity=value)
     elif key in ("warn", "fail"):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
-            raise UsageError(f"{where}: rules.{rid}.{key} must be a number")
+        if value is not None and (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+        ):
+            raise UsageError(f"{where}: rules.{rid}.{key} must be a finite number, got {value!r}")
         number = None if value is None else float(value)
         rc = replace(rc, warn=number) if key == "warn" else replace(rc, fail=number)
     elif key in _rule_params(rid):
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise UsageError(f"{where}: rules.{rid}.{key} must be a number")
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+        ):
+            raise UsageError(f"{where}: rules.{rid}.{key} must be a finite number, got {value!r}")
+        low, open_ = _PARAM_DOMAIN.get(key, (-math.inf, False))
+        if value < low or (open_ and value == low):
+            sign = ">" if open_ else ">="
+            raise UsageError(f"{where}: rules.{rid}.{key} must be {sign} {low:g}, got {value!r}")
         rc = replace(rc, params={**rc.params, key: float(value)})
     else:
         allowed = sorted(_RULE_KEYS | _rule_params(rid))
@@ -638,6 +677,7 @@ def load_config(
     rule_flags: list[str] | None = None,
     on_policy: bool | None = None,
     cwd: Path | None = None,
+    require: list[str] | None = None,
 ) -> CheckConfig:
     """Defaults, then ``--config`` or ``[tool.grpo-cli.check]`` of ./pyproject.toml, then flags."""
     cfg = CheckConfig(rules={k: v[1] for k, v in RULES.items()})
@@ -647,7 +687,7 @@ def load_config(
                 table = tomllib.load(fh)
         except OSError as exc:
             raise UsageError(f"--config {config}: cannot read ({exc.strerror or exc})") from None
-        except tomllib.TOMLDecodeError as exc:
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise UsageError(f"--config {config}: invalid TOML ({exc})") from None
         cfg = _apply(cfg, table, str(config))
     else:
@@ -656,11 +696,15 @@ def load_config(
             try:
                 with open(pyproject, "rb") as fh:
                     doc = tomllib.load(fh)
-            except (OSError, tomllib.TOMLDecodeError) as exc:
+            except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
                 raise UsageError(f"{pyproject}: cannot read ({exc})") from None
-            table = doc.get("tool", {}).get("grpo-cli", {}).get("check")
-            if table is not None:
-                cfg = _apply(cfg, table, f"{pyproject} [tool.grpo-cli.check]")
+            tool: Any = doc.get("tool", {})
+            mine: Any = tool.get("grpo-cli", {}) if isinstance(tool, dict) else None
+            section: Any = mine.get("check") if isinstance(mine, dict) else None
+            if not isinstance(mine, dict) or not isinstance(section, dict | None):
+                raise UsageError(f"{pyproject}: [tool.grpo-cli.check] must be a table")
+            if section is not None:
+                cfg = _apply(cfg, section, f"{pyproject} [tool.grpo-cli.check]")
     rules = dict(cfg.rules)
     for item in rule_flags or ():
         target, sep, value = item.partition("=")
@@ -671,6 +715,8 @@ def load_config(
     cfg = replace(cfg, rules=rules)
     if on_policy:
         cfg = replace(cfg, on_policy=True)
+    if require:
+        cfg = replace(cfg, require=_known_rules([*cfg.require, *require], "--require"))
     return cfg
 
 
@@ -815,17 +861,23 @@ def run_check(
     so the two commands report the same numbers to the last digit.
     """
     engine = (engine or EngineOptions()).resolved()
+    missing = [] if src.has("logp") else [src.name("logp")]
+    if not (src.has("advantage") or src.has("reward")):
+        reward, group, adv = src.name("reward"), src.name("group"), src.name("advantage")
+        missing.append(f"{reward} (with {group}) or {adv}")
+    if missing:  # a gate that evaluates nothing must not pass
+        raise InputError(
+            f"{src.label}: check needs {' and '.join(missing)}; the input has: "
+            f"{', '.join(src.present) or 'no known field'} (map other names with "
+            "--column FIELD=NAME)"
+        )
     answers = load_answers(src, need_rewards=False, allow_nonfinite=True)
     fields = _token_fields(src)
     why = ""
     finite_answers = all(
         x is None or bool(np.isfinite(x).all()) for x in (answers.reward, answers.advantage)
     )
-    if answers.advantage is None and answers.reward is None:
-        why = "not evaluated: no advantages or rewards in the input"
-    elif not src.has("logp"):
-        why = "not evaluated: no logp in the input"
-    elif not finite_answers:
+    if not finite_answers:
         why = "not evaluated: integrity failed (rewards-finite)"
     s = settings if src.has("ref_logp") else replace(settings, beta=0.0)
     p1 = None if why else objective_pass1(src, s, answers=answers)
@@ -897,6 +949,7 @@ def run_check(
             results.append(integrity[rid])
         else:
             results.append(fn(facts, rc))
+    results = [_required(r) if r.rule in cfg.require else r for r in results]
     if baseline is not None:
         results.append(_baseline(results, baseline, cfg.baseline_tolerance))
     return CheckReport(
@@ -907,6 +960,14 @@ def run_check(
         objective=facts.report,
         why_no_objective=facts.why_no_report,
     )
+
+
+def _required(r: Result) -> Result:
+    """A required rule that could not be evaluated fails: the gate never passes on what it
+    did not check."""
+    if r.status != "skip":
+        return r
+    return replace(r, status="fail", message=f"required but not evaluated: {r.message}")
 
 
 DRIFT_FLOOR = 1e-6  # |baseline| below this counts as this, so 0 → tiny is not infinite drift

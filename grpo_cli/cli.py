@@ -12,12 +12,13 @@ import json
 import math
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from typer.core import TyperGroup
 
 from . import __version__
 from ._engine import DEFAULT_BATCH_TOKENS, DEFAULT_WORKERS, MAX_WORKERS, EngineOptions
@@ -31,12 +32,49 @@ from .errors import GrpoCliError, UsageError
 if TYPE_CHECKING:
     from rich.console import Console
 
+try:  # typer >= 0.24 vendors click
+    from typer._click.exceptions import ClickException, NoArgsIsHelpError
+except ImportError:  # pragma: no cover
+    from click.exceptions import ClickException, NoArgsIsHelpError  # type: ignore[no-redef]
+
+
+class _OneLineErrors(TyperGroup):
+    """Usage errors (an unknown option, a missing argument, a value of the wrong type) as
+    the one line every other error is: ``grpo-cli: error: …`` on stderr, exit code 2."""
+
+    def main(  # type: ignore[override]
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, False, **extra)
+        except NoArgsIsHelpError as exc:  # `grpo-cli` alone: the help, as asked for
+            typer.echo(exc.ctx.get_help())
+            sys.exit(0)
+        except ClickException as exc:
+            where = ""
+            ctx = getattr(exc, "ctx", None)
+            if ctx is not None and ctx.command_path:
+                where = f" (see {ctx.command_path} --help)"
+            text = " ".join(exc.format_message().split())
+            typer.echo(f"grpo-cli: error: {text}{where}", err=True)
+            sys.exit(2)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
 app = typer.Typer(
     name="grpo-cli",
     help="GRPO loss calculator and diagnostics for logged rollouts (npz or parquet).",
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    cls=_OneLineErrors,
 )
 
 
@@ -642,6 +680,14 @@ def check(
             "--on-policy", help="Declare the log on-policy: logp must equal old_logp exactly."
         ),
     ] = False,
+    require: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--require",
+            metavar="RULE",
+            help="A rule that must be evaluated: its skip fails the check. Repeatable.",
+        ),
+    ] = None,
     column: ColumnOpt = None,
     preset: PresetOpt = None,
     clip_eps: ClipOpt = None,
@@ -661,7 +707,7 @@ def check(
                 f"--format: {output_format!r} is not one of table, json, github, junit"
             )
         settings = _settings(preset=preset, clip_eps=clip_eps, clip_eps_high=clip_eps_high)
-        cfg = load_config(config, rule, on_policy)
+        cfg = load_config(config, rule, on_policy, require=require)
         base = None
         if baseline is not None:
             try:

@@ -7,6 +7,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -168,7 +169,7 @@ def test_pyproject_section_is_found_in_working_directory(
         ("colour = true\n", "unknown key(s) colour"),
         ("[rules.kl-mean]\nlimit = 1\n", "unknown key rules.kl-mean.limit"),
         ("[rules.no-such-rule]\nfail = 1\n", "unknown rule 'no-such-rule'"),
-        ("[rules.kl-mean]\nfail = 'high'\n", "rules.kl-mean.fail must be a number"),
+        ("[rules.kl-mean]\nfail = 'high'\n", "rules.kl-mean.fail must be a finite number"),
         ("[rules\n", "invalid TOML"),
     ],
 )
@@ -289,3 +290,65 @@ def test_residual_advantages_are_named_and_noted(cli: Cli) -> None:
     assert any("zero-variance groups have nonzero logged advantages" in w for w in doc["warnings"])
     clean = cli.json("objective", path, "--recompute-advantages")
     assert not any("zero-variance" in w for w in clean["warnings"])
+
+
+def test_a_check_that_can_evaluate_nothing_is_an_input_error(cli: Cli, tmp_path: Path) -> None:
+    """It printed PASSED (4 pass, 10 skip) on a parquet of one unrelated column."""
+    path = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"a": [1, 2]}), path)
+    r = cli("check", path)
+    assert r.exit_code == 2 and r.stdout == ""
+    assert "check needs logp and reward (with group) or advantage" in r.stderr
+    assert "--column FIELD=NAME" in r.stderr
+    only_logp = tmp_path / "l.parquet"
+    pq.write_table(pa.table({"logp": [[-1.0], [-2.0]]}), only_logp)
+    r = cli("check", only_logp)
+    assert r.exit_code == 2 and "reward (with group) or advantage" in r.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "toml", "message"),
+    [
+        (["--rule", "kl-mean.fail=nan"], None, "kl-mean.fail must be a finite number"),
+        (["--rule", "kl-mean.warn=inf"], None, "kl-mean.warn must be a finite number"),
+        (["--rule", "ratio-extreme.band=1"], None, "band must be > 1"),
+        (["--require", "nope"], None, "--require: unknown rule(s) nope"),
+        ([], "[rules.kl-mean]\nfail = nan\n", "kl-mean.fail must be a finite number"),
+        ([], "baseline-tolerance = nan\n", "baseline-tolerance must be a finite number"),
+        ([], 'rules = "abc"\n', "rules must be a table"),
+        ([], "rules = 5\n", "rules must be a table"),
+        ([], 'require = "kl-mean"\n', "require must be a list of rule names"),
+        ([], "require = ['x']\n", "require: unknown rule(s) x"),
+    ],
+)
+def test_configuration_that_would_disable_a_rule_is_refused(
+    cli: Cli, tmp_path: Path, args: list[str], toml: str | None, message: str
+) -> None:
+    """A NaN threshold silently disabled its rule (`value > nan` is never true)."""
+    extra = list(args)
+    if toml is not None:
+        cfg = tmp_path / "c.toml"
+        cfg.write_text(toml)
+        extra += ["--config", str(cfg)]
+    r = cli("check", SAMPLE / "batch.parquet", *extra)
+    assert r.exit_code == 2 and message in r.stderr and len(r.stderr.splitlines()) == 1
+
+
+def test_bad_config_files_are_one_line_errors(cli: Cli, tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_bytes(b"\xff\xfe not utf-8")
+    r = cli("check", SAMPLE / "batch.parquet", "--config", str(cfg))
+    assert r.exit_code == 2 and "invalid TOML" in r.stderr
+
+
+def test_required_rules_fail_when_skipped(cli: Cli, tmp_path: Path) -> None:
+    r = cli("check", SAMPLE / "batch.parquet", "--require", "zero-variance-advantage",
+            "--format", "json")  # fmt: skip
+    doc = json.loads(r.stdout)
+    z = next(x for x in doc["results"] if x["rule"] == "zero-variance-advantage")
+    assert r.exit_code == 1 and z["status"] == "fail"
+    assert z["message"].startswith("required but not evaluated: ")
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('require = ["kl-mean"]\n')  # evaluated: no change
+    r = cli("check", SAMPLE / "batch.parquet", "--config", str(cfg), "--format", "json")
+    assert r.exit_code == 0

@@ -201,3 +201,24 @@ def test_empty_input_is_a_clear_error(cli: Cli, tmp_path: Path, cmd: str) -> Non
         tmp_path / "empty.npz", rewards=np.zeros((0, 4)), logp=empty, old_logp=empty, ref_logp=empty
     )
     _fails(cli, cmd, tmp_path / "empty.npz", contains=["empty.npz", "no answers"])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["objective", "--foo"], "No such option: --foo (see grpo-cli objective --help)"),
+        (["objective"], "Missing argument"),
+        (["kl", str(SAMPLE / "batch.parquet"), "--workers", "0"], "Invalid value for '--workers'"),
+        (["objective", str(SAMPLE / "batch.parquet"), "--ddof", "abc"], "'--ddof'"),
+        (["check", str(SAMPLE / "batch.parquet"), "--baseline"], "requires an argument"),
+        (["nonsense"], "No such command"),
+    ],
+)
+def test_parser_errors_are_one_line_too(cli: Cli, args: list[str], message: str) -> None:
+    """The argument parser's own errors take the same one-line form as every other."""
+    _fails(cli, *args, contains=[message])
+
+
+def test_no_arguments_prints_the_help(cli: Cli) -> None:
+    r = cli()
+    assert r.exit_code == 0 and "Usage: grpo-cli" in r.stdout and r.stderr == ""
