@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ._core import advantages_by_group
+from ._core import advantages_by_group, segment_count
 from ._engine import EngineOptions
 from ._io import (
     TOKEN_VALUES,
@@ -775,9 +775,7 @@ def _scan_batch(s: Scan, rb: RawBatch, src: Source, cfg: CheckConfig) -> None:
                     expected=int(lengths0[i]),
                 )
             )
-    valid_per_row = (
-        np.add.reduceat(m, off0[:-1], dtype=np.int64) if m.size else np.zeros(rb.n, dtype=np.int64)
-    )
+    valid_per_row = segment_count(m, off0)  # an empty last answer included
     valid_per_row[lengths0 == 0] = 0
     s.tokens += int(valid_per_row.sum())
     empty = np.flatnonzero(valid_per_row == 0)

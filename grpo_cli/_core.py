@@ -47,6 +47,7 @@ __all__ = [
     "check_offsets",
     "clip_counts",
     "clipped_surrogate",
+    "difference",
     "flatten_padded",
     "group_advantages",
     "group_stats",
@@ -56,6 +57,7 @@ __all__ = [
     "kl_k3",
     "log_ratio",
     "ratio_moments",
+    "segment_count",
     "segment_mean",
     "segment_sum",
     "sequence_log_ratio",
@@ -258,16 +260,25 @@ def group_stats(rewards: F64, codes: I64, *, n_groups: int, ddof: int = 0) -> Gr
     """
     P = n_groups
     count = np.bincount(codes, minlength=P).astype(np.int64)
-    total = np.bincount(codes, weights=rewards, minlength=P).astype(np.float64)
-    mean = np.divide(total, count, out=np.zeros(P), where=count > 0)
-    dev = rewards - mean[codes]
-    sq = np.bincount(codes, weights=dev * dev, minlength=P)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        std = np.sqrt(sq / (count - ddof))
     lo = np.full(P, np.inf)
     hi = np.full(P, -np.inf)
     np.minimum.at(lo, codes, rewards)
     np.maximum.at(hi, codes, rewards)
+    # Each group's rewards are divided by a power of two near their magnitude before they
+    # are summed and squared: exact (no rounding), and no sum or square overflows, so
+    # rewards of ±1e200 or sums beyond 1.8e308 still give their true mean and std.
+    big = np.maximum(np.abs(lo), np.abs(hi), where=count > 0, out=np.zeros(P))
+    _, exp = np.frexp(np.where(np.isfinite(big) & (big > 0), big, 1.0))
+    scale = np.ldexp(1.0, exp - 1)  # at most 2^1023: finite
+    s = scale[codes]
+    total_s = np.bincount(codes, weights=rewards / s, minlength=P)
+    mean_s = np.divide(total_s, count, out=np.zeros(P), where=count > 0)
+    dev = rewards / s - mean_s[codes]
+    sq = np.bincount(codes, weights=dev * dev, minlength=P)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        std = np.sqrt(sq / (count - ddof)) * scale
+        mean = mean_s * scale
+        total = total_s * scale  # inf when the true sum is beyond float64
     return GroupStats(count=count, total=total, mean=mean, std=std, min=lo, max=hi)
 
 
@@ -340,7 +351,7 @@ def advantages_by_group(
         raise InputError(f"codes: group indices must lie in [0, {P})")
 
     stats = group_stats(r, g, n_groups=P, ddof=ddof)
-    batch_std = float(np.std(r, ddof=ddof)) if scale == "batch" and n > ddof else 0.0
+    batch_std = overall_std(r, ddof=ddof) if scale == "batch" and n > ddof else 0.0
     return advantages_from_stats(
         r,
         g,
@@ -351,6 +362,22 @@ def advantages_by_group(
         singleton=singleton,
         batch_std=batch_std,
     )
+
+
+def overall_std(values: F64, *, ddof: int = 0) -> float:
+    """The std of every value (``scale="batch"``), computed as :func:`group_stats` does: on
+    values divided by a power of two near their magnitude, so no square overflows.
+
+    Example:
+        >>> overall_std(np.array([1e200, -1e200]))
+        1e+200
+    """
+    if values.shape[0] <= ddof:
+        return 0.0
+    big = float(np.max(np.abs(values))) if values.shape[0] else 0.0
+    scale = math.ldexp(1.0, math.frexp(big)[1] - 1) if math.isfinite(big) and big > 0 else 1.0
+    with np.errstate(over="ignore"):
+        return float(np.std(values / scale, ddof=ddof)) * scale
 
 
 def advantages_from_stats(
@@ -470,7 +497,7 @@ def kl_estimate(
     a = _real_array("logp", logp, keep_float=True)
     b = _real_array("ref_logp", ref_logp, keep_float=True)
     _same_shape(logp=a, ref_logp=b)
-    d = np.subtract(b, a, dtype=np.float64)
+    d = difference(b, a)
     return kl_from_log_ratio(d, estimator=estimator, clamp=clamp, log_ratio_clamp=log_ratio_clamp)
 
 
@@ -497,6 +524,7 @@ def kl_from_log_ratio(
             k = np.exp(d)
             k -= d
             k -= 1.0
+        k[d == np.inf] = np.inf  # e^d − d at d = +inf: inf − inf, whose limit is +inf
     elif estimator == "k2":
         k = 0.5 * d
         k *= d
@@ -531,13 +559,26 @@ def kl_k3(logp: ArrayLike, ref_logp: ArrayLike) -> F64:
 
 
 # ------------------------------------------------------------------- ratio and clip
+def difference(a: FloatArray, b: FloatArray) -> F64:
+    """``a − b`` in float64 (float32 inputs widen inside the subtraction). Finite log-probs
+    of ±1e308 can differ by more than float64 holds: the result is then ±inf, which the
+    statistics count and report, never a warning on stderr.
+
+    Example:
+        >>> difference(np.array([-1e308]), np.array([1e308])).tolist()
+        [-inf]
+    """
+    with np.errstate(over="ignore"):
+        return np.subtract(a, b, dtype=np.float64)
+
+
 def log_ratio(logp: FloatArray, old_logp: FloatArray, *, clamp: float | None = None) -> F64:
     """Per-token log importance ratio ``Δ = logp − old_logp`` in float64 (float32 inputs are
     widened inside the subtraction), optionally clamped to ``[−c, c]``.
 
     verl and OpenRLHF clamp at 20 before ``exp``; TRL does not clamp.
     """
-    d = np.subtract(logp, old_logp, dtype=np.float64)
+    d = difference(logp, old_logp)
     if clamp is not None:
         np.clip(d, -clamp, clamp, out=d)
     return d
@@ -684,7 +725,7 @@ def clip_counts(
     hi = clip_eps if clip_eps_high is None else clip_eps_high
 
     def per_answer(flags: NDArray[np.bool_]) -> I64:
-        counts = _per_answer(flags, offsets)
+        counts = segment_count(flags, offsets)
         return np.minimum(counts, 1) if unit == "sequences" else counts
 
     is_below, is_above = ratio < 1.0 - clip_eps, ratio > 1.0 + hi
@@ -717,15 +758,20 @@ def answer_clip_counts(
     """
     offsets = check_offsets(offsets, ratio.shape[0])
     hi = clip_eps if clip_eps_high is None else clip_eps_high
-    low = _per_answer(ratio < 1.0 - clip_eps, offsets)
-    high = _per_answer(ratio > 1.0 + hi, offsets)
+    low = segment_count(ratio < 1.0 - clip_eps, offsets)
+    high = segment_count(ratio > 1.0 + hi, offsets)
     low[adv >= 0] = 0
     high[adv <= 0] = 0
     return low, high
 
 
-def _per_answer(flags: NDArray[np.bool_], offsets: I64) -> I64:
-    """How many flags are set in each answer's run."""
+def segment_count(flags: NDArray[np.bool_], offsets: I64) -> I64:
+    """How many flags are set in each answer's run (0 for an empty answer, wherever it is).
+
+    Example:
+        >>> segment_count(np.array([True, False, True]), np.array([0, 2, 3, 3])).tolist()
+        [1, 1, 0]
+    """
     counts = np.zeros(offsets.shape[0] - 1, dtype=np.int64)
     nonempty = offsets[1:] > offsets[:-1]
     if flags.shape[0]:
@@ -955,7 +1001,7 @@ def token_terms(
     )
     kl = kl_loss = d = None
     if ref_logp is not None:
-        d = np.subtract(ref_logp, logp, dtype=np.float64)
+        d = difference(ref_logp, logp)
         kl = kl_loss = kl_from_log_ratio(
             d, estimator=kl_estimator, clamp=kl_clamp, log_ratio_clamp=log_ratio_clamp
         )

@@ -228,6 +228,9 @@ def _parquet_names(paths: Sequence[Path]) -> tuple[list[str], list[pq.FileMetaDa
     for p in paths:
         pf = _parquet_file(p)
         names = pf.schema_arrow.names
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise InputError(f"{p}: column(s) {', '.join(map(repr, twice))} appear more than once")
         footers.append(pf.metadata)
         if first is None:
             first = names
@@ -284,7 +287,17 @@ def _encode_groups(
 ) -> tuple[I64, list[Any], pa.Array]:
     """Group ids to codes into the first-seen distinct ids (as a list and as an Arrow array
     of the column's own type, for joins by id)."""
-    arr = values if isinstance(values, pa.Array | pa.ChunkedArray) else pa.array(values)
+    if isinstance(values, np.ndarray):
+        if values.dtype.kind not in "iuUSO":
+            raise InputError(
+                f"{label}: {what} has dtype {values.dtype}, expected integers or strings"
+            )
+        if values.dtype.byteorder not in ("=", "|"):  # big-endian ids: valid, stored swapped
+            values = values.astype(values.dtype.newbyteorder("="))
+    try:
+        arr = values if isinstance(values, pa.Array | pa.ChunkedArray) else pa.array(values)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+        raise InputError(f"{label}: {what} cannot be read as group ids ({exc})") from None
     if arr.null_count:
         row = int(np.flatnonzero(np.asarray(arr.is_null()))[0])
         raise InputError(f"{label}: {what} is null at row {row}")

@@ -111,6 +111,7 @@ def kl_json(r: KLReport) -> dict[str, Any]:
         "kl": r.token.to_json(),
         "kl_per_answer": r.per_answer.to_json(),
         "lengths": r.lengths.to_json(),
+        "warnings": r.warnings,
     }
 
 

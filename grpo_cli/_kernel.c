@@ -136,6 +136,7 @@ CLONES static void phase1(const grpo_params *p, exp_fn vexp, const void *logp, c
         for (int64_t j = 0; j < m; j++) {
             k[j] -= xe[j];
             k[j] -= 1.0;
+            if (xe[j] == INFINITY) k[j] = INFINITY; /* inf - inf: the limit is +inf */
         }
     } else if (p->kl_est == 2) { /* k = (0.5 x) x */
         for (int64_t j = 0; j < m; j++) k[j] = 0.5 * B->x[j] * B->x[j];

@@ -27,9 +27,11 @@ from ._core import (
     aggregation_weights,
     answer_clip_counts,
     clip_counts,
+    difference,
     group_stats,
     kl_from_log_ratio,
     log_ratio,
+    overall_std,
     ratio_moments,
     segment_sum,
     token_terms,
@@ -342,7 +344,7 @@ class TokenPartial:
     def update_kl(self, b: Batch) -> None:
         """Statistics of the KL estimate alone (``grpo-cli kl``)."""
         self.counts.update(b)
-        d = np.subtract(b.fields["ref_logp"], b.fields["logp"], dtype=np.float64)
+        d = difference(b.fields["ref_logp"], b.fields["logp"])
         k = self.kl_function()(d)
         self.kl_values.update(k)
         self.kl_d.update(d)
@@ -384,7 +386,7 @@ class TokenPartial:
                     n, t.k_inf, float(np.sum(out.kl)), t.kf_sum, t.kf_sq, t.k_min, t.k_max
                 )
             )
-            self.kl_d.counted(n, t.x_min, t.x_max, lambda: np.subtract(ref, logp, dtype=np.float64))
+            self.kl_d.counted(n, t.x_min, t.x_max, lambda: difference(ref, logp))
             self._kl_answers(self.kl.add(out.kl, b.lengths))
         self.clip = self.clip.merge(
             ClipCounts(t.n_low, t.n_high, t.n_low + t.n_high, t.n_outside, t.n_dual)
@@ -453,7 +455,7 @@ class TokenPartial:
         rollout = b.fields.get("rollout_logp")
         if rollout is not None:  # the trainer's old policy is logp itself when on-policy
             old = b.fields.get("old_logp", b.fields["logp"])
-            delta_r = np.subtract(old, rollout, dtype=np.float64)
+            delta_r = difference(old, rollout)
             self.rollout.update(delta_r, old, rollout, b.offsets)
 
     def merge(self, o: TokenPartial) -> TokenPartial:
@@ -614,7 +616,7 @@ def group_table(answers: Answers, settings: Settings) -> GroupTable | None:
     r, P = answers.reward, len(answers.group_ids)
     stats = group_stats(r, answers.codes, n_groups=P, ddof=settings.ddof)
     ddof = settings.ddof
-    batch_std = float(np.std(r, ddof=ddof)) if settings.scale == "batch" and r.size > ddof else 0.0
+    batch_std = overall_std(r, ddof=ddof) if settings.scale == "batch" and r.size > ddof else 0.0
     return GroupTable(answers.group_ids, stats, batch_std)
 
 

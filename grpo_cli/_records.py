@@ -181,6 +181,7 @@ class KLReport:
     token: Distribution
     per_answer: Distribution
     lengths: Distribution
+    warnings: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

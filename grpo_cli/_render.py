@@ -7,12 +7,12 @@ formatting and picking which rows to show.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import numpy as np
 from rich import box
 from rich.console import Group, RenderableType
-from rich.markup import escape
 from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
@@ -273,12 +273,12 @@ def render_objective(r: ObjectiveReport, compare: bool = False) -> RenderableTyp
         parts.append(
             _kv_table(
                 f"What {who} logs for this batch (its names, its formulas)",
-                [(escape(k), fmt(v, 10)) for k, v in r.trainer_metrics.items()],
+                [(k, fmt(v, 10)) for k, v in r.trainer_metrics.items()],
             )
         )
     if r.logged is not None:
         t = _table(
-            f"Logged by the trainer ({escape(r.logged.file)}"
+            f"Logged by the trainer ({r.logged.file}"
             + (f", step {r.logged.step}" if r.logged.step is not None else "")
             + f") vs recomputed; tolerance {r.logged.tolerance:g}"
         )
@@ -286,7 +286,7 @@ def render_objective(r: ObjectiveReport, compare: bool = False) -> RenderableTyp
             t.add_column(col, justify="left" if col in ("metric", "verdict") else "right")
         for m in r.logged.metrics:
             t.add_row(
-                escape(m.metric),
+                m.metric,
                 fmt(m.logged, 10),
                 "—" if m.recomputed is None else fmt(m.recomputed, 10),
                 "—" if m.relative is None else fmt(m.relative, 3),
@@ -431,6 +431,15 @@ def check_github(r: CheckReport) -> tuple[list[str], str]:
     return lines, "\n".join(md) + "\n"
 
 
+_XML_INVALID = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
+
+
+def _xml_text(text: str) -> str:
+    """Text XML 1.0 can hold: characters it forbids (control characters in a group id)
+    written as \\xNN."""
+    return _XML_INVALID.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
 def check_junit(r: CheckReport) -> str:
     """A JUnit XML report: one test case per rule (fail: failure; skip: skipped)."""
     import xml.etree.ElementTree as ET
@@ -447,11 +456,12 @@ def check_junit(r: CheckReport) -> str:
     )
     for res in r.results:
         case = ET.SubElement(suite, "testcase", {"classname": "grpo-cli.check", "name": res.rule})
-        detail = res.message + "".join(f"\nat {_example(e)}" for e in res.examples)
+        detail = _xml_text(res.message + "".join(f"\nat {_example(e)}" for e in res.examples))
+        message = _xml_text(res.message)
         if res.status == "fail":
-            ET.SubElement(case, "failure", {"message": res.message}).text = detail
+            ET.SubElement(case, "failure", {"message": message}).text = detail
         elif res.status == "skip":
-            ET.SubElement(case, "skipped", {"message": res.message})
+            ET.SubElement(case, "skipped", {"message": message})
         elif res.status == "warn":
             ET.SubElement(case, "system-out").text = "warning: " + detail
     ET.indent(suite)

@@ -202,7 +202,20 @@ def kl_report(
         token=distribution(acc.kl_values, acc.kl_d, acc.kl_function()),
         per_answer=distribution(acc.kl_answer, acc.kl_answer_q),
         lengths=int_distribution(acc.lengths),
+        warnings=nonfinite_kl_warnings(acc),
     )
+
+
+def nonfinite_kl_warnings(acc: TokenPartial) -> list[str]:
+    """Why the KL's mean, std or extremes are null in JSON, when they are."""
+    n = acc.kl_values.n_inf
+    if not n:
+        return []
+    return [
+        f"{n} token(s) have a non-finite KL estimate (log-probs too far apart for float64, or "
+        "an unclamped k3 of a huge log-ratio): kl.mean and kl.std are null (and kl.max when "
+        "it is infinite); --kl-clamp bounds the estimate"
+    ]
 
 
 @dataclass(frozen=True)
@@ -531,6 +544,7 @@ def _objective_record(
             "the objective is not finite (overflowing ratio or KL); see ratio.max and kl.max"
         )
     has_kl = acc.kl_values.n > 0
+    warnings += nonfinite_kl_warnings(acc)
     group_summary = group_summary_of(stats) if stats is not None else None
     metrics = trainer_metrics(settings, acc, policy, clip, group_summary, warnings)
     return ObjectiveReport(

@@ -42,6 +42,12 @@ class SampleSpec:
 def _check(spec: SampleSpec) -> None:
     if spec.groups < 1 or spec.group_size < 1 or spec.mean_len < 1:
         raise UsageError("--groups, --group-size and --mean-len must be >= 1")
+    if spec.seed < 0:
+        raise UsageError(f"--seed: must be >= 0, got {spec.seed}")
+    if spec.mean_len > 1 << 24 or (spec.max_len is not None and spec.max_len > 1 << 24):
+        raise UsageError("--mean-len and --max-len: at most 16,777,216 tokens an answer")
+    if spec.groups * spec.group_size > 1 << 28:
+        raise UsageError("--groups × --group-size: at most 268,435,456 answers")
     if spec.row_group_rows < 1:
         raise UsageError(f"--row-group-rows: must be >= 1, got {spec.row_group_rows}")
     if spec.max_len is not None and spec.max_len < 1:

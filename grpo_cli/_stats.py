@@ -54,6 +54,12 @@ class Moments:
     def update(self, x: F64) -> Moments:
         if x.shape[0] == 0:
             return self
+        # values near ±1.8e308 may sum (or square) beyond float64: the total is then inf,
+        # and the moments come from the shifted sums of the finite values below
+        with np.errstate(over="ignore", invalid="ignore"):
+            return self._update(x)
+
+    def _update(self, x: F64) -> Moments:
         other = Moments()
         other.n = int(x.shape[0])
         with np.errstate(invalid="ignore"):
@@ -181,6 +187,7 @@ class Histogram:
         pos = np.multiply(x, self.inv_width)
         pos += 1.0 - self.lo * self.inv_width
         np.clip(pos, 0.0, float(self.nbins + 1), out=pos)
+        pos[np.isnan(pos)] = float(self.nbins + 1)  # a NaN: the top open bin, not an index
         idx = pos.astype(np.intp)
         if idx.shape[0] * 64 < self.nbins:  # a few values (per-answer means): no full pass
             np.add.at(self.counts, idx, 1)

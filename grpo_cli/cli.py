@@ -7,10 +7,12 @@ Every :class:`~grpo_cli.errors.GrpoCliError` becomes one line on stderr and exit
 from __future__ import annotations
 
 import ctypes
+import errno
 import gc
 import json
 import math
 import os
+import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -52,8 +54,18 @@ class _OneLineErrors(TyperGroup):
     ) -> Any:
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, False, **extra)
+        if sys.stdout is None or sys.stdout.closed:
+            typer.echo("grpo-cli: error: stdout is closed: nowhere to write the output", err=True)
+            sys.exit(2)
         try:
             rv = super().main(args, prog_name, complete_var, False, **extra)
+        except OSError as exc:  # stdout refused the output (a full disk, /dev/full)
+            if exc.errno == errno.EPIPE:  # `| head`: the reader has what it wanted
+                raise
+            typer.echo(
+                f"grpo-cli: error: cannot write the output ({exc.strerror or exc})", err=True
+            )
+            sys.exit(2)
         except NoArgsIsHelpError as exc:  # `grpo-cli` alone: the help, as asked for
             typer.echo(exc.ctx.get_help())
             sys.exit(0)
@@ -90,10 +102,22 @@ def _errors() -> Iterator[None]:
 
 # rich (tables, progress) and the check rules are imported where they are used: `--json`
 # runs, the ones a pipeline times, then start without them
-def _stdout() -> Console:
-    from rich.console import Console
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
-    return Console(soft_wrap=False, highlight=False)
+
+def _stdout() -> Console:
+    """The console of tables: no markup is parsed (a group id like ``[INST]a[/INST]`` is
+    shown as it is) and control characters of user strings are shown escaped (``\x1b``),
+    never sent to the terminal."""
+    from rich.console import Console
+    from rich.text import Text
+
+    class SafeConsole(Console):
+        def render_str(self, text: str, **kwargs: Any) -> Text:
+            clean = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+            return super().render_str(clean, **kwargs)
+
+    return SafeConsole(soft_wrap=False, highlight=False, markup=False)
 
 
 def _emit_json(doc: dict[str, Any]) -> None:
@@ -535,6 +559,8 @@ def kl(
         src = open_source(files, parse_column_map(column))
         with _progress(progress, src.n_rows(), "kl") as tick:
             report = kl_report(src, settings, progress=tick, engine=_engine(workers))
+        for w in report.warnings:
+            _note(w)
         if json_out:
             _emit_json(kl_json(report))
         else:
@@ -745,17 +771,17 @@ def check(
             _emit_json(doc)
         elif output_format == "github":
             lines, summary = check_github(report)
-            for line in lines:
-                sys.stdout.write(line + "\n")
             target = os.environ.get("GITHUB_STEP_SUMMARY")
-            if target:
+            if target:  # before any annotation: a failure here leaves stdout empty
                 try:
                     with open(target, "a", encoding="utf-8") as fh:
                         fh.write(summary)
                 except OSError as exc:
                     raise UsageError(
-                        f"$GITHUB_STEP_SUMMARY {target}: cannot write ({exc})"
+                        f"$GITHUB_STEP_SUMMARY {target}: cannot write ({exc.strerror or exc})"
                     ) from None
+            for line in lines:
+                sys.stdout.write(line + "\n")
         elif output_format == "junit":
             sys.stdout.write(check_junit(report))
         else:

@@ -222,3 +222,115 @@ def test_parser_errors_are_one_line_too(cli: Cli, args: list[str], message: str)
 def test_no_arguments_prints_the_help(cli: Cli) -> None:
     r = cli()
     assert r.exit_code == 0 and "Usage: grpo-cli" in r.stdout and r.stderr == ""
+
+
+# ------------------------------------------------ each of these was a Python traceback
+def test_an_empty_last_answer_is_counted_not_a_crash(cli: Cli, tmp_path: Path) -> None:
+    path = tmp_path / "e.parquet"
+    table = pa.table({"group": ["a", "a"], "reward": [1.0, 0.0], "logp": [[-1.0], []]})
+    pq.write_table(table, path)
+    r = cli("check", path, "--format", "json")
+    assert r.exit_code == 1 and "Traceback" not in r.stderr
+    import json
+
+    doc = json.loads(r.stdout)
+    empty = next(x for x in doc["results"] if x["rule"] == "mask-nonempty")
+    assert empty["status"] == "fail" and empty["examples"][0]["answer"] == 1
+
+
+def test_markup_and_control_characters_in_ids_are_shown_as_they_are(
+    cli: Cli, tmp_path: Path
+) -> None:
+    path = tmp_path / "m.parquet"
+    ids = ["[INST]a[/INST]"] * 2 + ["[bold]g0[/bold]"] * 2 + ["x\x1b[31m"] * 2
+    pq.write_table(
+        pa.table({"group": ids, "reward": [1.0, 0.0, 1.0, 0.5, 0.0, 1.0],
+                  "logp": [[-1.0]] * 6}), path)  # fmt: skip
+    r = cli("advantages", path)
+    assert r.exit_code == 0, r.stderr
+    assert "[INST]a[/INST]" in r.stdout and "[bold]g0[/bold]" in r.stdout
+    assert "\x1b" not in r.stdout and "x\\x1b[31m" in r.stdout
+
+
+def test_junit_stays_valid_xml_with_control_characters(cli: Cli, tmp_path: Path) -> None:
+    import xml.etree.ElementTree as ET
+
+    path = tmp_path / "j.parquet"
+    pq.write_table(pa.table({"group": ["\x01g", "\x01g"], "reward": [1.0, 0.0],
+                             "logp": [[-1.0, float("nan")], [-1.0]]}), path)  # fmt: skip
+    r = cli("check", path, "--format", "junit")
+    ET.fromstring(r.stdout)  # parses
+    assert "\\x01g" in r.stdout
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        ("dup", "column(s) 'logp' appear more than once"),
+        ("complex", "has dtype complex128, expected integers or strings"),
+    ],
+)
+def test_unreadable_columns_are_named(cli: Cli, tmp_path: Path, make: str, message: str) -> None:
+    if make == "dup":
+        path = tmp_path / "d.parquet"
+        t = pa.Table.from_arrays(
+            [pa.array(["a", "a"]), pa.array([1.0, 0.0]), pa.array([[-1.0], [-2.0]]),
+             pa.array([[-1.0], [-2.0]])], names=["group", "reward", "logp", "logp"])  # fmt: skip
+        pq.write_table(t, path)
+    else:
+        path = tmp_path / "c.npz"
+        np.savez(path, rewards=np.array([1.0, 0.0]), group=np.array([1 + 1j, 1 + 1j]),
+                 logp=np.full((2, 2), -1.0))  # fmt: skip
+    _fails(cli, "advantages", path, contains=[message])
+
+
+def test_big_endian_group_ids_are_valid(cli: Cli, tmp_path: Path) -> None:
+    path = tmp_path / "be.npz"
+    np.savez(path, rewards=np.array([1.0, 0.0, 1.0, 0.0]), group=np.array([1, 1, 2, 2], ">i8"),
+             logp=np.full((4, 2), -1.0))  # fmt: skip
+    adv = cli.json("advantages", path)["advantages"]
+    assert adv == [pytest.approx(x) for x in (1.0, -1.0, 1.0, -1.0)]
+
+
+def test_huge_rewards_keep_their_advantages(cli: Cli, tmp_path: Path) -> None:
+    """±1e200: the squares overflowed and the advantages came out 0, not ±1."""
+    path = tmp_path / "b.parquet"
+    pq.write_table(pa.table({"group": ["a", "a", "b", "b", "b"],
+                             "reward": [1e200, -1e200, 1e308, 1.5e308, 1e308],
+                             "logp": [[-1.0]] * 5}), path)  # fmt: skip
+    adv = cli.json("advantages", path)["advantages"]
+    assert adv[:2] == [pytest.approx(1.0), pytest.approx(-1.0)]
+    assert adv[2:] == [pytest.approx(-(2**-0.5)), pytest.approx(2**0.5), pytest.approx(-(2**-0.5))]
+
+
+def test_logprobs_too_far_apart_give_inf_and_a_warning(cli: Cli, tmp_path: Path) -> None:
+    path = tmp_path / "h.parquet"
+    pq.write_table(pa.table({"group": ["a", "a"], "reward": [1.0, 0.0],
+                             "logp": [[-1e308], [-1.0]], "old_logp": [[-1.0], [-1.0]],
+                             "ref_logp": [[1e308], [-1.0]]}), path)  # fmt: skip
+    for cmd in ("kl", "objective"):
+        r = cli(cmd, path, "--json")
+        assert r.exit_code == 0 and "Traceback" not in r.stderr and "Warning" not in r.stderr
+        import json
+
+        doc = json.loads(r.stdout)
+        assert doc["kl"]["mean"] is None
+        assert any("non-finite KL estimate" in w for w in doc["warnings"])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [(["--seed", "-1"], "--seed: must be >= 0"), (["--mean-len", "100000000000000000000"], "")],
+)
+def test_sample_refuses_what_it_cannot_make(
+    cli: Cli, tmp_path: Path, args: list[str], message: str
+) -> None:
+    _fails(cli, "sample", tmp_path / "s.parquet", *args, contains=[message])
+
+
+def test_an_unwritable_step_summary_leaves_stdout_empty(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(tmp_path))  # a directory
+    _fails(cli, "check", SAMPLE / "broken" / "kl_spike.parquet", "--format", "github",
+           contains=["$GITHUB_STEP_SUMMARY", "cannot write"])  # fmt: skip
