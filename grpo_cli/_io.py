@@ -139,10 +139,12 @@ class Source:
 def _expand(spec: str) -> list[Path]:
     p = Path(spec)
     if p.is_dir():
-        files = sorted(q for q in p.iterdir() if q.suffix in (".parquet", ".npz") and q.is_file())
+        files = sorted(q for q in p.iterdir() if q.is_file() and _kind_of(q) is not None)
         if not files:
-            raise InputError(f"{spec}: directory holds no .parquet or .npz file")
+            raise InputError(f"{spec}: directory holds no .parquet, .pq or .npz file")
         return files
+    if p.is_file():  # a file named like a pattern (run[1].parquet) is that file
+        return [p]
     if any(ch in spec for ch in "*?["):
         files = sorted(Path(f) for f in globlib.glob(spec, recursive=True) if Path(f).is_file())
         if not files:
@@ -186,13 +188,24 @@ def open_source(specs: Sequence[str], column_map: dict[str, str] | None = None) 
     )
 
 
-def _kind(p: Path) -> str:
+def _kind_of(p: Path) -> str | None:
+    """``npz`` or ``parquet`` by the suffix, in any case (.parquet, .pq, .PARQUET, .npz)."""
     suffix = p.suffix.lower()
     if suffix == ".npz":
         return "npz"
     if suffix in (".parquet", ".pq"):
         return "parquet"
-    raise InputError(f"{p}: unknown file type {suffix or '(none)'!r}; expected .npz or .parquet")
+    return None
+
+
+def _kind(p: Path) -> str:
+    kind = _kind_of(p)
+    if kind is None:
+        suffix = p.suffix.lower()
+        raise InputError(
+            f"{p}: unknown file type {suffix or '(none)'!r}; expected .npz or .parquet"
+        )
+    return kind
 
 
 def _map_columns(
@@ -298,6 +311,7 @@ def _encode_groups(
         arr = values if isinstance(values, pa.Array | pa.ChunkedArray) else pa.array(values)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
         raise InputError(f"{label}: {what} cannot be read as group ids ({exc})") from None
+    arr = group_ids(arr)
     if arr.null_count:
         row = int(np.flatnonzero(np.asarray(arr.is_null()))[0])
         raise InputError(f"{label}: {what} is null at row {row}")
@@ -309,6 +323,19 @@ def _encode_groups(
         enc = enc.unify_dictionaries().combine_chunks()
     codes = np.asarray(enc.indices, dtype=np.int64)
     return codes, enc.dictionary.to_pylist(), enc.dictionary
+
+
+def group_ids(arr: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """Group ids in a plain type: categorical ids (pandas ``Categorical``, polars
+    ``Categorical``/``Enum``: Arrow dictionaries) decoded, ``string_view`` as ``string``, so
+    that ids compare equal across files and batches whatever their writer."""
+    t = arr.type
+    if pa.types.is_dictionary(t):
+        arr = arr.cast(t.value_type)
+        t = arr.type
+    if pa.types.is_string_view(t):
+        arr = arr.cast(pa.string())
+    return arr
 
 
 def load_answers(src: Source, *, need_rewards: bool, allow_nonfinite: bool = False) -> Answers:
@@ -440,7 +467,14 @@ def _parquet_answers(src: Source, need_rewards: bool, allow_nonfinite: bool = Fa
             f"{src.label}: column {src.name('reward')!r} is missing "
             f"(the file has: {', '.join(src.present)})"
         )
-    table = pa.concat_tables(tables) if tables else None
+    table = None
+    if tables:
+        try:  # int64 in one file, double in another; nullable or not: one type
+            table = pa.concat_tables(tables, promote_options="permissive")
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            raise InputError(
+                f"{src.label}: the files' columns {cols} have incompatible types ({exc})"
+            ) from None
     codes = labels = r = a = ids = None
     if table is not None and src.has("reward"):
         name = src.name("reward")
@@ -466,12 +500,17 @@ def _float_column(
     col: pa.ChunkedArray, label: str, name: str, allow_nonfinite: bool = False
 ) -> F64:
     t = col.type
+    if pa.types.is_decimal(t):  # duckdb writes VALUES literals as DECIMAL
+        col = col.cast(pa.float64())
+        t = col.type
     if not (pa.types.is_floating(t) or pa.types.is_integer(t) or pa.types.is_boolean(t)):
         raise InputError(f"{label}: column {name!r} has type {t}, expected numbers")
     if col.null_count:
         row = int(np.flatnonzero(np.asarray(col.is_null()))[0])
         raise InputError(f"{label}: column {name!r} is null at row {row}")
-    x = np.asarray(col.to_numpy(), dtype=np.float64)
+    flat = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    # Array.to_numpy, not ChunkedArray.to_numpy: the latter imports pandas when installed
+    x = np.asarray(flat.to_numpy(zero_copy_only=False), dtype=np.float64)
     bad = np.flatnonzero(~np.isfinite(x))
     if bad.size and not allow_nonfinite:
         raise InputError(
@@ -917,7 +956,9 @@ def _raw_record_batch(
     offs: dict[str, I64] = {}
     vals: dict[str, np.ndarray] = {}
     for f, name in zip(wanted, names, strict=True):
-        offs[f], vals[f] = _list_column(rb.column(name), label, name, start)
+        offs[f], vals[f] = _list_column(
+            rb.column(name), label, name, start, masked=mname is not None
+        )
     mask = None
     if mname is not None:
         moff, mvals = _list_column(rb.column(mname), label, mname, start, boolean=True)
@@ -932,9 +973,25 @@ def _raw_record_batch(
 
 
 def _list_column(
-    arr: pa.Array, label: str, name: str, row0: int, *, boolean: bool = False
+    arr: pa.Array,
+    label: str,
+    name: str,
+    row0: int,
+    *,
+    boolean: bool = False,
+    masked: bool = False,
 ) -> tuple[I64, np.ndarray]:
+    """A list column as flat values and offsets. Fixed-size lists (polars ``Array``) and
+    decimal values (duckdb) are converted; with a mask (``masked``) a null value is a
+    padding NaN (an error only inside the mask, where validation finds it), else an error.
+    """
     t = arr.type
+    if pa.types.is_fixed_size_list(t) or pa.types.is_list_view(t):
+        arr = arr.cast(pa.list_(t.value_type))
+        t = arr.type
+    if (pa.types.is_list(t) or pa.types.is_large_list(t)) and pa.types.is_decimal(t.value_type):
+        arr = arr.cast(pa.list_(pa.float64()))
+        t = arr.type
     if not (pa.types.is_list(t) or pa.types.is_large_list(t)):
         raise InputError(
             f"{label}: column {name!r} has type {t}, expected a list column "
@@ -956,6 +1013,8 @@ def _list_column(
         raise InputError(f"{label}: column {name!r} is null at row {row0 + row}")
     off = np.asarray(arr.offsets, dtype=np.int64)
     values = arr.values.slice(int(off[0]), int(off[-1] - off[0]))
+    if values.null_count and masked and not boolean and pa.types.is_floating(vt):
+        values = values.fill_null(float("nan"))  # padding; inside the mask: a non-finite value
     if values.null_count:
         k = int(np.flatnonzero(np.asarray(values.is_null()))[0])
         i = int(np.searchsorted(off - off[0], k, side="right") - 1)

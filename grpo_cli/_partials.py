@@ -39,6 +39,7 @@ from ._core import (
 from ._io import (
     Answers,
     Batch,
+    group_ids,
 )
 from ._records import QUANTILE_LEVELS, QUANTILES, Distribution, RolloutReport
 from ._settings import Settings
@@ -602,6 +603,7 @@ class GroupTable:
     batch_std: float  # the std of every reward (scale "batch")
 
     def codes(self, groups: pa.Array, where: str) -> I64:
+        groups = group_ids(groups)
         idx = pc.index_in(groups, value_set=self.ids)
         if idx.null_count:
             k = int(np.flatnonzero(np.asarray(idx.is_null()))[0])

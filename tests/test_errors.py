@@ -3,6 +3,7 @@ is wrong. Never a traceback, never a number."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -334,3 +335,72 @@ def test_an_unwritable_step_summary_leaves_stdout_empty(
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(tmp_path))  # a directory
     _fails(cli, "check", SAMPLE / "broken" / "kl_spike.parquet", "--format", "github",
            contains=["$GITHUB_STEP_SUMMARY", "cannot write"])  # fmt: skip
+
+
+# ------------------------------------------------------- valid inputs that were refused
+def _objective_of(cli: Cli, path: Path) -> float:
+    doc = cli.json("objective", path, "--beta", "0")
+    value: float = doc["objective"]
+    return value
+
+
+def test_writers_column_types_give_the_same_numbers(cli: Cli, tmp_path: Path) -> None:
+    """Categorical ids, fixed-size lists, decimals, string_view, nulls where the mask is
+    False: the same objective as the plain types."""
+    import decimal
+
+    plain: dict[str, Any] = {
+        "group": ["a", "a", "b", "b"],
+        "reward": [1.0, 0.0, 1.0, 0.5],
+        "logp": [[-1.0, -2.0], [-0.5, -1.0], [-0.25, -3.0], [-1.5, -0.75]],
+        "old_logp": [[-1.1, -2.0], [-0.5, -0.9], [-0.25, -3.2], [-1.4, -0.75]],
+    }
+    base = tmp_path / "plain.parquet"
+    pq.write_table(pa.table(plain), base)
+    expected = _objective_of(cli, base)
+    variants: dict[str, dict[str, Any]] = {
+        "dict": {**plain, "group": pa.array(plain["group"]).dictionary_encode()},
+        "view": {**plain, "group": pa.array(plain["group"], pa.string_view())},
+        "fixed": {**plain, "logp": pa.array(plain["logp"], pa.list_(pa.float64(), 2)),
+                  "old_logp": pa.array(plain["old_logp"], pa.list_(pa.float64(), 2))},
+        "decimal": {**plain, "reward": pa.array([decimal.Decimal(str(r)) for r in plain["reward"]],
+                                                pa.decimal128(4, 2))},
+    }  # fmt: skip
+    for name, cols in variants.items():
+        path = tmp_path / f"{name}.parquet"
+        pq.write_table(pa.table(cols), path)
+        assert _objective_of(cli, path) == expected, name
+    # a null where the mask is False is padding; the same answers with one more token
+    masked: dict[str, Any] = {k: [list(v) for v in vals] if k in ("logp", "old_logp") else vals
+                              for k, vals in plain.items()}  # fmt: skip
+    masked["logp"][0] = [*masked["logp"][0], None]
+    masked["old_logp"][0] = [*masked["old_logp"][0], None]
+    masked["mask"] = [[True, True, False], [True, True], [True, True], [True, True]]
+    path = tmp_path / "masked.parquet"
+    pq.write_table(pa.table(masked), path)
+    assert _objective_of(cli, path) == expected
+    masked["mask"][0][2] = True  # inside the mask: an error naming the place
+    pq.write_table(pa.table(masked), path)
+    _fails(cli, "objective", path, "--beta", "0", contains=["'logp'", "row 0, token 2"])
+
+
+def test_files_named_like_patterns_and_upper_case_suffixes(cli: Cli, tmp_path: Path) -> None:
+    table = pq.read_table(SAMPLE / "batch.parquet")
+    literal = tmp_path / "run[1].parquet"
+    pq.write_table(table, literal)
+    expected = cli.json("objective", SAMPLE / "batch.parquet")["objective"]
+    assert cli.json("objective", literal)["objective"] == expected
+    d = tmp_path / "d"
+    d.mkdir()
+    pq.write_table(table.slice(0, 100), d / "a.PARQUET")
+    pq.write_table(table.slice(100), d / "b.pq")
+    assert math.isclose(cli.json("objective", d)["objective"], expected, rel_tol=1e-12)
+
+
+def test_files_whose_types_differ_compatibly_are_one_dataset(cli: Cli, tmp_path: Path) -> None:
+    a = {"group": ["a", "a"], "reward": pa.array([1, 0], pa.int64()), "logp": [[-1.0], [-2.0]]}
+    b = {"group": ["b", "b"], "reward": pa.array([1.0, 0.5]), "logp": [[-1.0], [-3.0]]}
+    pq.write_table(pa.table(a), tmp_path / "a.parquet")
+    pq.write_table(pa.table(b), tmp_path / "b.parquet")
+    adv = cli.json("advantages", tmp_path)["advantages"]
+    assert adv == [pytest.approx(x) for x in (1.0, -1.0, 1.0, -1.0)]
