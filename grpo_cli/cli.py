@@ -87,6 +87,8 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     cls=_OneLineErrors,
+    # plain help: no markup to escape in option texts, and nothing cut at 80 columns
+    rich_markup_mode=None,
 )
 
 
