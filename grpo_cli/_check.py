@@ -299,7 +299,10 @@ def rule_group_size(f: Facts, c: RuleConfig) -> Result:
         if odd.size
         else f"all {len(a.labels)} groups have {usual} answers"
     )
-    return _judge("group-size", c, int(odd.size), msg, ex)
+    result = _judge("group-size", c, int(odd.size), msg, ex)
+    if a.notes and result.status in ("pass", "fail"):  # ids shared by files: a warning
+        return replace(result, status="warn", message=f"{msg}; {a.notes[0]}")
+    return result
 
 
 def rule_rewards_finite(f: Facts, c: RuleConfig) -> Result:

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
@@ -106,6 +107,9 @@ class Source:
     columns: dict[str, str | None]
     label: str  # how errors name the input
     present: tuple[str, ...] = ()  # every column/array name the input has
+    # "dataset": a group id names one group across files (the shards of one step);
+    # "file": ids are scoped to their file (one step per file: ids restart each step)
+    group_scope: str = "dataset"
     # parquet: each file's footer, parsed once by open_source and reused by every reader
     footers: tuple[pq.FileMetaData, ...] = dataclasses.field(default=(), compare=False, repr=False)
 
@@ -157,10 +161,18 @@ def _expand(spec: str) -> list[Path]:
     return [p]
 
 
-def open_source(specs: Sequence[str], column_map: dict[str, str] | None = None) -> Source:
-    """Resolve paths (files, directories, globs) and map every field to a column or array."""
+def open_source(
+    specs: Sequence[str],
+    column_map: dict[str, str] | None = None,
+    *,
+    group_scope: str = "dataset",
+) -> Source:
+    """Resolve paths (files, directories, globs) and map every field to a column or array;
+    ``group_scope`` says whether a group id spans files (``dataset``) or not (``file``)."""
     if not specs:
         raise UsageError("no input file given")
+    if group_scope not in ("dataset", "file"):
+        raise UsageError(f"--group-scope: {group_scope!r} is not one of dataset, file")
     paths: list[Path] = []
     for s in specs:
         paths.extend(_expand(s))
@@ -185,7 +197,18 @@ def open_source(specs: Sequence[str], column_map: dict[str, str] | None = None) 
         label=label,
         present=tuple(names),
         footers=tuple(footers),
+        group_scope=group_scope,
     )
+
+
+def scoped_ids(src: Source, ids: pa.Array | pa.ChunkedArray, file: int) -> pa.Array:
+    """Group ids as the input's scope reads them: with ``file``, ``name:id`` for the file's
+    name, so that equal ids of two files are two groups."""
+    ids = group_ids(ids)
+    if src.group_scope != "file" or src.kind == "npz":
+        return ids
+    prefix = pa.scalar(f"{src.paths[file].name}:")
+    return pc.binary_join_element_wise(prefix, pc.cast(ids, pa.string()), "")
 
 
 def _kind_of(p: Path) -> str | None:
@@ -285,6 +308,7 @@ class Answers:
     advantage: F64 | None
     shape: tuple[int, int] | None
     group_ids: pa.Array | None = None  # ``labels`` as an Arrow array, for joins by group id
+    notes: list[str] = dataclass_field(default_factory=list)  # e.g. ids shared by files
 
 
 def _real(label: str, what: str, arr: np.ndarray) -> F64:
@@ -454,14 +478,23 @@ def _parquet_answers(src: Source, need_rewards: bool, allow_nonfinite: bool = Fa
     cols = [src.name(f) for f in fields]
     tables = []
     n_rows = 0
+    seen: dict[Any, list[int]] = {}  # group id -> the files holding it
+    gname = src.name("group") if src.has("group") else None
     for i, p in enumerate(src.paths):
         pf = src.parquet_file(i)
         n_rows += pf.metadata.num_rows
         if cols:
             try:
-                tables.append(pf.read(columns=cols))
+                t = pf.read(columns=cols)
             except Exception as exc:
                 raise InputError(f"{p}: cannot read columns {cols} ({_why(exc)})") from None
+            if gname is not None:
+                ids = group_ids(t.column(gname))
+                if len(src.paths) > 1 and src.group_scope == "dataset":
+                    for v in pc.unique(ids).to_pylist():
+                        seen.setdefault(v, []).append(i)
+                t = t.set_column(t.schema.get_field_index(gname), gname, scoped_ids(src, ids, i))
+            tables.append(t)
     if need_rewards and not src.has("reward"):
         raise InputError(
             f"{src.label}: column {src.name('reward')!r} is missing "
@@ -491,9 +524,22 @@ def _parquet_answers(src: Source, need_rewards: bool, allow_nonfinite: bool = Fa
         a = _float_column(
             table.column(src.name("advantage")), src.label, src.name("advantage"), allow_nonfinite
         )
+    shared = {v: f for v, f in seen.items() if len(f) > 1}
+    notes = []
+    if shared:
+        files = sorted({k for f in shared.values() for k in f})
+        names = ", ".join(src.paths[k].name for k in files[:4]) + (" ..." if len(files) > 4 else "")
+        some = ", ".join(repr(v) for v in list(shared)[:3])
+        notes.append(
+            f"{len(shared)} group id(s) ({some}{' ...' if len(shared) > 3 else ''}) appear in "
+            f"more than one file ({names}): each is read as one group across files "
+            "(--group-scope dataset, right when the shards of one step split a group); with "
+            "one step per file, pass --group-scope file"
+        )
     return Answers(
-        n=n_rows, codes=codes, labels=labels, reward=r, advantage=a, shape=None, group_ids=ids
-    )
+        n=n_rows, codes=codes, labels=labels, reward=r, advantage=a, shape=None,
+        group_ids=ids, notes=notes,
+    )  # fmt: skip
 
 
 def _float_column(
@@ -732,15 +778,23 @@ def _rows_per_batch(pf: pq.ParquetFile, col: str, batch_tokens: int) -> int:
 
 def _parquet_record_batches(
     src: Source, cols: list[str], batch_tokens: int
-) -> Iterator[tuple[pa.RecordBatch, int, str]]:
-    """(record batch, dataset index of its first row, file) over every file, in order."""
+) -> Iterator[tuple[pa.RecordBatch, int, int]]:
+    """(record batch, dataset index of its first row, file index) over every file, in order."""
     start = 0
     for i, p in enumerate(src.paths):
         pf = src.parquet_file(i)
         rows = _rows_per_batch(pf, cols[0], batch_tokens)
         for rb in _read(p, pf.iter_batches(batch_size=rows, columns=cols, use_threads=False), cols):
-            yield rb, start, str(p)
+            yield rb, start, i
             start += rb.num_rows
+
+
+def _scoped(src: Source, raw: RawBatch, file: int) -> RawBatch:
+    """The batch with its group ids as pass 1 read them (:func:`scoped_ids`)."""
+    if src.group_scope != "file" or "group" not in raw.answer:
+        return raw
+    answer = {**raw.answer, "group": scoped_ids(src, raw.answer["group"], file)}
+    return dataclasses.replace(raw, answer=answer)
 
 
 def _read(p: Path, it: Iterator[pa.RecordBatch], cols: list[str]) -> Iterator[pa.RecordBatch]:
@@ -770,10 +824,9 @@ def _token_columns(
 
 def _parquet_batches(src: Source, wanted: list[str], batch_tokens: int) -> Iterator[Batch]:
     names, mname, cols, answer = _token_columns(src, wanted)
-    for rb, start, label in _parquet_record_batches(src, cols, batch_tokens):
-        yield _record_batch(
-            _raw_record_batch(rb, wanted, names, mname, start, label, answer), wanted, names, mname
-        )
+    for rb, start, i in _parquet_record_batches(src, cols, batch_tokens):
+        raw = _raw_record_batch(rb, wanted, names, mname, start, str(src.paths[i]), answer)
+        yield _record_batch(_scoped(src, raw, i), wanted, names, mname)
 
 
 class BatchError(Exception):
@@ -870,7 +923,7 @@ def _raw_chunks(
         try:
             for rb in _read(p, it, cols):
                 raw = _raw_record_batch(rb, wanted, names, mname, start, str(p), answer)
-                yield raw
+                yield _scoped(src, raw, i)
                 start += raw.n
         except InputError as exc:
             raise BatchError(start, exc) from None
@@ -938,8 +991,9 @@ def iter_raw(
         )
         return
     names, mname, cols, answer = _token_columns(src, wanted)
-    for rb, start, label in _parquet_record_batches(src, cols, batch_tokens):
-        yield _raw_record_batch(rb, wanted, names, mname, start, label, answer)
+    for rb, start, i in _parquet_record_batches(src, cols, batch_tokens):
+        batch = _raw_record_batch(rb, wanted, names, mname, start, str(src.paths[i]), answer)
+        yield _scoped(src, batch, i)
 
 
 def _raw_record_batch(

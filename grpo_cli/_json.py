@@ -95,6 +95,7 @@ def advantages_json(r: AdvantagesReport) -> dict[str, Any]:
         "logged_advantages_max_abs_diff": r.logged_max_abs_diff,
         "groups": groups,
         "advantages": _finite_list(adv),
+        "warnings": r.warnings,
     }
 
 

@@ -167,6 +167,7 @@ class AdvantagesReport:
     advantage: Distribution
     logged_max_abs_diff: float | None  # vs the file's own advantages, when it has them
     engine: EngineOptions = field(default_factory=EngineOptions)
+    warnings: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

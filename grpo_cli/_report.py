@@ -131,6 +131,7 @@ def advantages_report(
         advantage=values_distribution(adv),
         logged_max_abs_diff=diff,
         engine=(engine or EngineOptions()).resolved(),
+        warnings=list(answers.notes),
     )
 
 
@@ -298,6 +299,7 @@ def objective_pass1(
         warnings.append(f"no {src.name('old_logp')!r}: treating the batch as on-policy (ratio = 1)")
     if answers is None:
         answers = load_answers(src, need_rewards=False)
+    warnings += answers.notes
     if answers.advantage is not None and not recompute_advantages:
         adv, adv_source = answers.advantage, "file"
     elif answers.reward is not None:

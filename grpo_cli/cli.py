@@ -398,6 +398,13 @@ LoggedTolOpt = Annotated[
         "the logged-metrics rule's fail threshold).",
     ),
 ]
+GroupScopeOpt = Annotated[
+    str,
+    typer.Option(
+        help="dataset: a group id is one group across files (the shards of one step); file: "
+        "ids are scoped to their file (one step per file).",
+    ),
+]
 ProgressOpt = Annotated[
     bool,
     typer.Option(
@@ -510,6 +517,7 @@ def advantages(
     ] = None,
     max_groups: Annotated[int, typer.Option(help="Groups shown in the table.")] = 20,
     column: ColumnOpt = None,
+    group_scope: GroupScopeOpt = "dataset",
     preset: PresetOpt = None,
     scale: ScaleOpt = None,
     ddof: DdofOpt = None,
@@ -524,8 +532,10 @@ def advantages(
         )
         if out is not None and out.suffix.lower() not in (".npz", ".parquet", ".pq"):
             raise UsageError(f"--out {out}: the file must end in .npz or .parquet")
-        src = open_source(files, parse_column_map(column))
+        src = open_source(files, parse_column_map(column), group_scope=group_scope)
         report = advantages_report(src, settings, engine=_engine())
+        for w in report.warnings:
+            _note(w)
         if out is not None:
             adv = report.advantages.reshape(report.shape) if report.shape else report.advantages
             labels = [report.labels[c] for c in report.codes.tolist()]
@@ -543,6 +553,7 @@ def kl(
     files: Files,
     json_out: JsonOpt = False,
     column: ColumnOpt = None,
+    group_scope: GroupScopeOpt = "dataset",
     preset: PresetOpt = None,
     kl_estimator: KLEstOpt = None,
     kl_clamp: KLClampOpt = None,
@@ -558,7 +569,7 @@ def kl(
             kl_clamp=kl_clamp,
             log_ratio_clamp=log_ratio_clamp,
         )
-        src = open_source(files, parse_column_map(column))
+        src = open_source(files, parse_column_map(column), group_scope=group_scope)
         with _progress(progress, src.n_rows(), "kl") as tick:
             report = kl_report(src, settings, progress=tick, engine=_engine(workers))
         for w in report.warnings:
@@ -590,6 +601,7 @@ def objective(
         ),
     ] = False,
     column: ColumnOpt = None,
+    group_scope: GroupScopeOpt = "dataset",
     preset: PresetOpt = None,
     trainer: TrainerOpt = None,
     clip_eps: ClipOpt = None,
@@ -644,7 +656,7 @@ def objective(
             estimator=estimator,
             singleton=singleton,
         )
-        src = open_source(files, parse_column_map(column))
+        src = open_source(files, parse_column_map(column), group_scope=group_scope)
         with _progress(progress, src.n_rows(), "objective") as tick:
             report = objective_report(
                 src,
@@ -717,6 +729,7 @@ def check(
         ),
     ] = None,
     column: ColumnOpt = None,
+    group_scope: GroupScopeOpt = "dataset",
     preset: PresetOpt = None,
     clip_eps: ClipOpt = None,
     clip_eps_high: ClipHighOpt = None,
@@ -748,7 +761,7 @@ def check(
         if logged is not None:
             metrics, got = _logged_metrics(logged, logged_step, 0.0)
             logged_in = (str(logged), metrics, got)
-        src = open_source(files, parse_column_map(column))
+        src = open_source(files, parse_column_map(column), group_scope=group_scope)
         with _progress(progress, src.n_rows(), "check") as tick:
             report = run_check(
                 src,
