@@ -28,10 +28,12 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import logging
 import subprocess
 import sys
 import tempfile
 import types
+import warnings
 from collections import defaultdict
 from dataclasses import dataclass
 from importlib.metadata import version
@@ -42,6 +44,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
+
+# verl's trainer module announces the engines this machine lacks (GPU stacks): not ours
+warnings.filterwarnings("ignore", message=r".*engine is not available")
+logging.getLogger().setLevel(logging.ERROR)
 
 REL = 1e-9  # float64 on both sides: what differs is only the order of additions
 ABS = 1e-12
@@ -289,6 +295,44 @@ def check_verl(s: Suite) -> None:
         s.compare("verl", config, flags, {"loss": (loss, doc["loss"])}, rel=rel)
         tm = doc["trainer_metrics"]["metrics"]
         s.compare("verl", config, flags, {k: (metrics[k], tm[k]) for k in VERL_METRICS}, METRIC)
+    # use_kl_in_reward: apply_kl_penalty (ray_trainer) on the token rewards, then the
+    # grpo advantages of the summed scores, then the vanilla loss (no KL loss)
+    from verl.protocol import DataProto
+    from verl.trainer.ppo.ray_trainer import apply_kl_penalty
+
+    batch = DataProto.from_dict(
+        tensors={
+            "token_level_scores": token_rewards,
+            "old_log_probs": old,
+            "ref_log_prob": ref,
+            "response_mask": m.double(),
+        }
+    )
+    batch, kl_metrics = apply_kl_penalty(batch, ca.FixedKLController(0.05), kl_penalty="kl")
+    adv_r, _ = ca.compute_grpo_outcome_advantage(
+        batch.batch["token_level_rewards"], m, index, epsilon=1e-6
+    )
+    pg_loss, metrics = ca.compute_policy_loss_vanilla(
+        old, logp, adv_r, m, loss_agg_mode="token-mean", config=actor(0.2, 0.2, "token-mean")
+    )
+    flags = "--preset verl --kl-mode reward --beta 0.05"
+    doc = s.grpo_cli("objective", data, flags)
+    tm = doc["trainer_metrics"]["metrics"]
+    config = "use_kl_in_reward: apply_kl_penalty(kl), compute_grpo_outcome_advantage, vanilla"
+    s.compare("verl", config, flags, {"loss": (float(pg_loss), doc["loss"])})
+    s.compare(
+        "verl",
+        config,
+        flags,
+        {
+            **{k: (metrics[k], tm[k]) for k in VERL_METRICS},
+            "actor/reward_kl_penalty": (
+                kl_metrics["actor/reward_kl_penalty"],
+                tm["actor/reward_kl_penalty"],
+            ),
+        },
+        METRIC,
+    )
     pg_loss, metrics = ca.compute_policy_loss_vanilla(
         old, logp, adv, m, loss_agg_mode="token-mean", config=actor(0.2, 0.28, "token-mean")
     )
@@ -492,9 +536,18 @@ def load_openrlhf() -> dict[str, Any]:
     return {"loss": loss, "utils": utils, "maker": maker}
 
 
-def openrlhf_advantages(orl: dict[str, Any], data: Rollouts, G: int) -> np.ndarray:
-    """``compute_advantages_and_returns`` with group_norm and the KL as a loss
-    (``--algo.kl.use_loss``: no KL in the reward), one experience of all answers."""
+def openrlhf_advantages(
+    orl: dict[str, Any],
+    data: Rollouts,
+    G: int,
+    *,
+    kl: torch.Tensor | None = None,
+    per_token: bool = False,
+) -> np.ndarray:
+    """``compute_advantages_and_returns`` with group_norm over one experience of all
+    answers: with ``kl`` (make_experience's per-token KL) the KL in the reward, per token;
+    without, the KL as a loss (no KL in the reward: the advantage of every token is the
+    answer's)."""
     B = len(data.group)
     args = types.SimpleNamespace(
         algo=types.SimpleNamespace(
@@ -506,7 +559,7 @@ def openrlhf_advantages(orl: dict[str, Any], data: Rollouts, G: int) -> np.ndarr
     exp = types.SimpleNamespace(
         rewards=torch.tensor(data.reward),
         index=list(range(B)),
-        kl=torch.zeros(data.mask.shape, dtype=torch.float64),
+        kl=torch.zeros(data.mask.shape, dtype=torch.float64) if kl is None else kl,
         action_mask=data.m,
         info={},
         advantages=None,
@@ -518,7 +571,7 @@ def openrlhf_advantages(orl: dict[str, Any], data: Rollouts, G: int) -> np.ndarr
     maker.kl_ctl = types.SimpleNamespace(value=0.01)
     maker.advantage_estimator = "group_norm"
     (out,) = maker.compute_advantages_and_returns([exp])
-    adv: np.ndarray = out.advantages[:, 0].numpy()  # the same on every token of an answer
+    adv: np.ndarray = out.advantages.numpy() if per_token else out.advantages[:, 0].numpy()
     return adv
 
 
@@ -530,18 +583,19 @@ def check_openrlhf(s: Suite) -> None:
     ours = np.array(s.grpo_cli("advantages", data, "--preset openrlhf")["advantages"])
     s.compare(
         "openrlhf",
-        "compute_advantages_and_returns, group_norm, --algo.kl.use_loss",
+        "compute_advantages_and_returns, group_norm (the per-answer part, clipped to ±10)",
         "--preset openrlhf",
         {"advantages: max relative difference": (0.0, max_rel_diff(adv.numpy(), ours))},
     )
     logp, old, ref, m = data.t("logp"), data.t("old"), data.t("ref"), data.m
     a = adv[:, None].expand_as(logp)
+    loss_mode = "--preset openrlhf --kl-mode loss"
     for est, kind, dual, flags in (
-        ("k1", "ppo", None, "--preset openrlhf"),
-        ("k2", "ppo", None, "--preset openrlhf --kl-estimator k2"),
-        ("k3", "ppo", None, "--preset openrlhf --kl-estimator k3"),
-        ("k1", "ppo", 3.0, "--preset openrlhf --dual-clip 3"),
-        ("k1", "gspo", None, "--preset openrlhf --ratio-level sequence"),
+        ("k1", "ppo", None, loss_mode),
+        ("k2", "ppo", None, f"{loss_mode} --kl-estimator k2"),
+        ("k3", "ppo", None, f"{loss_mode} --kl-estimator k3"),
+        ("k1", "ppo", 3.0, f"{loss_mode} --dual-clip 3"),
+        ("k1", "gspo", None, f"{loss_mode} --ratio-level sequence"),
     ):
         policy = orl["loss"].PolicyLoss(
             clip_eps_low=0.2, clip_eps_high=0.2, dual_clip=dual, policy_loss_type=kind
@@ -553,7 +607,10 @@ def check_openrlhf(s: Suite) -> None:
         diff = orl["utils"].masked_mean(logp.float() - ref.float(), m)
         loss = float(pg_loss) + 0.01 * float(kl_loss)
         doc = s.grpo_cli("objective", data, flags)
-        config = f"PolicyLoss({kind}, dual_clip={dual}) + compute_approx_kl({est}) · 0.01"
+        config = (
+            f"--algo.kl.use_loss: PolicyLoss({kind}, dual_clip={dual}) + "
+            f"compute_approx_kl({est}) · 0.01"
+        )
         # compute_approx_kl works in float32 (log_probs.float()): compared to 1e-6
         s.compare("openrlhf", config, flags, {"loss": (loss, doc["loss"])}, rel=1e-6)
         tm = doc["trainer_metrics"]["metrics"]
@@ -569,6 +626,32 @@ def check_openrlhf(s: Suite) -> None:
                 "logprobs_diff": (float(diff), tm["logprobs_diff"]),
             },
             rel=1e-6,  # float32 casts (.float()) in the KL and logprobs_diff
+        )
+    # its default: the KL in the reward, per token (make_experience's compute_approx_kl,
+    # then compute_advantages_and_returns), the policy loss on per-token advantages
+    kl_tok = orl["utils"].compute_approx_kl(old, ref, kl_estimator="k1")
+    adv_t = torch.tensor(openrlhf_advantages(orl, data, G, kl=kl_tok, per_token=True))
+    for kind, flags in (("ppo", "--preset openrlhf"),
+                        ("gspo", "--preset openrlhf --ratio-level sequence")):  # fmt: skip
+        policy = orl["loss"].PolicyLoss(clip_eps_low=0.2, clip_eps_high=0.2, policy_loss_type=kind)
+        pg_loss, clip_ratio, ppo_kl, *_ = policy(logp, old, adv_t, action_mask=m)
+        doc = s.grpo_cli("objective", data, flags)
+        tm = doc["trainer_metrics"]["metrics"]
+        per_answer_kl = orl["utils"].masked_mean(kl_tok, m, dim=-1)  # experience.info["kl"]
+        diff = orl["utils"].masked_mean(old.float() - ref.float(), m, dim=-1)
+        s.compare(
+            "openrlhf",
+            f"KL in the reward (default): compute_approx_kl(k1) · 0.01 per token, "
+            f"get_cumulative_returns, PolicyLoss({kind})",
+            flags,
+            {
+                "loss": (float(pg_loss), doc["loss"]),
+                "ppo_clip_ratio": (float(clip_ratio), tm["ppo_clip_ratio"]),
+                "ppo_kl": (float(ppo_kl), tm["ppo_kl"]),
+                "kl": (float(per_answer_kl.mean()), tm["kl"]),
+                "logprobs_diff": (float(diff.mean()), tm["logprobs_diff"]),
+            },
+            rel=1e-6,
         )
 
 

@@ -881,7 +881,7 @@ def run_check(
     if not finite_answers:
         why = "not evaluated: integrity failed (rewards-finite)"
     s = settings if src.has("ref_logp") else replace(settings, beta=0.0)
-    p1 = None if why else objective_pass1(src, s, answers=answers)
+    p1 = None if why else objective_pass1(src, s, answers=answers, engine=engine)
     fold_objective = None if p1 is None else p1.fold(src.label)
 
     def new() -> CheckPartial:

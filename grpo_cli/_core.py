@@ -61,6 +61,7 @@ __all__ = [
     "segment_mean",
     "segment_sum",
     "sequence_log_ratio",
+    "suffix_sum",
     "token_terms",
     "used_log_ratio",
 ]
@@ -292,6 +293,7 @@ def advantages_by_group(
     eps: float = 1e-8,
     estimator: AdvantageEstimator = "grpo",
     singleton: Singleton = "zero",
+    clip: float | None = None,
 ) -> F64:
     """Group-relative advantages of answers labelled by group: ``A_i = (r_i − b_i) / (s + ε)``.
 
@@ -317,6 +319,8 @@ def advantages_by_group(
         eps: ε added to the std, ``>= 0``.
         estimator: ``"grpo" | "rloo"``.
         singleton: ``"zero" | "raw"``.
+        clip: bound ``|A|`` at this value after the normalisation (OpenRLHF clips to ±10,
+            ``--reward.clip_range``), or None.
 
     Returns:
         ``(N,)`` float64 advantages in the order of ``rewards``.
@@ -361,6 +365,7 @@ def advantages_by_group(
         estimator=estimator,
         singleton=singleton,
         batch_std=batch_std,
+        clip=clip,
     )
 
 
@@ -390,6 +395,7 @@ def advantages_from_stats(
     estimator: AdvantageEstimator = "grpo",
     singleton: Singleton = "zero",
     batch_std: float = 0.0,
+    clip: float | None = None,
 ) -> F64:
     """The advantages of any subset of answers, given the statistics of their groups over
     the whole batch (:func:`group_stats`): the formula of :func:`advantages_by_group`, one
@@ -432,6 +438,8 @@ def advantages_from_stats(
     if singleton == "raw":
         one = size == 1
         adv[one] = r[one] if scale == "none" else r[one] / (1.0 + eps)
+    if clip is not None:
+        np.clip(adv, -clip, clip, out=adv)
     return adv
 
 
@@ -709,7 +717,8 @@ def clip_counts(
 
     Args:
         ratio: ``(T,)`` the ratio the surrogate used (token or sequence level).
-        adv: ``(N,)`` one advantage per answer (within an answer A has one sign).
+        adv: ``(N,)`` one advantage per answer, or ``(T,)`` one per token (OpenRLHF's KL
+            in the reward makes them vary within an answer).
         offsets: ``(N+1,)``.
 
     Returns:
@@ -720,8 +729,6 @@ def clip_counts(
         ClipCounts(low=1, high=1, region=2, outside=2, dual=0)
     """
     offsets = check_offsets(offsets, ratio.shape[0])
-    if adv.shape != (offsets.shape[0] - 1,):
-        raise InputError(f"adv: expected shape ({offsets.shape[0] - 1},), got {adv.shape}")
     hi = clip_eps if clip_eps_high is None else clip_eps_high
 
     def per_answer(flags: NDArray[np.bool_]) -> I64:
@@ -729,13 +736,21 @@ def clip_counts(
         return np.minimum(counts, 1) if unit == "sequences" else counts
 
     is_below, is_above = ratio < 1.0 - clip_eps, ratio > 1.0 + hi
+    outside = int(per_answer(is_below | is_above).sum())
+    if adv.shape == ratio.shape and adv.shape != (offsets.shape[0] - 1,):
+        neg_t, pos_t = adv < 0, adv > 0
+        low = int(per_answer(is_below & neg_t).sum())
+        high = int(per_answer(is_above & pos_t).sum())
+        dual = 0 if dual_clip is None else int(per_answer((ratio > dual_clip) & neg_t).sum())
+        return ClipCounts(low, high, low + high, outside, dual)
+    if adv.shape != (offsets.shape[0] - 1,):
+        raise InputError(f"adv: expected shape ({offsets.shape[0] - 1},), got {adv.shape}")
     below, above = per_answer(is_below), per_answer(is_above)
     neg, pos = adv < 0, adv > 0
     low, high = int(below[neg].sum()), int(above[pos].sum())
     dual = 0
     if dual_clip is not None:
         dual = int(per_answer(ratio > dual_clip)[neg].sum())
-    outside = int(per_answer(is_below | is_above).sum())
     return ClipCounts(low, high, low + high, outside, dual)
 
 
@@ -758,11 +773,32 @@ def answer_clip_counts(
     """
     offsets = check_offsets(offsets, ratio.shape[0])
     hi = clip_eps if clip_eps_high is None else clip_eps_high
+    if adv.shape == ratio.shape and adv.shape != (offsets.shape[0] - 1,):  # per token
+        low = segment_count((ratio < 1.0 - clip_eps) & (adv < 0), offsets)
+        high = segment_count((ratio > 1.0 + hi) & (adv > 0), offsets)
+        return low, high
     low = segment_count(ratio < 1.0 - clip_eps, offsets)
     high = segment_count(ratio > 1.0 + hi, offsets)
     low[adv >= 0] = 0
     high[adv <= 0] = 0
     return low, high
+
+
+def suffix_sum(values: F64, offsets: I64) -> F64:
+    """Within each answer, the sum of this token's value and every later one's:
+    ``out[t] = Σ_{t' ≥ t} values[t']`` (a return with γ = 1, as OpenRLHF's
+    ``get_cumulative_returns``).
+
+    Example:
+        >>> suffix_sum(np.array([1.0, 2.0, 3.0, 4.0]), np.array([0, 3, 4])).tolist()
+        [6.0, 5.0, 3.0, 4.0]
+    """
+    offsets = check_offsets(offsets, values.shape[0])
+    out = np.empty_like(values, dtype=np.float64)
+    for i in range(offsets.shape[0] - 1):  # answers: N small loops of reversed cumsums
+        a, b = int(offsets[i]), int(offsets[i + 1])
+        out[a:b] = np.cumsum(values[a:b][::-1])[::-1]
+    return out
 
 
 def segment_count(flags: NDArray[np.bool_], offsets: I64) -> I64:
@@ -964,7 +1000,7 @@ def token_terms(
         logp: ``(T,)`` log π_θ, float32 or float64 (every result is float64).
         old_logp: ``(T,)`` log π_θold, or None for an on-policy batch (ρ = 1).
         ref_logp: ``(T,)`` log π_ref, or None (then ``beta`` must be 0).
-        adv: ``(N,)`` one advantage per answer.
+        adv: ``(N,)`` one advantage per answer, or ``(T,)`` one per token.
         offsets: ``(N+1,)``.
 
     Returns:
@@ -979,8 +1015,11 @@ def token_terms(
     for name, a in (("old_logp", old_logp), ("ref_logp", ref_logp)):
         if a is not None and a.shape != logp.shape:
             raise InputError(f"{name}: expected shape {logp.shape} like logp, got {a.shape}")
-    if adv.shape != (offsets.shape[0] - 1,):
-        raise InputError(f"adv: expected shape ({offsets.shape[0] - 1},), got {adv.shape}")
+    per_token = adv.shape == (T,) and adv.shape != (offsets.shape[0] - 1,)
+    if not per_token and adv.shape != (offsets.shape[0] - 1,):
+        raise InputError(
+            f"adv: expected shape ({offsets.shape[0] - 1},) or ({T},), got {adv.shape}"
+        )
     lengths = np.diff(offsets)
     if old_logp is None:
         delta = np.zeros(logp.shape[0], dtype=np.float64)
@@ -995,7 +1034,7 @@ def token_terms(
     )
     with np.errstate(over="ignore"):
         ratio = np.exp(used)
-    adv_tok = np.repeat(adv, lengths)
+    adv_tok = adv if per_token else np.repeat(adv, lengths)
     policy = clipped_surrogate(
         ratio, adv_tok, clip_eps=clip_eps, clip_eps_high=clip_eps_high, dual_clip=dual_clip
     )

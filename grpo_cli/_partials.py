@@ -290,6 +290,8 @@ class TokenPartial:
         "rollout",
         "entropy",
         "entropy_q",
+        "reward_kl",
+        "old_ref",
     )
 
     def __init__(
@@ -313,6 +315,10 @@ class TokenPartial:
         self.rollout = RolloutPartial()
         self.entropy = Moments()
         self.entropy_q = Sketch(*ENTROPY_BINS, **cap)
+        # with the KL in the reward: the KL the reward took (old_logp vs ref_logp) and the
+        # raw old_logp − ref_logp, for the trainers' logged kl and logprobs_diff
+        self.reward_kl = TermSums()
+        self.old_ref = TermSums()
         # the compiled kernel folds token-level ratios; GSPO's sequence ratio and TRL's
         # bias-corrected KL stay in numpy
         self.compiled = backend == "c" and _fast.supports(
@@ -352,8 +358,9 @@ class TokenPartial:
         self._kl_answers(self.kl.add(segment_sum(k, b.offsets), b.lengths))
 
     def update(self, b: Batch, adv: F64) -> None:
-        """Fold in a batch of answers with their advantages ``(b.n,)``."""
-        if self.compiled:
+        """Fold in a batch of answers with their advantages: ``(b.n,)``, or one per token
+        (the kernel takes one per answer: per-token advantages fold in numpy)."""
+        if self.compiled and adv.shape == (b.n,):
             self._update_compiled(b, adv)
         else:
             self._update_numpy(b, adv)
@@ -447,7 +454,19 @@ class TokenPartial:
         self.delta.update(terms.delta)
 
     def _update_extras(self, b: Batch) -> None:
-        """Entropy and sampler-vs-trainer statistics, when those fields are logged."""
+        """Entropy, sampler-vs-trainer and reward-KL statistics, when they apply."""
+        s = self.settings
+        if s.kl_mode == "reward" and "ref_logp" in b.fields:
+            old = b.fields.get("old_logp", b.fields["logp"])
+            raw = difference(old, b.fields["ref_logp"])
+            k = kl_from_log_ratio(
+                -raw,
+                estimator=s.kl_estimator,
+                clamp=s.kl_clamp,
+                log_ratio_clamp=s.log_ratio_clamp,
+            )
+            self.reward_kl.add(segment_sum(k, b.offsets), b.lengths)
+            self.old_ref.add(segment_sum(raw, b.offsets), b.lengths)
         entropy = b.fields.get("entropy")
         if entropy is not None:
             e = np.asarray(entropy, dtype=np.float64)
@@ -519,8 +538,8 @@ class TokenPartial:
         """J under the policy aggregation ``agg``; the KL term keeps the settings' own
         (``kl_agg``): one sum of per-token terms when the two agree."""
         s = self.settings
-        if s.kl_agg is None or s.kl_agg == agg or not s.beta:
-            return self.aggregate("term", agg)
+        if s.kl_agg is None or s.kl_agg == agg or not s.beta or s.kl_mode == "reward":
+            return self.aggregate("term", agg)  # (with the KL in the reward: the policy term)
         return self.aggregate("policy", agg) - s.beta * self.aggregate("kl", s.kl_agg)
 
     def kl_function(self) -> Callable[[F64], F64]:

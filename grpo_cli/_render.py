@@ -192,11 +192,12 @@ def _bar(count: int, total: int, width: int = 30) -> str:
 def render_objective(r: ObjectiveReport, compare: bool = False) -> RenderableType:
     s = r.settings
     parts: list[RenderableType] = [_settings_line(r)]
-    kl_part = (
-        f"β·KL = {s.beta:g} × {fmt(r.kl_term / s.beta if s.beta else 0.0)}"
-        if s.beta
-        else "β = 0: no KL term"
-    )
+    if s.kl_mode == "reward" and s.beta:
+        kl_part = f"the KL is in the reward (β = {s.beta:g}, {s.trainer}'s way): none in the loss"
+    elif s.beta:
+        kl_part = f"β·KL = {s.beta:g} × {fmt(r.kl_term / s.beta)}"
+    else:
+        kl_part = "β = 0: no KL term"
     main = _kv_table(
         f"GRPO objective  (aggregation {s.agg})",
         [

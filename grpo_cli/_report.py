@@ -7,6 +7,7 @@ engine and return the frozen records of :mod:`grpo_cli._records`.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -21,7 +22,11 @@ from ._core import (
     GroupStats,
     advantages_by_group,
     advantages_from_stats,
+    difference,
     group_stats,
+    kl_from_log_ratio,
+    segment_sum,
+    suffix_sum,
 )
 from ._engine import EngineOptions
 from ._io import (
@@ -241,15 +246,20 @@ class Pass1:
         return None if self.table is None else self.table.stats
 
     def advantages(self, b: Batch, label: str) -> F64:
-        """The advantages of a batch's answers, from the columns it carries."""
+        """The advantages of a batch's answers, from the columns it carries: ``(b.n,)``, or
+        ``(T_b,)`` per token with OpenRLHF's KL in the reward."""
         where = f"{label} (rows {b.start}-{b.start + b.n - 1})"
         if self.source == "file":
             return _answer_floats(b, "advantage", where)
         if self.table is None or "group" not in b.answer:
             raise InputError(f"{where}: the batch carries no group ids")
         s = self.settings
-        return advantages_from_stats(
-            _answer_floats(b, "reward", where),
+        reward = _answer_floats(b, "reward", where)
+        reward_mode = s.kl_mode == "reward" and s.beta != 0.0
+        if reward_mode and s.trainer == "verl":  # the KL joins the score before the groups
+            reward = reward - s.beta * segment_sum(reward_kl(b, s), b.offsets)
+        adv = advantages_from_stats(
+            reward,
             self.table.codes(b.answer["group"], where),
             self.table.stats,
             scale=s.scale,
@@ -257,7 +267,13 @@ class Pass1:
             estimator=s.estimator,
             singleton=s.singleton,
             batch_std=self.table.batch_std,
+            clip=s.adv_clip,
         )
+        if reward_mode and s.trainer == "openrlhf":  # the KL per token, summed to the end
+            adv_tok = np.repeat(adv, b.lengths)
+            adv_tok -= s.beta * suffix_sum(reward_kl(b, s), b.offsets)
+            return adv_tok
+        return adv
 
     def fold(self, label: str) -> Callable[[TokenPartial, Batch], None]:
         """Fold a batch with its answers' advantages."""
@@ -266,6 +282,40 @@ class Pass1:
             acc.update(b, self.advantages(b, label))
 
         return fold
+
+
+def reward_kl(b: Batch, s: Settings) -> F64:
+    """The per-token KL a trainer puts into the reward: the settings' estimator (k1 by
+    default, both trainers) of the sampling policy against the reference, ``old_logp`` vs
+    ``ref_logp`` (``logp`` when on-policy), clamped as the settings say (OpenRLHF: ±10).
+
+    - verl 0.9.1 ``apply_kl_penalty``: ``kl_penalty(old_log_probs, ref_log_prob)``,
+      subtracted from the token rewards, which ``compute_grpo_outcome_advantage`` sums into
+      the answer's score *before* the group mean and std.
+    - OpenRLHF 0.11.2 ``compute_approx_kl(action_log_probs, base_action_log_probs)``
+      clamped to ±10, −β times it added to every token's reward after the group
+      normalisation, then summed from each token to the end (``get_cumulative_returns``).
+    """
+    old = b.fields.get("old_logp", b.fields["logp"])
+    return kl_from_log_ratio(
+        difference(b.fields["ref_logp"], old),
+        estimator=s.kl_estimator,
+        clamp=s.kl_clamp,
+        log_ratio_clamp=s.log_ratio_clamp,
+    )
+
+
+def reward_kl_sums(src: Source, settings: Settings, engine: EngineOptions) -> F64:
+    """Each answer's sum of :func:`reward_kl` over its valid tokens: the pass over the
+    token columns verl's KL in the reward needs before the group statistics."""
+    fields = [f for f in ("logp", "old_logp", "ref_logp") if src.has(f)]
+    out = np.zeros(0)
+    parts: list[tuple[int, F64]] = []
+    for b in iter_batches(src, fields, batch_tokens=engine.batch_tokens, threaded=engine.prefetch):
+        parts.append((b.start, segment_sum(reward_kl(b, settings), b.offsets)))
+    if parts:
+        out = np.concatenate([p for _, p in sorted(parts, key=lambda x: x[0])])
+    return out
 
 
 def _answer_floats(b: Batch, field: str, where: str) -> F64:
@@ -281,6 +331,7 @@ def objective_pass1(
     *,
     answers: Answers | None = None,
     recompute_advantages: bool = False,
+    engine: EngineOptions | None = None,
 ) -> Pass1:
     """Pass 1 of the objective: the fields it needs are there, and every answer's
     advantage (the file's own unless ``recompute_advantages``, else from rewards)."""
@@ -300,6 +351,19 @@ def objective_pass1(
     if answers is None:
         answers = load_answers(src, need_rewards=False)
     warnings += answers.notes
+    if (
+        settings.kl_mode == "reward"
+        and settings.trainer == "verl"
+        and settings.beta != 0.0
+        and answers.reward is not None
+        and (answers.advantage is None or recompute_advantages)
+    ):  # verl: the score is the reward minus β × the answer's summed KL, then the groups
+        kl_sums = reward_kl_sums(src, settings, (engine or EngineOptions()).resolved())
+        if kl_sums.shape != answers.reward.shape:
+            raise InputError(
+                f"{src.label}: {kl_sums.shape[0]} token rows but {answers.reward.shape[0]} answers"
+            )
+        answers = dataclasses.replace(answers, reward=answers.reward - settings.beta * kl_sums)
     if answers.advantage is not None and not recompute_advantages:
         adv, adv_source = answers.advantage, "file"
     elif answers.reward is not None:
@@ -375,7 +439,9 @@ def objective_report(
     # row-group streams start decoding now, while pass 1 reads the answer columns
     streams = _streams(src, TOKEN_FIELDS, engine) if src.has("logp") else None
     try:
-        p1 = objective_pass1(src, settings, recompute_advantages=recompute_advantages)
+        p1 = objective_pass1(
+            src, settings, recompute_advantages=recompute_advantages, engine=engine
+        )
     except BaseException:
         for stream in streams or []:
             stream.close()
@@ -447,6 +513,8 @@ TRAINER_METRICS: dict[str, tuple[str, ...]] = {
         "actor/pg_clipfrac_lower",
         "actor/ppo_kl",
         "actor/kl_loss",
+        "actor/reward_kl_penalty",
+        "actor/reward_kl_penalty_coeff",
     ),
     "openrlhf": ("policy_loss", "ppo_clip_ratio", "ppo_kl", "kl", "logprobs_diff"),
 }
@@ -498,14 +566,22 @@ def trainer_metrics(
         out["actor/pg_clipfrac"] = clip.region
         out["actor/pg_clipfrac_lower"] = 0.0 if gspo else clip.dual_clip_lower
         out["actor/ppo_kl"] = -(lr.delta if gspo else lr.delta20) / t
-        if settings.beta != 0.0:
+        if settings.kl_mode == "reward":  # apply_kl_penalty's metrics
+            out["actor/reward_kl_penalty"] = acc.reward_kl.answer_means / max(acc.answers, 1)
+            out["actor/reward_kl_penalty_coeff"] = settings.beta
+        elif settings.beta != 0.0:
             out["actor/kl_loss"] = acc.aggregate("kl", settings.kl_aggregation)
     else:
         out["policy_loss"] = -policy_term
         out["ppo_clip_ratio"] = clip.region
         out["ppo_kl"] = -lr.delta / t
-        out["kl"] = acc.kl.token / t if settings.beta != 0.0 else 0.0
-        out["logprobs_diff"] = -lr.ref / t if settings.beta != 0.0 else 0.0
+        if settings.kl_mode == "reward":  # per-answer means of old vs ref, over answers
+            n = max(acc.answers, 1)
+            out["kl"] = acc.reward_kl.answer_means / n if settings.beta != 0.0 else 0.0
+            out["logprobs_diff"] = acc.old_ref.answer_means / n if settings.beta != 0.0 else 0.0
+        else:
+            out["kl"] = acc.kl.token / t if settings.beta != 0.0 else 0.0
+            out["logprobs_diff"] = -lr.ref / t if settings.beta != 0.0 else 0.0
     missing = [k for k, v in out.items() if v is None]
     for k in missing:
         warnings.append(f"trainer metric {k!r} left out: the input does not give it")
@@ -525,7 +601,9 @@ def _objective_record(
     agg = settings.agg
     objective = acc.objective(agg)
     policy = acc.aggregate("policy", agg)
-    kl_term = settings.beta * acc.aggregate("kl", settings.kl_aggregation) if settings.beta else 0.0
+    kl_term = 0.0  # with the KL in the reward, the loss has no KL term
+    if settings.beta and settings.kl_mode == "loss":
+        kl_term = settings.beta * acc.aggregate("kl", settings.kl_aggregation)
     units = acc.answers if settings.clip_unit == "sequences" else acc.tokens
     t = max(units, 1)
     clip = ClipFractions(

@@ -28,6 +28,7 @@ __all__ = ["OFF", "PRESETS", "TRAINERS", "SettingError", "Settings", "resolve_se
 
 
 Trainer = Literal["trl", "verl", "openrlhf"]
+KLMode = Literal["loss", "reward"]
 
 OFF = object()
 """An override meaning "turn this optional convention off" (e.g. a preset's dual clip)."""
@@ -45,8 +46,10 @@ class Settings:
     after the mean; sequence level only), ``clip_unit`` tokens|sequences (what a clip
     fraction counts). KL: ``beta``, ``kl_estimator`` k1|k2|k3, ``kl_clamp``,
     ``kl_bias_correction`` (the per-token KL times the importance ratio, TRL),
-    ``kl_agg`` (None: as ``agg``). Aggregation: ``agg``, ``max_len`` (L of
-    seq-mean-token-sum-norm; None: the widest row) and ``norm_scale`` n-lmax|lmax.
+    ``kl_agg`` (None: as ``agg``), ``kl_mode`` loss|reward (the KL in the loss, or in the
+    reward, the trainer's way), ``adv_clip`` (bound |A|: OpenRLHF's reward clip).
+    Aggregation: ``agg``, ``max_len`` (L of seq-mean-token-sum-norm; None: the widest row)
+    and ``norm_scale`` n-lmax|lmax.
     ``trainer`` and ``mirrors`` name the trainer (and version) a preset reproduces.
     """
 
@@ -58,6 +61,7 @@ class Settings:
     eps: float = 1e-8
     estimator: AdvantageEstimator = "grpo"
     singleton: Singleton = "zero"
+    adv_clip: float | None = None
     ratio_level: RatioLevel = "token"
     clip_eps: float = 0.2
     clip_eps_high: float | None = None
@@ -69,6 +73,7 @@ class Settings:
     kl_estimator: KLEstimator = "k3"
     kl_clamp: float | None = None
     kl_bias_correction: bool = False
+    kl_mode: KLMode = "loss"
     agg: Aggregation = "seq-mean-token-mean"
     kl_agg: Aggregation | None = None
     max_len: int | None = None
@@ -90,9 +95,11 @@ class Settings:
             "eps": self.eps,
             "estimator": self.estimator,
             "singleton": self.singleton,
+            "clip": self.adv_clip,
         }
 
     def term_kwargs(self) -> dict[str, Any]:
+        """The per-token terms' settings; with the KL in the reward the loss has none."""
         return {
             "clip_eps": self.clip_eps,
             "clip_eps_high": self.clip_eps_high,
@@ -100,7 +107,7 @@ class Settings:
             "log_ratio_clamp": self.log_ratio_clamp,
             "seq_ratio_clamp": self.seq_ratio_clamp,
             "ratio_level": self.ratio_level,
-            "beta": self.beta,
+            "beta": self.beta if self.kl_mode == "loss" else 0.0,
             "kl_estimator": self.kl_estimator,
             "kl_clamp": self.kl_clamp,
             "kl_bias_correction": self.kl_bias_correction,
@@ -125,6 +132,7 @@ class Settings:
             "singleton": ("zero", "raw"),
             "ratio_level": ("token", "sequence"),
             "clip_unit": ("tokens", "sequences"),
+            "kl_mode": ("loss", "reward"),
             "kl_estimator": ("k1", "k2", "k3"),
             "agg": AGGREGATIONS,
             "kl_agg": (None, *AGGREGATIONS),
@@ -151,6 +159,7 @@ class Settings:
             if not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
                 raise SettingError(name, f"must be a finite number >= 0, got {v}")
         positive = {
+            "adv_clip": self.adv_clip,
             "dual_clip": self.dual_clip,
             "log_ratio_clamp": self.log_ratio_clamp,
             "seq_ratio_clamp": self.seq_ratio_clamp,
@@ -166,6 +175,12 @@ class Settings:
 
     def _check_combination(self) -> None:
         """Fields that only make sense together."""
+        if self.kl_mode == "reward" and self.trainer not in ("verl", "openrlhf"):
+            raise SettingError(
+                "kl_mode",
+                "reward needs trainer verl or openrlhf: they put the KL into the reward in "
+                "different ways (name one with --trainer or a preset)",
+            )
         if self.ratio_level == "token":
             if self.clip_unit == "sequences":
                 raise SettingError(
@@ -229,20 +244,24 @@ PRESETS: dict[str, Settings] = {
         kl_clamp=10.0,
         beta=0.001,
     ),
-    # OpenRLHF (--advantage_estimator group_norm, PolicyLoss "ppo", --algo.kl.use_loss):
-    # sample std, eps 1e-9, token-mean, Δ clamp 20, KL estimator k1 (its default) clamped
-    # to ±10, init_kl_coef 0.01, the KL loss aggregated per token whatever the policy loss.
+    # OpenRLHF (--advantage_estimator group_norm, PolicyLoss "ppo"), its default KL in the
+    # reward: sample std, eps 1e-9, advantages clipped to ±10 (--reward.clip_range), then
+    # −β·k1(old_logp, ref_logp) clamped to ±10 per token, summed from each token to the end;
+    # init_kl_coef 0.01; token-mean, Δ clamp 20. --kl-mode loss is --algo.kl.use_loss (the
+    # KL loss aggregated per token whatever the policy loss).
     "openrlhf": Settings(
         preset="openrlhf",
         trainer="openrlhf",
         mirrors=OPENRLHF_VERSION,
         ddof=1,
         eps=1e-9,
+        adv_clip=10.0,
         agg="token-mean",
         kl_agg="token-mean",
         log_ratio_clamp=20.0,
         kl_estimator="k1",
         kl_clamp=10.0,
+        kl_mode="reward",
         beta=0.01,
     ),
     # Dr. GRPO as TRL runs it (loss_type="dr_grpo", scale_rewards="none"): no std division,
@@ -298,7 +317,8 @@ def _preset_rules(s: dict[str, Any], given: set[str]) -> dict[str, Any]:
     - Any preset at token level: clip fractions count tokens, no sequence-ratio clamp.
     - verl (verl 0.9.1 ``kl_penalty_forward``): only ``low_var_kl`` (k3) is clamped; k1
       (``kl``) and k2 (``mse``) are not. Its GSPO loss (``compute_policy_loss_gspo``) has no
-      dual clip and clamps the sequence log-ratio from above at 10.
+      dual clip and clamps the sequence log-ratio from above at 10. With the KL in the
+      reward (``use_kl_in_reward``) the estimator is ``algorithm.kl_penalty``, ``kl`` (k1).
     - OpenRLHF (``PolicyLoss``, ``policy_loss_type="gspo"``): per-sample aggregation
       (``token_level_loss=False``); the KL loss stays per token.
     """
@@ -313,7 +333,9 @@ def _preset_rules(s: dict[str, Any], given: set[str]) -> dict[str, Any]:
         default("clip_unit", "tokens")
         default("seq_ratio_clamp", None)
     if s["trainer"] == "verl":
-        if s["kl_estimator"] != "k3":
+        if s["kl_mode"] == "reward":  # algorithm.kl_penalty: "kl" (k1) by default
+            default("kl_estimator", "k1")
+        if out.get("kl_estimator", s["kl_estimator"]) != "k3":
             default("kl_clamp", None)
         if level == "sequence":
             default("dual_clip", None)

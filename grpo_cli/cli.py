@@ -331,6 +331,15 @@ KLBiasOpt = Annotated[
         show_default=False,
     ),
 ]
+KLModeOpt = Annotated[
+    str | None,
+    typer.Option(
+        rich_help_panel="KL",
+        help="Where β·KL goes: loss (default) or reward (the trainer's way: verl use_kl_in_reward, "
+        "OpenRLHF's default; needs --trainer verl|openrlhf or their preset).",
+        show_default=False,
+    ),
+]
 KLAggOpt = Annotated[
     str | None,
     typer.Option(
@@ -615,6 +624,7 @@ def objective(
     kl_estimator: KLEstOpt = None,
     kl_clamp: KLClampOpt = None,
     kl_bias_correction: KLBiasOpt = None,
+    kl_mode: KLModeOpt = None,
     kl_agg: KLAggOpt = None,
     agg: AggOpt = None,
     max_len: MaxLenOpt = None,
@@ -646,6 +656,7 @@ def objective(
             kl_estimator=kl_estimator,
             kl_clamp=kl_clamp,
             kl_bias_correction=kl_bias_correction,
+            kl_mode=kl_mode,
             kl_agg=kl_agg,
             agg=agg,
             max_len=max_len,

@@ -217,9 +217,9 @@ def test_verl_gspo(cli: Cli, batch: dict[str, Any]) -> None:
     assert (s["dual_clip"], s["seq_ratio_clamp"]) == (None, 10.0)
 
 
-def test_openrlhf(cli: Cli, batch: dict[str, Any]) -> None:
-    """OpenRLHF group_norm: (r − mean) / (std + 1e-9); KL loss: k1 (its default estimator)
-    clamped to ±10, aggregated per token; kl coef 0.01."""
+def test_openrlhf_kl_in_the_loss(cli: Cli, batch: dict[str, Any]) -> None:
+    """OpenRLHF group_norm with --algo.kl.use_loss: (r − mean) / (std + 1e-9); KL loss: k1
+    (its default estimator) clamped to ±10, aggregated per token; kl coef 0.01."""
     lp, old, ref, m = batch["logp"], batch["old"], batch["ref"], batch["mask"]
     adv = group_norm(REWARDS, ddof=1, eps=1e-9)
     ratio = np.exp(np.clip(lp - old, -20, 20))
@@ -227,8 +227,68 @@ def test_openrlhf(cli: Cli, batch: dict[str, Any]) -> None:
     loss = masked_token_mean(ppo_clip_loss(ratio, adv, 0.2, 0.2), m) + 0.01 * masked_token_mean(
         kl, m
     )
-    doc = run(cli, batch, "--preset", "openrlhf")
+    doc = run(cli, batch, "--preset", "openrlhf", "--kl-mode", "loss")
     assert math.isclose(doc["objective"], -loss, rel_tol=1e-12)
+
+
+def suffix(x: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """Σ_{t' >= t} x (masked), each row on its own: OpenRLHF's get_cumulative_returns."""
+    out = np.zeros_like(x)
+    running = np.zeros(x.shape[0])
+    for t in reversed(range(x.shape[1])):
+        running = x[:, t] * m[:, t] + running
+        out[:, t] = running
+    return out
+
+
+def test_openrlhf_kl_in_the_reward(cli: Cli, batch: dict[str, Any]) -> None:
+    """OpenRLHF's default: A_t = clip(z, ±10) − 0.01 Σ_{t' >= t} clamp(old − ref, ±10),
+    per token; the loss has no KL term; its kl metric is the mean over answers of each
+    answer's mean clamped k1."""
+    lp, old, ref, m = batch["logp"], batch["old"], batch["ref"], batch["mask"]
+    z = np.clip(group_norm(REWARDS, ddof=1, eps=1e-9), -10, 10)
+    kl = np.clip(old - ref, -10, 10)
+    adv_t = z[:, None] - 0.01 * suffix(kl, m)
+    ratio = np.exp(np.clip(lp - old, -20, 20))
+    surr = np.minimum(ratio * adv_t, np.clip(ratio, 0.8, 1.2) * adv_t)
+    expected = masked_token_mean(surr, m)
+    doc = run(cli, batch, "--preset", "openrlhf")
+    assert doc["settings"]["kl_mode"] == "reward" and doc["kl_term"] == 0.0
+    assert math.isclose(doc["objective"], expected, rel_tol=1e-12)
+    low = ((ratio < 0.8) & (adv_t < 0) & m).sum() / m.sum()
+    high = ((ratio > 1.2) & (adv_t > 0) & m).sum() / m.sum()
+    assert (doc["clip_fraction"]["low"], doc["clip_fraction"]["high"]) == (low, high)
+    tm = doc["trainer_metrics"]["metrics"]
+    per_answer = (kl * m).sum(1) / m.sum(1)
+    assert math.isclose(tm["kl"], float(per_answer.mean()), rel_tol=1e-12)
+    raw = ((old - ref) * m).sum(1) / m.sum(1)
+    assert math.isclose(tm["logprobs_diff"], float(raw.mean()), rel_tol=1e-12)
+
+
+def test_verl_kl_in_the_reward(cli: Cli, batch: dict[str, Any]) -> None:
+    """verl use_kl_in_reward: the score is r − β Σ_t (old − ref) (k1, unclamped) before the
+    group mean and std: equal task rewards get nonzero advantages from the KL alone."""
+    lp, old, ref, m = batch["logp"], batch["old"], batch["ref"], batch["mask"]
+    beta = 0.05
+    score = REWARDS - beta * ((old - ref) * m).sum(1)
+    adv = group_norm(score, ddof=1, eps=1e-6)
+    expected = -masked_token_mean(verl_vanilla(lp, old, adv, 0.2, 0.2), m)
+    doc = run(cli, batch, "--preset", "verl", "--kl-mode", "reward", "--beta", str(beta))
+    assert doc["kl_term"] == 0.0 and doc["settings"]["kl_estimator"] == "k1"
+    assert math.isclose(doc["objective"], expected, rel_tol=1e-12)
+    assert doc["advantage"]["max"] == pytest.approx(float(adv.max()), rel=1e-12)
+    # the group of equal rewards (0.5) now has nonzero advantages
+    group_of_equal = adv.reshape(-1, G)[1]
+    assert np.all(group_of_equal != 0)
+    tm = doc["trainer_metrics"]["metrics"]
+    assert tm["actor/reward_kl_penalty_coeff"] == beta and "actor/kl_loss" not in tm
+    per_answer = ((old - ref) * m).sum(1) / m.sum(1)
+    assert math.isclose(tm["actor/reward_kl_penalty"], float(per_answer.mean()), rel_tol=1e-12)
+
+
+def test_kl_in_the_reward_needs_a_trainer(cli: Cli, batch: dict[str, Any]) -> None:
+    cli.error(["objective", str(batch["path"]), "--kl-mode", "reward"],
+              "--kl-mode: reward needs trainer verl or openrlhf")  # fmt: skip
 
 
 def test_openrlhf_kl_is_token_mean_whatever_the_policy_aggregation(
@@ -243,8 +303,9 @@ def test_openrlhf_kl_is_token_mean_whatever_the_policy_aggregation(
     kl = np.clip(k3(lp, ref), -10, 10)
     loss = float(np.mean((pg * m).sum(-1) / m.sum(-1))) + 0.01 * masked_token_mean(kl, m)
     doc = run(
-        cli, batch, "--preset", "openrlhf", "--ratio-level", "sequence", "--kl-estimator", "k3"
-    )
+        cli, batch, "--preset", "openrlhf", "--ratio-level", "sequence", "--kl-estimator", "k3",
+        "--kl-mode", "loss",
+    )  # fmt: skip
     assert math.isclose(doc["objective"], -loss, rel_tol=1e-12)
     s = doc["settings"]
     assert (s["agg"], s["kl_agg"]) == ("seq-mean-token-mean", "token-mean")
@@ -408,7 +469,7 @@ def test_trainer_metrics_under_the_trainers_names(cli: Cli, batch: dict[str, Any
     kl = np.clip(ref - lp, -20, 20)
     low_var_kl = np.clip(np.exp(kl) - kl - 1, -10, 10)
     assert math.isclose(vm["actor/kl_loss"], masked_token_mean(low_var_kl, m))
-    orl = run(cli, batch, "--preset", "openrlhf")["trainer_metrics"]["metrics"]
+    orl = run(cli, batch, "--preset", "openrlhf", "--kl-mode", "loss")["trainer_metrics"]["metrics"]
     assert math.isclose(orl["ppo_kl"], masked_token_mean(-delta, m))
     assert math.isclose(orl["logprobs_diff"], masked_token_mean(lp - ref, m))
     assert math.isclose(orl["kl"], masked_token_mean(np.clip(lp - ref, -10, 10), m))
