@@ -199,7 +199,8 @@ def segment_sum(values: F64, offsets: I64) -> F64:
     out = np.zeros(lengths.shape[0], dtype=np.float64)
     nonempty = lengths > 0
     if values.shape[0]:
-        out[nonempty] = np.add.reduceat(values, offsets[:-1][nonempty])
+        with np.errstate(over="ignore"):  # a sum beyond float64 is ±inf
+            out[nonempty] = np.add.reduceat(values, offsets[:-1][nonempty])
     return out
 
 

@@ -1128,8 +1128,10 @@ def _check_finite(
 ) -> None:
     """Raise on the first NaN/inf of ``raw`` where the mask ``m`` (None: everywhere) is True,
     naming the answer and its token position (in a padded array, the column)."""
-    if raw.dtype.kind == "f" and math.isfinite(np.add.reduce(raw)):
-        return  # a finite sum: every value is finite (one pass, no temporary)
+    if raw.dtype.kind == "f":
+        with np.errstate(over="ignore", invalid="ignore"):  # ±1e308s may sum to inf
+            if math.isfinite(np.add.reduce(raw)):
+                return  # a finite sum: every value is finite (one pass, no temporary)
     bad = ~np.isfinite(raw)
     if m is not None:
         bad &= m

@@ -350,6 +350,10 @@ class TokenPartial:
 
     def update_kl(self, b: Batch) -> None:
         """Statistics of the KL estimate alone (``grpo-cli kl``)."""
+        with np.errstate(over="ignore"):  # sums beyond float64 are inf, reported as such
+            self._update_kl(b)
+
+    def _update_kl(self, b: Batch) -> None:
         self.counts.update(b)
         d = difference(b.fields["ref_logp"], b.fields["logp"])
         k = self.kl_function()(d)
@@ -360,11 +364,12 @@ class TokenPartial:
     def update(self, b: Batch, adv: F64) -> None:
         """Fold in a batch of answers with their advantages: ``(b.n,)``, or one per token
         (the kernel takes one per answer: per-token advantages fold in numpy)."""
-        if self.compiled and adv.shape == (b.n,):
-            self._update_compiled(b, adv)
-        else:
-            self._update_numpy(b, adv)
-        self._update_extras(b)
+        with np.errstate(over="ignore"):  # sums beyond float64 are inf, reported as such
+            if self.compiled and adv.shape == (b.n,):
+                self._update_compiled(b, adv)
+            else:
+                self._update_numpy(b, adv)
+            self._update_extras(b)
 
     def _update_compiled(self, b: Batch, adv: F64) -> None:
         """The same statistics as :meth:`_update_numpy`, from one pass of the kernel (which

@@ -213,14 +213,22 @@ def kl_report(
 
 
 def nonfinite_kl_warnings(acc: TokenPartial) -> list[str]:
-    """Why the KL's mean, std or extremes are null in JSON, when they are."""
-    n = acc.kl_values.n_inf
-    if not n:
+    """Why the KL's mean, std or extremes are null in JSON, when they are: non-finite
+    estimates, or finite ones whose sum is beyond float64."""
+    m = acc.kl_values
+    if m.n == 0:
         return []
+    stats = (m.mean, m.std, m.min, m.max)
+    if m.n_inf == 0 and all(v is not None and math.isfinite(v) for v in stats):
+        return []
+    what = (
+        f"{m.n_inf} token(s) have a non-finite KL estimate"
+        if m.n_inf
+        else "the KL estimates sum beyond float64"
+    )
     return [
-        f"{n} token(s) have a non-finite KL estimate (log-probs too far apart for float64, or "
-        "an unclamped k3 of a huge log-ratio): kl.mean and kl.std are null (and kl.max when "
-        "it is infinite); --kl-clamp bounds the estimate"
+        f"{what} (log-probs too far apart, or an unclamped k3 of a huge log-ratio): the KL's "
+        "non-finite statistics are null; --kl-clamp bounds the estimate"
     ]
 
 

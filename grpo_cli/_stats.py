@@ -184,8 +184,9 @@ class Histogram:
         if x.shape[0] == 0:
             return self
         # position + 1, so that the underflow bin is 0 and truncation is floor
-        pos = np.multiply(x, self.inv_width)
-        pos += 1.0 - self.lo * self.inv_width
+        with np.errstate(over="ignore", invalid="ignore"):  # ±1e308: an end bin, not a warning
+            pos = np.multiply(x, self.inv_width)
+            pos += 1.0 - self.lo * self.inv_width
         np.clip(pos, 0.0, float(self.nbins + 1), out=pos)
         pos[np.isnan(pos)] = float(self.nbins + 1)  # a NaN: the top open bin, not an index
         idx = pos.astype(np.intp)
