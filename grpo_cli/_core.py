@@ -242,6 +242,10 @@ class GroupStats:
     """Per-group reward statistics, ``(P,)`` arrays: count, total, mean, std (with ddof), min, max.
 
     ``std`` is NaN for a group with ``count <= ddof``; ``min == max`` marks zero variance.
+    ``scale`` (a power of two per group, None: 1) is what the rewards were divided by before
+    summing and squaring, ``mean_scaled`` and ``std_scaled`` the moments of the scaled
+    rewards: advantages are computed on the scaled values, so tiny (subnormal) rewards keep
+    their advantages.
     """
 
     count: I64
@@ -250,6 +254,9 @@ class GroupStats:
     std: F64
     min: F64
     max: F64
+    scale: F64 | None = None
+    std_scaled: F64 | None = None
+    mean_scaled: F64 | None = None
 
 
 def group_stats(rewards: F64, codes: I64, *, n_groups: int, ddof: int = 0) -> GroupStats:
@@ -278,10 +285,14 @@ def group_stats(rewards: F64, codes: I64, *, n_groups: int, ddof: int = 0) -> Gr
     dev = rewards / s - mean_s[codes]
     sq = np.bincount(codes, weights=dev * dev, minlength=P)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        std = np.sqrt(sq / (count - ddof)) * scale
+        std_s = np.sqrt(sq / (count - ddof))
+        std = std_s * scale
         mean = mean_s * scale
         total = total_s * scale  # inf when the true sum is beyond float64
-    return GroupStats(count=count, total=total, mean=mean, std=std, min=lo, max=hi)
+    return GroupStats(
+        count=count, total=total, mean=mean, std=std, min=lo, max=hi, scale=scale,
+        std_scaled=std_s, mean_scaled=mean_s,
+    )  # fmt: skip
 
 
 def advantages_by_group(
@@ -421,19 +432,35 @@ def advantages_from_stats(
     constant = (stats.min == stats.max)[g]
     size = stats.count[g]
 
-    if estimator == "grpo":
-        centred = r - mean[g]
-    else:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            centred = r - (total[g] - r) / (size - 1)
-
-    with np.errstate(divide="ignore", invalid="ignore"):  # 0/0 of constant groups, reset below
-        if scale == "group":
-            adv = centred / (std[g] + eps)
-        elif scale == "batch":
-            adv = centred / (batch_std + eps)
+    if (
+        scale == "group"
+        and stats.scale is not None
+        and stats.std_scaled is not None
+        and stats.mean_scaled is not None
+    ):
+        # on the rewards divided by their group's power of two: exact for ordinary rewards
+        # (the same bits as unscaled), and subnormal ones keep their advantages
+        s = stats.scale[g]
+        if estimator == "grpo":
+            centred_s = r / s - stats.mean_scaled[g]
         else:
-            adv = centred.copy()
+            with np.errstate(divide="ignore", invalid="ignore"):
+                centred_s = r / s - (total[g] / s - r / s) / (size - 1)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            adv = centred_s / (stats.std_scaled[g] + eps / s)
+    else:
+        if estimator == "grpo":
+            centred = r - mean[g]
+        else:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                centred = r - (total[g] - r) / (size - 1)
+        with np.errstate(divide="ignore", invalid="ignore"):  # 0/0 of constant groups, reset below
+            if scale == "group":
+                adv = centred / (std[g] + eps)
+            elif scale == "batch":
+                adv = centred / (batch_std + eps)
+            else:
+                adv = centred.copy()
 
     adv[constant] = 0.0
     if singleton == "raw":

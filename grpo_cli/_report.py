@@ -633,6 +633,16 @@ def _objective_record(
         )
     has_kl = acc.kl_values.n > 0
     warnings += nonfinite_kl_warnings(acc)
+    rollout = acc.rollout.report()
+    if rollout is not None:
+        nulls = [
+            k for k, v in rollout.to_json().items() if isinstance(v, float) and not math.isfinite(v)
+        ]
+        if nulls:
+            warnings.append(
+                "the sampler's log-probs differ from the trainer's so much that exp(δ) "
+                f"overflows: rollout.{', rollout.'.join(nulls)} are null (see abs_diff_max)"
+            )
     group_summary = group_summary_of(stats) if stats is not None else None
     metrics = trainer_metrics(settings, acc, policy, clip, group_summary, warnings)
     return ObjectiveReport(
@@ -659,7 +669,7 @@ def _objective_record(
         group_summary=group_summary,
         trainer_metrics=metrics,
         length_weights=length_weights(acc),
-        rollout=acc.rollout.report(),
+        rollout=rollout,
         entropy=distribution(acc.entropy, acc.entropy_q) if acc.entropy.n else None,
         warnings=warnings,
     )

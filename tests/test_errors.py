@@ -404,3 +404,19 @@ def test_files_whose_types_differ_compatibly_are_one_dataset(cli: Cli, tmp_path:
     pq.write_table(pa.table(b), tmp_path / "b.parquet")
     adv = cli.json("advantages", tmp_path)["advantages"]
     assert adv == [pytest.approx(x) for x in (1.0, -1.0, 1.0, -1.0)]
+
+
+def test_every_null_number_has_its_warning(cli: Cli, tmp_path: Path) -> None:
+    """A sampler 1e4 nats off overflows exp(δ); subnormal rewards with --eps 0 gave null
+    advantages: now ±1, and the overflowed rollout statistics are named in warnings."""
+    roll = tmp_path / "r.parquet"
+    pq.write_table(pa.table({"group": ["a", "a"], "reward": [1.0, 0.0],
+                             "logp": [[-1.0], [-2.0]], "old_logp": [[-1.0], [-2.0]],
+                             "rollout_logp": [[-9999.0], [-2.0]]}), roll)  # fmt: skip
+    doc = cli.json("objective", roll, "--beta", "0")
+    assert doc["rollout"]["kl_k3"] is None
+    assert any("rollout.kl_k3" in w for w in doc["warnings"])
+    sub = tmp_path / "s.parquet"
+    pq.write_table(pa.table({"group": ["a", "a"], "reward": [5e-324, 0.0],
+                             "logp": [[-1.0], [-2.0]]}), sub)  # fmt: skip
+    assert cli.json("advantages", sub, "--eps", "0")["advantages"] == [1.0, -1.0]
