@@ -16,6 +16,7 @@ import glob as globlib
 import math
 import queue
 import threading
+import zipfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass
@@ -385,8 +386,9 @@ def _npz_answers(src: Source, need_rewards: bool, allow_nonfinite: bool = False)
         reward = get("reward")
         group = get("group")
         adv = get("advantage")
-        n_tok = get("logp")
-    n_tokens = n_tok.shape[0] if n_tok is not None and n_tok.ndim >= 1 else None
+    # the token arrays' row count from their header: pass 1 decompresses no token array
+    declared = npz_declared(path, src.name("logp")) if src.has("logp") else None
+    n_tokens = declared[0][0] if declared is not None and len(declared[0]) >= 1 else None
     rname, gname, aname = src.name("reward"), src.name("group"), src.name("advantage")
     shape: tuple[int, int] | None = None
     codes = labels = r = None
@@ -452,6 +454,50 @@ def _npz_answers(src: Source, need_rewards: bool, allow_nonfinite: bool = False)
     return Answers(
         n=n, codes=codes, labels=labels, reward=r, advantage=a, shape=shape, group_ids=ids
     )
+
+
+# An npz is read whole (padded (N, L) arrays): its declared sizes are checked before any
+# member is decompressed, so a small file that inflates to gigabytes is refused, not loaded.
+NPZ_MAX_BYTES = 1 << 30
+
+
+def npz_declared(path: Path, name: str) -> tuple[tuple[int, ...], np.dtype[Any]] | None:
+    """The shape and dtype an npz member declares in its .npy header (None: no such
+    member), read without decompressing its data."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            try:
+                fh = zf.open(name + ".npy")
+            except KeyError:
+                return None
+            with fh:
+                version = np.lib.format.read_magic(fh)
+                if version == (1, 0):
+                    shape, _, dtype = np.lib.format.read_array_header_1_0(fh)
+                else:
+                    shape, _, dtype = np.lib.format.read_array_header_2_0(fh)
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise InputError(f"{path}: array {name!r} is unreadable ({_why(exc)})") from None
+    return tuple(shape), dtype
+
+
+def _check_npz_size(src: Source, fields: Sequence[str]) -> None:
+    """Refuse an npz whose token arrays declare more than :data:`NPZ_MAX_BYTES` together."""
+    path, total = src.paths[0], 0
+    for f in fields:
+        if not src.has(f):
+            continue
+        declared = npz_declared(path, src.name(f))
+        if declared is None:
+            continue
+        shape, dtype = declared
+        total += int(np.prod(shape, dtype=np.float64)) * max(dtype.itemsize, 1)
+    if total > NPZ_MAX_BYTES:
+        raise InputError(
+            f"{path}: its token arrays declare {total / 2**30:.1f} GiB once decompressed "
+            f"(more than {NPZ_MAX_BYTES / 2**30:.0f} GiB read at once): give the rollouts as "
+            "parquet, which is streamed"
+        )
 
 
 def _npz_getter(z: Any, src: Source) -> Any:
@@ -616,6 +662,7 @@ def _npz_arrays(src: Source, wanted: list[str]) -> tuple[dict[str, np.ndarray], 
     """The requested ``(N, L)`` token arrays of an npz and its boolean mask (all True when
     absent), with shapes and dtypes checked: anything else is an :class:`InputError`."""
     path = src.paths[0]
+    _check_npz_size(src, [*wanted, "mask"])
     with np.load(path, allow_pickle=False) as z:
         get = _npz_getter(z, src)
         raw = {f: get(f) for f in wanted}

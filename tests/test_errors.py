@@ -420,3 +420,32 @@ def test_every_null_number_has_its_warning(cli: Cli, tmp_path: Path) -> None:
     pq.write_table(pa.table({"group": ["a", "a"], "reward": [5e-324, 0.0],
                              "logp": [[-1.0], [-2.0]]}), sub)  # fmt: skip
     assert cli.json("advantages", sub, "--eps", "0")["advantages"] == [1.0, -1.0]
+
+
+def test_an_npz_that_inflates_to_gigabytes_is_refused_unread(cli: Cli, tmp_path: Path) -> None:
+    """A 1 MiB npz declaring a (40000, 4000) float64 logp: advantages never decompress it
+    (its row count comes from the header), objective refuses it before loading."""
+    import io
+    import resource
+    import zipfile
+
+    path = tmp_path / "bomb.npz"
+    n, width = 40_000, 4_000
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        with zf.open("logp.npy", "w", force_zip64=True) as fh:
+            np.lib.format.write_array_header_1_0(
+                fh, {"descr": "<f8", "fortran_order": False, "shape": (n, width)}
+            )
+            block = np.zeros((1000, width)).tobytes()
+            for _ in range(n // 1000):
+                fh.write(block)
+        for name, arr in (("rewards", np.zeros(n)), ("group", np.arange(n) // 8)):
+            buf = io.BytesIO()
+            np.save(buf, arr)
+            zf.writestr(f"{name}.npy", buf.getvalue())
+    assert path.stat().st_size < 2**21
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    assert len(cli.json("advantages", path)["advantages"]) == n
+    _fails(cli, "objective", path, "--beta", "0", contains=["declare 1.2 GiB", "parquet"])
+    grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert grown_kib < 300 * 1024  # the 1.2 GiB array was never materialised
