@@ -568,10 +568,6 @@ _TOP_KEYS = {"rules", "on-policy", "baseline-tolerance", "require"}
 _PARAM_DOMAIN = {"band": (1.0, True), "zero_share_warn": (0.0, False)}
 
 
-def _rule_params(rule: str) -> set[str]:
-    return set(RULES[rule][1].params)
-
-
 def _apply(cfg: CheckConfig, table: dict[str, Any], where: str) -> CheckConfig:
     unknown = set(table) - _TOP_KEYS
     if unknown:
@@ -619,10 +615,16 @@ def _known_rules(names: list[str], where: str) -> tuple[str, ...]:
 
 
 def _set_rule(
-    rules: dict[str, RuleConfig], rid: str, key: str, value: Any, where: str
+    rules: dict[str, RuleConfig],
+    rid: str,
+    key: str,
+    value: Any,
+    where: str,
+    registry: dict[str, tuple[Any, RuleConfig]] | None = None,
 ) -> dict[str, RuleConfig]:
-    if rid not in RULES:
-        raise UsageError(f"{where}: unknown rule {rid!r}; rules: {', '.join(RULES)}")
+    known = RULES if registry is None else registry
+    if rid not in known:
+        raise UsageError(f"{where}: unknown rule {rid!r}; rules: {', '.join(known)}")
     rc = rules[rid]
     if key == "enabled":
         if not isinstance(value, bool):
@@ -641,7 +643,7 @@ def _set_rule(
             raise UsageError(f"{where}: rules.{rid}.{key} must be a finite number, got {value!r}")
         number = None if value is None else float(value)
         rc = replace(rc, warn=number) if key == "warn" else replace(rc, fail=number)
-    elif key in _rule_params(rid):
+    elif key in set(known[rid][1].params):
         if (
             isinstance(value, bool)
             or not isinstance(value, int | float)
@@ -654,9 +656,25 @@ def _set_rule(
             raise UsageError(f"{where}: rules.{rid}.{key} must be {sign} {low:g}, got {value!r}")
         rc = replace(rc, params={**rc.params, key: float(value)})
     else:
-        allowed = sorted(_RULE_KEYS | _rule_params(rid))
+        allowed = sorted(_RULE_KEYS | set(known[rid][1].params))
         raise UsageError(f"{where}: unknown key rules.{rid}.{key}; allowed: {', '.join(allowed)}")
     return {**rules, rid: rc}
+
+
+def rule_flags(
+    flags: list[str] | None,
+    registry: dict[str, tuple[Any, RuleConfig]],
+) -> dict[str, RuleConfig]:
+    """The default configs of ``registry`` with ``--rule RULE.KEY=VALUE`` flags applied."""
+    rules = {k: v[1] for k, v in registry.items()}
+    for item in flags or ():
+        target, sep, value = item.partition("=")
+        rid, dot, key = target.rpartition(".")
+        if not sep or not dot:
+            raise UsageError(f"--rule {item!r}: expected RULE.KEY=VALUE")
+        parsed = _parse_flag_value(value)
+        rules = _set_rule(rules, rid.strip(), key.strip(), parsed, "--rule", registry)
+    return rules
 
 
 def _parse_flag_value(text: str) -> Any:

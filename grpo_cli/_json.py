@@ -20,6 +20,7 @@ from ._report import (
 
 if TYPE_CHECKING:
     from ._check import CheckReport
+    from ._trend import TrendReport
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -28,6 +29,7 @@ __all__ = [
     "dumps",
     "kl_json",
     "objective_json",
+    "trend_json",
 ]
 
 SCHEMA_VERSION = 1
@@ -146,6 +148,7 @@ def objective_json(r: ObjectiveReport) -> dict[str, Any]:
         "kl": r.kl.to_json() if r.kl is not None else None,
         "lengths": r.lengths.to_json(),
         "advantage": r.advantage.to_json(),
+        "reward": r.reward.to_json() if r.reward is not None else None,
         "groups": r.group_summary.to_json() if r.group_summary is not None else None,
         "length_weights": r.length_weights,
         "trainer_metrics": {
@@ -181,3 +184,26 @@ def check_json(r: CheckReport) -> dict[str, Any]:
         "engine": None if r.engine is None else r.engine.to_json(),
         "warnings": warnings,
     }
+
+
+def trend_json(r: TrendReport, *, checked: bool) -> dict[str, Any]:
+    """``trend --json``: one object per step (keys :data:`grpo_cli._trend.STEP_KEYS`), and
+    with ``--check`` the trend rules' verdicts."""
+    from ._trend import STEP_KEYS
+
+    doc: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "command": "trend",
+        "settings": r.settings.to_json(),
+        "engine": r.engine.to_json(),
+        "steps": [{k: row[k] for k in STEP_KEYS} for row in r.steps],
+        "warnings": r.warnings,
+    }
+    if checked:
+        doc["check"] = {
+            "passed": r.passed,
+            "results": [
+                {k: v for k, v in x.to_json().items() if k != "examples"} for x in r.results
+            ],
+        }
+    return doc

@@ -243,6 +243,7 @@ class ObjectiveReport:
     warnings: list[str] = field(default_factory=list)
     engine: EngineOptions = field(default_factory=EngineOptions)
     logged: LoggedReport | None = None  # what the trainer logged, compared (--logged)
+    reward: Distribution | None = None  # the answers' rewards, when the input has them
 
     @property
     def loss(self) -> float:

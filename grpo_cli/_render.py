@@ -27,6 +27,7 @@ from ._report import (
     KLReport,
     ObjectiveReport,
 )
+from ._trend import TrendReport
 
 __all__ = [
     "check_github",
@@ -469,3 +470,47 @@ def check_junit(r: CheckReport) -> str:
     return (
         '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suite, encoding="unicode") + "\n"
     )
+
+
+def render_trend(r: TrendReport) -> RenderableType:
+    """One row per step, a sparkline per metric, and the trend rules' verdicts."""
+    from ._trend import sparkline
+
+    cols: list[tuple[str, str, int]] = [
+        ("objective", "J", 3),
+        ("clip_fraction_region", "clip", 3),
+        ("ratio_p99", "ρ p99", 4),
+        ("kl_mean", "KL", 3),
+        ("entropy_mean", "H", 3),
+        ("frac_zero_variance_groups", "0-var", 3),
+        ("reward_mean", "reward", 3),
+        ("length_mean", "len", 4),
+        ("rollout_kl_k3", "sampler KL", 3),
+    ]
+    t = _table(f"Training steps ({len(r.steps)}); H: entropy, 0-var: zero-variance groups")
+    t.add_column("step", justify="right")
+    for _, title, _ in cols:
+        t.add_column(title, justify="right")
+    for row in r.steps:
+        t.add_row(str(row["step"]), *(fmt(row[k], d) for k, _, d in cols))
+    spark = _table("Over the steps (first → last)")
+    spark.add_column("metric")
+    spark.add_column("")
+    spark.add_column("first", justify="right")
+    spark.add_column("last", justify="right")
+    for key, title, d in cols:
+        values = [row[key] for row in r.steps]
+        spark.add_row(title, sparkline(values), fmt(values[0], d), fmt(values[-1], d))
+    parts: list[RenderableType] = [t, spark]
+    if r.results:
+        v = _table("Trend rules")
+        for col in ("rule", "status", "value", "message"):
+            v.add_column(col)
+        for res in r.results:
+            value = "—" if res.value is None else fmt(float(res.value), 4)
+            v.add_row(res.rule, res.status.upper(), value, res.message)
+        parts.append(v)
+        parts.append(Text("PASSED" if r.passed else "FAILED", style="bold"))
+    for w in r.warnings:
+        parts.append(Text(f"note: {w}", style="yellow"))
+    return Group(*parts)

@@ -248,6 +248,7 @@ class Pass1:
     settings: Settings
     on_policy: bool
     warnings: list[str]
+    reward: Distribution | None = None  # the rewards (the task's, before any KL)
 
     @property
     def stats(self) -> GroupStats | None:
@@ -359,6 +360,7 @@ def objective_pass1(
     if answers is None:
         answers = load_answers(src, need_rewards=False)
     warnings += answers.notes
+    task_reward = answers.reward
     if (
         settings.kl_mode == "reward"
         and settings.trainer == "verl"
@@ -385,7 +387,8 @@ def objective_pass1(
     table = group_table(answers, settings)
     if adv_source == "file" and table is not None and answers.codes is not None:
         warnings += _residual_note(answers, answers.codes, table)
-    return Pass1(adv, adv_source, table, settings, on_policy, warnings)
+    reward = None if task_reward is None else values_distribution(task_reward)
+    return Pass1(adv, adv_source, table, settings, on_policy, warnings, reward)
 
 
 def _residual_note(answers: Answers, codes: I64, table: GroupTable) -> list[str]:
@@ -501,7 +504,9 @@ def objective_record(
     )
     b = math.log(ratio_band)
     outside = acc.delta.count_outside(-b, b) / max(acc.tokens, 1)
-    return replace(rec, engine=engine, ratio_band=ratio_band, ratio_outside_band=outside)
+    return replace(
+        rec, engine=engine, ratio_band=ratio_band, ratio_outside_band=outside, reward=p1.reward
+    )
 
 
 # The names each trainer logs (checked against their code: conformance/oracle.py).

@@ -817,6 +817,59 @@ def check(
 
 
 @app.command()
+def trend(
+    files: Files,
+    json_out: JsonOpt = False,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check",
+            help="Judge the trend rules (entropy-drop, kl-growth, clip-growth, "
+            "zero-variance-growth); exit 1 when one fails.",
+        ),
+    ] = False,
+    rule: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--rule", metavar="RULE.KEY=VALUE", help="Set a trend rule, e.g. kl-growth.fail=50."
+        ),
+    ] = None,
+    column: ColumnOpt = None,
+    preset: PresetOpt = None,
+    trainer: TrainerOpt = None,
+    beta: BetaOpt = None,
+    progress: ProgressOpt = True,
+    workers: WorkersOpt = None,
+) -> None:
+    """Health metrics step by step (one file a step, in step order) and rules over them."""
+    from ._check import rule_flags
+    from ._trend import TREND_RULES, trend_report
+
+    with _errors():
+        settings = _settings(preset=preset, trainer=trainer, beta=beta)
+        rules = rule_flags(rule, TREND_RULES) if check or rule else None
+        report = trend_report(
+            files,
+            settings,
+            engine=_engine(workers),
+            column_map=parse_column_map(column),
+            rules=rules if check else None,
+        )
+        for w in report.warnings:
+            _note(w)
+        if json_out:
+            from ._json import trend_json
+
+            _emit_json(trend_json(report, checked=check))
+        else:
+            from ._render import render_trend
+
+            _stdout().print(render_trend(report))
+    if check and not report.passed:
+        raise typer.Exit(1)
+
+
+@app.command()
 def sample(
     out: Annotated[
         Path, typer.Argument(help="Output file, .parquet (streamed, ragged) or .npz (padded).")

@@ -1,0 +1,235 @@
+"""``grpo-cli trend``: one row of health metrics per training step, and rules over them.
+
+Each file is one step (its number from the name: the integer after ``step``, else the last
+integer, else the file's position). A step's row is exactly what ``grpo-cli objective``
+computes on that file alone with the same settings (groups are scoped to their step), so
+a trend never disagrees with the single-step numbers it summarises.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ._check import Result, RuleConfig, _judge, _skip
+from ._engine import EngineOptions
+from ._io import _expand, open_source
+from ._records import ObjectiveReport
+from ._report import objective_report
+from ._settings import Settings
+from .errors import InputError
+
+__all__ = ["TREND_RULES", "StepRow", "TrendReport", "step_number", "trend_report"]
+
+STEP_KEYS = (
+    "step",
+    "source",
+    "answers",
+    "tokens",
+    "objective",
+    "loss",
+    "clip_fraction_region",
+    "ratio_p99",
+    "kl_mean",
+    "entropy_mean",
+    "frac_zero_variance_groups",
+    "reward_mean",
+    "length_mean",
+    "rollout_kl_k3",
+)
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """One step's metrics (None: the step's input does not give it)."""
+
+    values: dict[str, Any]
+
+    def __getitem__(self, key: str) -> Any:
+        return self.values[key]
+
+
+@dataclass(frozen=True)
+class TrendReport:
+    settings: Settings
+    engine: EngineOptions
+    steps: list[StepRow]
+    results: list[Result] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not any(r.status == "fail" for r in self.results)
+
+
+def step_number(path: Path, position: int) -> int:
+    """``step_300_seed2.parquet`` → 300; else the last integer of the name; else the
+    position."""
+    name = path.stem
+    m = re.search(r"step[_\-]?(\d+)", name, re.IGNORECASE)
+    if m:
+        return int(m.group(1))
+    numbers = re.findall(r"\d+", name)
+    return int(numbers[-1]) if numbers else position
+
+
+def _row(step: int, path: Path, r: ObjectiveReport) -> StepRow:
+    g = r.group_summary
+    return StepRow(
+        {
+            "step": step,
+            "source": path.name,
+            "answers": r.answers,
+            "tokens": r.tokens,
+            "objective": r.objective,
+            "loss": r.loss,
+            "clip_fraction_region": r.clip.region,
+            "ratio_p99": r.ratio.quantiles.get("p99"),
+            "kl_mean": None if r.kl is None else r.kl.mean,
+            "entropy_mean": None if r.entropy is None else r.entropy.mean,
+            "frac_zero_variance_groups": None if g is None else g.frac_zero_variance_groups,
+            "reward_mean": None if r.reward is None else r.reward.mean,
+            "length_mean": r.lengths.mean,
+            "rollout_kl_k3": None if r.rollout is None else r.rollout.kl_k3,
+        }
+    )
+
+
+def trend_report(
+    specs: Sequence[str],
+    settings: Settings,
+    *,
+    engine: EngineOptions | None = None,
+    column_map: dict[str, str] | None = None,
+    rules: dict[str, RuleConfig] | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> TrendReport:
+    """Every step's row (``objective`` of its file alone), in step order; with ``rules``,
+    the trend rules' verdicts."""
+    engine = (engine or EngineOptions()).resolved()
+    paths: list[Path] = []
+    for s in specs:
+        paths.extend(_expand(s))
+    if not paths:
+        raise InputError("no step file given")
+    numbered = sorted(
+        ((step_number(p, i), p) for i, p in enumerate(paths)), key=lambda x: (x[0], str(x[1]))
+    )
+    seen: dict[int, Path] = {}
+    for step, p in numbered:
+        if step in seen:
+            raise InputError(f"{p}: step {step} again (also {seen[step].name}): one file a step")
+        seen[step] = p
+    steps, warnings = [], []
+    for step, p in numbered:
+        src = open_source([str(p)], column_map)
+        r = objective_report(src, settings, engine=engine, progress=progress)
+        steps.append(_row(step, p, r))
+        warnings += [f"step {step}: {w}" for w in r.warnings]
+    for key in ("kl_mean", "entropy_mean", "reward_mean", "rollout_kl_k3", "ratio_p99"):
+        missing = [row["step"] for row in steps if row[key] is None]
+        if missing:
+            warnings.append(
+                f"{key} is null for step(s) {_steps(missing)}: not in the input (or not finite)"
+            )
+    results = (
+        [] if rules is None else [fn(steps, rules[rid]) for rid, (fn, _) in TREND_RULES.items()]
+    )
+    return TrendReport(settings, engine, steps, results, warnings)
+
+
+def _steps(steps: list[int]) -> str:
+    return ", ".join(map(str, steps[:8])) + (" ..." if len(steps) > 8 else "")
+
+
+def _ends(steps: list[StepRow], key: str) -> tuple[float, float] | None:
+    """The metric at the first and last step that have it (finite)."""
+    vals = [row[key] for row in steps if row[key] is not None and math.isfinite(row[key])]
+    return (vals[0], vals[-1]) if len(vals) >= 2 else None
+
+
+def _below(rule: str, c: RuleConfig, value: float, message: str) -> Result:
+    """A rule that alarms when the value falls *below* its thresholds."""
+    status = "pass"
+    if c.fail is not None and value < c.fail:
+        status = "fail" if c.severity == "fail" else "warn"
+    elif c.warn is not None and value < c.warn:
+        status = "warn"
+    return Result(rule, status, value, {"warn": c.warn, "fail": c.fail}, message)
+
+
+def rule_entropy_drop(steps: list[StepRow], c: RuleConfig) -> Result:
+    """Entropy collapse: the last step's mean token entropy as a share of the first's. Half
+    the entropy gone is a policy turning deterministic; four fifths gone, it no longer
+    explores (the usual precursor of reward plateaus and mode collapse)."""
+    ends = _ends(steps, "entropy_mean")
+    if ends is None or not c.enabled:
+        return _skip("entropy-drop", "needs logged entropy at two steps or more")
+    first, last = ends
+    share = last / first if first > 0 else math.inf
+    return _below("entropy-drop", c, share, f"entropy {last:.4g} at the last step, "
+                  f"{share:.1%} of the first step's {first:.4g}")  # fmt: skip
+
+
+def rule_kl_growth(steps: list[StepRow], c: RuleConfig) -> Result:
+    """KL to the reference, last step over first: growing tenfold is drift worth watching,
+    a hundredfold is a policy far from where it started (reward hacking, or β too small)."""
+    ends = _ends(steps, "kl_mean")
+    if ends is None or not c.enabled:
+        return _skip("kl-growth", "needs the KL (ref_logp) at two steps or more")
+    first, last = ends
+    ratio = last / first if first > 0 else (math.inf if last > 0 else 1.0)
+    return _judge("kl-growth", c, ratio, f"KL mean {first:.4g} → {last:.4g} ({ratio:.3g}x)")
+
+
+def rule_clip_growth(steps: list[StepRow], c: RuleConfig) -> Result:
+    """Clip region share, last step minus first: +0.1 means one token in ten more loses its
+    gradient (steps too large or data too stale); +0.3 is most of a batch learning nothing."""
+    ends = _ends(steps, "clip_fraction_region")
+    if ends is None or not c.enabled:
+        return _skip("clip-growth", "needs two steps or more")
+    first, last = ends
+    return _judge("clip-growth", c, last - first, f"clip region {first:.3g} → {last:.3g}")
+
+
+def rule_zero_variance_growth(steps: list[StepRow], c: RuleConfig) -> Result:
+    """Share of zero-variance groups, last minus first: a quarter more groups with no
+    learning signal means the task got too easy (or too hard) for the policy; half, that
+    most of the compute is spent on groups that teach nothing (what DAPO filters)."""
+    ends = _ends(steps, "frac_zero_variance_groups")
+    if ends is None or not c.enabled:
+        return _skip("zero-variance-growth", "needs rewards and group ids at two steps or more")
+    first, last = ends
+    return _judge(
+        "zero-variance-growth", c, last - first, f"zero-variance groups {first:.3g} → {last:.3g}"
+    )
+
+
+TREND_RULES: dict[str, tuple[Callable[[list[StepRow], RuleConfig], Result], RuleConfig]] = {
+    "entropy-drop": (rule_entropy_drop, RuleConfig(warn=0.5, fail=0.2)),
+    "kl-growth": (rule_kl_growth, RuleConfig(warn=10.0, fail=100.0)),
+    "clip-growth": (rule_clip_growth, RuleConfig(warn=0.1, fail=0.3)),
+    "zero-variance-growth": (rule_zero_variance_growth, RuleConfig(warn=0.25, fail=0.5)),
+}
+
+SPARK = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float | None]) -> str:
+    """One character per step, the step's value on an eight-level scale (· when absent)."""
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    if not finite:
+        return "·" * len(values)
+    lo, hi = min(finite), max(finite)
+    out = []
+    for v in values:
+        if v is None or not math.isfinite(v):
+            out.append("·")
+        else:
+            k = 0 if hi == lo else round((v - lo) / (hi - lo) * (len(SPARK) - 1))
+            out.append(SPARK[k])
+    return "".join(out)

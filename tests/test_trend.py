@@ -1,0 +1,96 @@
+"""grpo-cli trend: each step's row is objective on that file alone; steps in step order;
+the trend rules judge first against last."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from grpo_cli._trend import STEP_KEYS, sparkline, step_number
+
+from .conftest import Cli
+
+
+@pytest.fixture(scope="module")
+def steps(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from typer.testing import CliRunner
+
+    from grpo_cli.cli import app
+
+    d = tmp_path_factory.mktemp("steps")
+    runner = CliRunner()
+    for step in (300, 20, 100):  # written out of order
+        name = d / f"run_step_{step}_seed2.parquet"
+        r = runner.invoke(app, ["sample", str(name), "--groups", "6", "--seed", str(step),
+                                "--extras"])  # fmt: skip
+        assert r.exit_code == 0
+    return d
+
+
+def test_each_step_is_objective_on_its_own_file(cli: Cli, steps: Path) -> None:
+    doc = cli.json("trend", steps, "--preset", "verl")
+    assert doc["command"] == "trend" and [s["step"] for s in doc["steps"]] == [20, 100, 300]
+    for row in doc["steps"]:
+        assert list(row) == list(STEP_KEYS)
+        one = cli.json("objective", steps / row["source"], "--preset", "verl")
+        assert row["objective"] == one["objective"] and row["loss"] == one["loss"]
+        assert row["clip_fraction_region"] == one["clip_fraction"]["region"]
+        assert row["ratio_p99"] == one["ratio"]["p99"]
+        assert row["kl_mean"] == one["kl"]["mean"]
+        assert row["entropy_mean"] == one["entropy"]["mean"]
+        assert row["frac_zero_variance_groups"] == one["groups"]["frac_zero_variance_groups"]
+        assert row["length_mean"] == one["lengths"]["mean"]
+        assert row["rollout_kl_k3"] == one["rollout"]["kl_k3"]
+        table = pq.read_table(steps / row["source"])
+        assert row["reward_mean"] == pytest.approx(float(np.mean(table.column("reward"))))
+        counts = one["counts"]
+        assert (row["answers"], row["tokens"]) == (counts["answers"], counts["tokens"])
+    assert "check" not in doc
+
+
+def test_step_numbers() -> None:
+    assert step_number(Path("step_300_seed2.parquet"), 0) == 300
+    assert step_number(Path("ckpt-12-part7.parquet"), 0) == 7
+    assert step_number(Path("rollouts.parquet"), 4) == 4
+    assert sparkline([1.0, None, 3.0, 2.0]) == "▁·█▅"
+
+
+def test_rules_judge_first_against_last(cli: Cli, tmp_path: Path) -> None:
+    """Entropy falls to 10% of the first step's: entropy-drop fails and --check exits 1."""
+    for step, entropy in ((1, 1.0), (2, 0.6), (3, 0.1)):
+        n = 8
+        table = pa.table({
+            "group": [i // 4 for i in range(n)],
+            "reward": [float(i % 2) for i in range(n)],
+            "logp": [[-1.0, -0.5]] * n,
+            "entropy": [[entropy, entropy]] * n,
+        })  # fmt: skip
+        pq.write_table(table, tmp_path / f"step_{step}.parquet")
+    r = cli("trend", tmp_path, "--check", "--json", "--beta", "0")
+    assert r.exit_code == 1
+    doc = json.loads(r.stdout)
+    results = {x["rule"]: x for x in doc["check"]["results"]}
+    assert results["entropy-drop"]["status"] == "fail"
+    assert results["entropy-drop"]["value"] == pytest.approx(0.1)
+    assert results["kl-growth"]["status"] == "skip"  # no ref_logp
+    assert doc["check"]["passed"] is False
+    relaxed = cli("trend", tmp_path, "--check", "--json", "--beta", "0",
+                  "--rule", "entropy-drop.fail=0.05")  # fmt: skip
+    assert relaxed.exit_code == 0
+    assert json.loads(relaxed.stdout)["check"]["results"][0]["status"] == "warn"
+    assert any("kl_mean is null for step(s) 1, 2, 3" in w for w in doc["warnings"])
+    bad = cli("trend", tmp_path, "--check", "--rule", "nope.fail=1")
+    assert bad.exit_code == 2 and "unknown rule 'nope'" in bad.stderr
+
+
+def test_one_file_a_step(cli: Cli, tmp_path: Path) -> None:
+    table = pa.table({"group": [0, 0], "reward": [1.0, 0.0], "logp": [[-1.0], [-2.0]]})
+    pq.write_table(table, tmp_path / "a_step_5.parquet")
+    pq.write_table(table, tmp_path / "b_step_5.parquet")
+    r = cli("trend", tmp_path, "--beta", "0")
+    assert r.exit_code == 2 and "step 5 again" in r.stderr
