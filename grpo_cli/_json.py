@@ -19,12 +19,14 @@ from ._report import (
 )
 
 if TYPE_CHECKING:
+    from ._answers import AnswersReport
     from ._check import CheckReport
     from ._trend import TrendReport
 
 __all__ = [
     "SCHEMA_VERSION",
     "advantages_json",
+    "answers_json",
     "check_json",
     "dumps",
     "kl_json",
@@ -207,3 +209,19 @@ def trend_json(r: TrendReport, *, checked: bool) -> dict[str, Any]:
             ],
         }
     return doc
+
+
+def answers_json(r: AnswersReport) -> dict[str, Any]:
+    """``answers --json``: the ranked answers, worst first (keys
+    :data:`grpo_cli._answers.FIELDS`)."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "command": "answers",
+        "source": r.source,
+        "settings": r.settings.to_json(),
+        "engine": r.engine.to_json(),
+        "sort": r.sort,
+        "top": r.top,
+        "answers": r.rows,
+        "warnings": r.warnings,
+    }

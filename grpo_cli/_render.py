@@ -17,6 +17,7 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
+from ._answers import AnswersReport
 from ._check import CheckReport
 from ._core import AGGREGATIONS
 from ._report import (
@@ -33,6 +34,7 @@ __all__ = [
     "check_github",
     "check_junit",
     "render_advantages",
+    "render_answers",
     "render_check",
     "render_kl",
     "render_objective",
@@ -514,3 +516,29 @@ def render_trend(r: TrendReport) -> RenderableType:
     for w in r.warnings:
         parts.append(Text(f"note: {w}", style="yellow"))
     return Group(*parts)
+
+
+def render_answers(r: AnswersReport) -> RenderableType:
+    """The ranked answers, worst first: where each is, and its statistics."""
+    cols: list[tuple[str, str, int]] = [
+        ("advantage", "A", 3),
+        ("length", "len", 0),
+        ("kl_mean", "KL mean", 4),
+        ("kl_max", "KL max", 4),
+        ("log_ratio_max_abs", "max |log ρ|", 4),
+        ("clip_share", "clipped", 3),
+    ]
+    t = _table(f"Top {len(r.rows)} answers by {r.sort} (of {r.source})")
+    for title in ("file", "row", "group", "reward"):
+        t.add_column(title, justify="right" if title == "row" else "left")
+    for _, title, _ in cols:
+        t.add_column(title, justify="right")
+    for row in r.rows:
+        t.add_row(
+            str(row["source"]),
+            str(row["row"]),
+            "—" if row["group"] is None else str(row["group"]),
+            "—" if row["reward"] is None else str(row["reward"]),
+            *(fmt(row[k], d) for k, _, d in cols),
+        )
+    return t

@@ -870,6 +870,69 @@ def trend(
 
 
 @app.command()
+def answers(
+    files: Files,
+    sort: Annotated[
+        str,
+        typer.Option(
+            "--sort",
+            metavar="KEY",
+            help="Rank by kl (mean KL to the reference), kl-max, ratio (max |log ρ|), "
+            "clip (share of clipped tokens), length or advantage (|A|).",
+        ),
+    ] = "kl",
+    top: Annotated[int, typer.Option("--top", help="How many answers to list.")] = 20,
+    json_out: JsonOpt = False,
+    column: ColumnOpt = None,
+    group_scope: GroupScopeOpt = "dataset",
+    preset: PresetOpt = None,
+    trainer: TrainerOpt = None,
+    clip_eps: ClipOpt = None,
+    clip_eps_high: ClipHighOpt = None,
+    log_ratio_clamp: RatioClampOpt = None,
+    ratio_level: RatioLevelOpt = None,
+    beta: BetaOpt = None,
+    kl_estimator: KLEstOpt = None,
+    kl_clamp: KLClampOpt = None,
+    kl_mode: KLModeOpt = None,
+    progress: ProgressOpt = True,
+    workers: WorkersOpt = None,
+) -> None:
+    """The answers to blame, worst first: each one's file, row, group, reward, advantage,
+    length, KL, largest log-ratio and share of clipped tokens."""
+    from ._answers import answers_report
+
+    with _errors():
+        settings = _settings(
+            preset=preset,
+            trainer=trainer,
+            clip_eps=clip_eps,
+            clip_eps_high=clip_eps_high,
+            log_ratio_clamp=log_ratio_clamp,
+            ratio_level=ratio_level,
+            beta=beta,
+            kl_estimator=kl_estimator,
+            kl_clamp=kl_clamp,
+            kl_mode=kl_mode,
+        )
+        src = open_source(files, parse_column_map(column), group_scope=group_scope)
+        with _progress(progress, src.n_rows(), "answers") as tick:
+            report = answers_report(
+                src, settings, sort=sort, top=top, engine=_engine(workers), progress=tick
+            )
+        for w in report.warnings:
+            _note(w)
+        if json_out:
+            from ._json import answers_json
+
+            _emit_json(answers_json(report))
+        else:
+            from ._render import render_answers
+
+            _stdout().print(render_answers(report))
+
+
+@app.command()
 def sample(
     out: Annotated[
         Path, typer.Argument(help="Output file, .parquet (streamed, ragged) or .npz (padded).")

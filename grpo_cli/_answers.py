@@ -1,0 +1,210 @@
+"""``grpo-cli answers``: the answers to blame, ranked by one per-answer statistic.
+
+Each batch gives every answer's statistics (:func:`answer_rows`); :class:`TopAnswers` keeps
+the ``k`` highest in bounded memory and merges across batches and workers by (value,
+then row in the input), so the ranking is the same however the input was cut.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ._core import answer_clip_counts, segment_sum, token_terms
+from ._engine import EngineOptions
+from ._io import Batch, Source, iter_batches
+from ._local import fold_batches
+from ._report import TOKEN_FIELDS, Pass1, objective_pass1
+from ._settings import Settings
+from .errors import UsageError
+
+__all__ = ["SORT_KEYS", "AnswersReport", "TopAnswers", "answer_rows", "answers_report"]
+
+# --sort KEY -> the field ranked (descending; advantage by |A|, reported signed)
+SORT_KEYS = {
+    "kl": "kl_mean",
+    "kl-max": "kl_max",
+    "ratio": "log_ratio_max_abs",
+    "clip": "clip_share",
+    "length": "length",
+    "advantage": "advantage",
+}
+FIELDS = (
+    "source",
+    "row",
+    "group",
+    "reward",
+    "advantage",
+    "length",
+    "kl_mean",
+    "kl_max",
+    "log_ratio_max_abs",
+    "clip_share",
+)
+
+
+@dataclass
+class TopAnswers:
+    """The ``k`` answers with the largest ``key`` (ties: the earlier input row first).
+
+    Mergeable: ``add`` and ``merge`` keep the ``k`` best of the union, so any cut of the
+    input into batches and any assignment of batches to workers gives the same rows.
+    """
+
+    key: str
+    k: int
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    def _rank(self, r: dict[str, Any]) -> tuple[float, int]:
+        return (-_score(self.key, r[self.key]), int(r["_index"]))
+
+    def add(self, rows: list[dict[str, Any]]) -> None:
+        self.rows = heapq.nsmallest(self.k, [*self.rows, *rows], key=self._rank)
+
+    def merge(self, o: TopAnswers) -> TopAnswers:
+        self.add(o.rows)
+        return self
+
+
+def _score(key: str, v: float | None) -> float:
+    """The ranked value: larger is worse; |A| for the advantage; null or NaN ranks last."""
+    if v is None or v != v:
+        return -np.inf
+    return abs(float(v)) if key == "advantage" else float(v)
+
+
+def answer_rows(
+    b: Batch, adv: np.ndarray, settings: Settings, src: Source, *, key: str, k: int
+) -> list[dict[str, Any]]:
+    """The ``k`` answers of a batch ranking highest by ``key``, with their statistics
+    (the core's definitions: :func:`token_terms`, :func:`answer_clip_counts`)."""
+    f = b.fields
+    terms = token_terms(
+        f["logp"], f.get("old_logp"), f.get("ref_logp"), adv, b.offsets, **settings.term_kwargs()
+    )
+    starts = b.offsets[:-1]
+    lengths = b.lengths
+    stats: dict[str, np.ndarray | None] = {"kl_mean": None, "kl_max": None}
+    if terms.kl is not None:
+        stats["kl_mean"] = segment_sum(terms.kl, b.offsets) / lengths
+        stats["kl_max"] = np.maximum.reduceat(terms.kl, starts)
+    stats["log_ratio_max_abs"] = np.maximum.reduceat(np.abs(terms.delta), starts)
+    low, high = answer_clip_counts(
+        terms.ratio,
+        adv,
+        b.offsets,
+        clip_eps=settings.clip_eps,
+        clip_eps_high=settings.clip_eps_high,
+    )
+    stats["clip_share"] = (low + high) / lengths
+    stats["length"] = lengths.astype(np.float64)
+    if adv.shape == (b.n,):
+        stats["advantage"] = adv
+    else:  # per-token advantages (KL in the reward): the answer's largest in magnitude
+        idx = starts + np.array(
+            [np.argmax(np.abs(adv[s:e])) for s, e in zip(starts, b.offsets[1:], strict=True)],
+            dtype=np.int64,
+        )
+        stats["advantage"] = adv[idx] if b.n else adv[:0]
+    ranked = stats[key]
+    if ranked is None:
+        chosen = np.arange(min(k, b.n))
+    else:
+        score = np.abs(ranked) if key == "advantage" else ranked
+        score = np.where(np.isnan(score), -np.inf, score)
+        # descending by score, ties by row: lexsort's last key is the primary one
+        chosen = np.lexsort((np.arange(b.n), -score))[:k]
+    groups = b.answer.get("group")
+    rewards = b.answer.get("reward")
+    file, first = _file_of(src, b.start)
+    out = []
+    for i in chosen.tolist():
+        row = b.start + i
+        rec: dict[str, Any] = {
+            "source": file,
+            "row": row - first,
+            "group": None if groups is None else groups[i].as_py(),
+            "reward": None if rewards is None else rewards[i].as_py(),
+            "length": int(lengths[i]),
+            "_index": row,
+        }
+        for name in ("advantage", "kl_mean", "kl_max", "log_ratio_max_abs", "clip_share"):
+            col = stats[name]
+            rec[name] = None if col is None else float(col[i])
+        out.append(rec)
+    return out
+
+
+def _file_of(src: Source, row: int) -> tuple[str, int]:
+    """The file holding input row ``row`` and the input row of that file's first row."""
+    first = 0
+    for path, n in zip(src.paths, src.rows_per_file(), strict=False):
+        if row < first + n:
+            return path.name, first
+        first += n
+    return src.paths[-1].name, first if src.footers else 0
+
+
+@dataclass(frozen=True)
+class AnswersReport:
+    """``grpo-cli answers``: the ``top`` answers ranked by ``sort``, worst first."""
+
+    source: str
+    settings: Settings
+    engine: EngineOptions
+    sort: str
+    top: int
+    rows: list[dict[str, Any]]
+    warnings: list[str]
+
+
+def answers_report(
+    src: Source,
+    settings: Settings,
+    *,
+    sort: str = "kl",
+    top: int = 20,
+    engine: EngineOptions | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> AnswersReport:
+    """The ``top`` answers by ``sort`` (a key of :data:`SORT_KEYS`), descending."""
+    engine = (engine or EngineOptions()).resolved()
+    if sort not in SORT_KEYS:
+        raise UsageError(f"--sort: expected one of {', '.join(SORT_KEYS)}, got {sort!r}")
+    if top < 1:
+        raise UsageError(f"--top: expected a positive number of answers, got {top}")
+    key = SORT_KEYS[sort]
+    p1: Pass1 = objective_pass1(src, settings, engine=engine)
+
+    def fold(acc: TopAnswers, b: Batch) -> None:
+        acc.add(answer_rows(b, p1.advantages(b, src.label), settings, src, key=key, k=top))
+
+    batches = iter_batches(
+        src, TOKEN_FIELDS, batch_tokens=engine.batch_tokens, threaded=engine.prefetch
+    )
+    best = fold_batches(
+        batches, lambda: TopAnswers(key, top), fold, workers=engine.workers, progress=progress
+    )
+    notes = list(p1.warnings)
+    if key in ("kl_mean", "kl_max") and not src.has("ref_logp"):
+        notes.append("no ref_logp: kl_mean and kl_max are null, the ranking is by row")
+    elif not src.has("ref_logp"):
+        notes.append("no ref_logp: kl_mean and kl_max are null")
+    for name in ("reward", "group"):
+        if not src.has(name):
+            notes.append(f"no {name} column: each answer's {name} is null")
+    rows = []
+    for r in best.rows:
+        out = {}
+        for name in FIELDS:
+            v = r[name]
+            if isinstance(v, float) and not np.isfinite(v):
+                notes.append(f"row {r['row']} of {r['source']}: {name} is {v} (null in JSON)")
+                v = None
+            out[name] = v
+        rows.append(out)
+    return AnswersReport(src.label, settings, engine, sort, top, rows, notes)

@@ -1,0 +1,160 @@
+"""grpo-cli answers: the top answers by each key are the ones a full sort of statistics
+computed here from the formulas gives, whatever the batches, workers and files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from grpo_cli._answers import FIELDS, TopAnswers
+
+from .conftest import Cli
+
+EPS = 0.2
+
+
+def _write(path: Path, seed: int, n: int) -> list[dict[str, Any]]:
+    """A ragged file with a mask (masked tokens hold garbage) and an advantage column;
+    returns each answer's statistics computed by loops over its valid tokens."""
+    rng = np.random.default_rng(seed)
+    rows: dict[str, list[Any]] = {k: [] for k in ("group", "advantage", "logp", "old_logp",
+                                                  "ref_logp", "mask")}  # fmt: skip
+    expected = []
+    for i in range(n):
+        width = int(rng.integers(1, 30))
+        mask = rng.random(width) < 0.8
+        mask[rng.integers(width)] = True
+        logp = -rng.exponential(1.0, width)
+        old = logp + rng.normal(0, 0.3, width)
+        ref = logp + rng.normal(0, 0.5 + 0.1 * (i % 7), width)
+        garbage = ~mask
+        logp[garbage], old[garbage], ref[garbage] = 5.0, -50.0, 40.0  # padding: ignored
+        adv = float(rng.normal()) if i % 5 else 0.0
+        rows["group"].append(f"g{i // 4}")
+        rows["advantage"].append(adv)
+        for k, v in (("logp", logp), ("old_logp", old), ("ref_logp", ref), ("mask", mask)):
+            rows[k].append(v.tolist())
+        v = mask
+        d = ref[v] - logp[v]
+        k3 = np.exp(d) - d - 1  # Schulman's k3, DeepSeekMath eq. 4
+        ratio = np.exp(logp[v] - old[v])
+        clipped = ((ratio < 1 - EPS) & (adv < 0)) | ((ratio > 1 + EPS) & (adv > 0))
+        expected.append(
+            {
+                "source": path.name,
+                "row": i,
+                "group": f"g{i // 4}",
+                "advantage": adv,
+                "length": int(v.sum()),
+                "kl_mean": float(k3.mean()),
+                "kl_max": float(k3.max()),
+                "log_ratio_max_abs": float(np.abs(logp[v] - old[v]).max()),
+                "clip_share": float(clipped.mean()),
+            }
+        )
+    pq.write_table(pa.table(rows), path, row_group_size=7)
+    return expected
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
+    d = tmp_path_factory.mktemp("answers")
+    expected = _write(d / "a.parquet", 1, 60) + _write(d / "b.parquet", 2, 45)
+    return d, expected
+
+
+KEYS = {
+    "kl": "kl_mean",
+    "kl-max": "kl_max",
+    "ratio": "log_ratio_max_abs",
+    "clip": "clip_share",
+    "length": "length",
+    "advantage": "advantage",
+}
+
+
+def _top(expected: list[dict[str, Any]], field: str, k: int) -> list[dict[str, Any]]:
+    def rank(i: int) -> tuple[float, int]:
+        v = expected[i][field]
+        return (-abs(v) if field == "advantage" else -v, i)
+
+    order = sorted(range(len(expected)), key=rank)
+    return [expected[i] for i in order[:k]]
+
+
+@pytest.mark.parametrize("sort", list(KEYS))
+def test_top_answers_are_a_full_sort_of_the_formulas(
+    cli: Cli, data: tuple[Path, list[dict[str, Any]]], sort: str
+) -> None:
+    d, expected = data
+    doc = cli.json("answers", d, "--sort", sort, "--top", "12", "--clip-eps", str(EPS))
+    assert doc["command"] == "answers" and doc["sort"] == sort and doc["top"] == 12
+    got = doc["answers"]
+    want = _top(expected, KEYS[sort], 12)
+    assert [(a["source"], a["row"]) for a in got] == [(w["source"], w["row"]) for w in want]
+    for a, w in zip(got, want, strict=True):
+        assert list(a) == list(FIELDS)
+        assert a["group"] == w["group"] and a["length"] == w["length"] and a["reward"] is None
+        for k in ("advantage", "kl_mean", "kl_max", "log_ratio_max_abs", "clip_share"):
+            assert a[k] == pytest.approx(w[k], rel=1e-5, abs=1e-6), k
+
+
+def test_same_ranking_for_any_batches_and_workers(
+    cli: Cli, data: tuple[Path, list[dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    d, _ = data
+    base = cli.json("answers", d, "--sort", "length", "--top", "30")["answers"]
+    monkeypatch.setenv("GRPO_CLI_BATCH_TOKENS", "40")
+    for workers in ("1", "3"):
+        again = cli.json("answers", d, "--sort", "length", "--top", "30", "--workers", workers)
+        assert again["answers"] == base  # ties (equal lengths) broken by row, every time
+
+
+def test_merge_keeps_the_best_of_the_union() -> None:
+    rng = np.random.default_rng(0)
+    rows = [{"kl_mean": float(v), "_index": i} for i, v in enumerate(rng.integers(0, 9, 200))]
+    rows[17]["kl_mean"] = float("nan")  # ranks last
+    whole = TopAnswers("kl_mean", 25)
+    whole.add(rows)
+    parts = [TopAnswers("kl_mean", 25) for _ in range(4)]
+    for j, r in enumerate(rows):
+        parts[(j * 7) % 4].add([r])
+    merged = parts[3].merge(parts[1]).merge(parts[0].merge(parts[2]))
+    assert [r["_index"] for r in merged.rows] == [r["_index"] for r in whole.rows]
+    want = sorted(range(200), key=lambda i: (-rows[i]["kl_mean"] if i != 17 else np.inf, i))
+    assert [r["_index"] for r in whole.rows] == want[:25]
+
+
+def test_without_reference_kl_is_null_and_noted(cli: Cli, tmp_path: Path) -> None:
+    f = tmp_path / "noref.parquet"
+    pq.write_table(pa.table({"advantage": [1.0, -1.0], "logp": [[-1.0, -2.0], [-0.5]]}), f)
+    r = cli("answers", f, "--beta", "0", "--json")
+    assert r.exit_code == 0, r.stderr
+    assert "kl_mean and kl_max are null" in r.stderr
+    doc = json.loads(r.stdout)
+    assert [a["row"] for a in doc["answers"]] == [0, 1]
+    assert all(a["kl_mean"] is None and a["group"] is None for a in doc["answers"])
+    assert any("group is null" in w for w in doc["warnings"])
+    assert any("reward is null" in w for w in doc["warnings"])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--sort", "gradient"], "--sort: expected one of"),
+        (["--top", "0"], "--top: expected a positive"),
+    ],
+)
+def test_bad_arguments(cli: Cli, data: tuple[Path, Any], args: list[str], message: str) -> None:
+    cli.error(["answers", str(data[0]), *args], message)
+
+
+def test_table(cli: Cli, data: tuple[Path, Any]) -> None:
+    r = cli("answers", data[0], "--top", "3")
+    assert r.exit_code == 0 and "Top 3 answers by kl" in r.stdout
