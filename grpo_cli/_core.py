@@ -62,6 +62,7 @@ __all__ = [
     "segment_sum",
     "sequence_log_ratio",
     "suffix_sum",
+    "token_gradients",
     "token_terms",
     "used_log_ratio",
 ]
@@ -1093,6 +1094,73 @@ def token_terms(
         ref_delta=d,
         kl_loss=kl_loss,
     )
+
+
+def token_gradients(
+    terms: TokenTerms,
+    *,
+    clip_eps: float = 0.2,
+    clip_eps_high: float | None = None,
+    dual_clip: float | None = None,
+    log_ratio_clamp: float | None = None,
+    seq_ratio_clamp: float | None = None,
+    ratio_level: RatioLevel = "token",
+    beta: float = 0.04,
+    kl_estimator: KLEstimator = "k3",
+    kl_clamp: float | None = None,
+    kl_bias_correction: bool = False,
+) -> tuple[F64, F64 | None]:
+    """Each token's ``∂policy_t/∂logp_t`` and ``∂kl_loss_t/∂logp_t`` (the per-token parts
+    of :func:`token_terms`, before the aggregation weights), token-level ratio only.
+
+    Policy (PPO's clipped surrogate, Schulman et al. 2017): with ``ρ = exp(Δ')`` and ``Δ'``
+    the clamped ``Δ = logp − old_logp``, ``∂(ρA)/∂logp = ρA`` where the unclipped branch is
+    the one ``min`` takes (``A > 0, ρ ≤ 1+ε_high``, or ``A < 0, ρ ≥ 1−ε_low``) and no bound
+    binds: 0 where the clip, the dual clip (``A < 0, ρ > c``) or ``log_ratio_clamp``
+    (``|Δ| > c``) binds, and 0 for ``A = 0``.
+
+    KL with ``d = ref_logp − logp`` (so ``∂d/∂logp = −1``): k1 ``= −d`` gives 1; k2
+    ``= d²/2`` gives ``−d``; k3 ``= e^d − d − 1`` gives ``1 − e^d`` (0 where
+    ``log_ratio_clamp`` binds on ``d``); 0 where ``kl_clamp`` binds. With
+    ``kl_bias_correction`` the loss takes ``kl·ρ`` (TRL 1.16.0 multiplies by the
+    undetached ratio), whose derivative is ``kl'·ρ + kl·ρ·∂Δ'/∂logp``.
+
+    The sequence-level ratio (GSPO) couples an answer's tokens, so its gradient is not a
+    per-token quantity of this form: :class:`UsageError`.
+    """
+    del seq_ratio_clamp, beta
+    if ratio_level != "token":
+        raise UsageError("the gradient is derived for the token-level ratio only")
+    high = clip_eps if clip_eps_high is None else clip_eps_high
+    rho, a = terms.ratio, terms.adv
+    free = np.ones(rho.shape, dtype=bool)  # ∂Δ'/∂logp = 1: no log-ratio clamp binds
+    if log_ratio_clamp is not None:
+        free = np.abs(terms.delta) <= log_ratio_clamp
+    active = ((a > 0) & (rho <= 1.0 + high)) | ((a < 0) & (rho >= 1.0 - clip_eps))
+    if dual_clip is not None:
+        active &= ~((a < 0) & (rho > dual_clip))
+    active &= free
+    with np.errstate(over="ignore", invalid="ignore"):
+        gp = np.where(active, rho * a, 0.0)
+    if terms.ref_delta is None or terms.kl is None:
+        return gp, None
+    d = terms.ref_delta
+    if kl_estimator == "k1":
+        gk = np.ones(d.shape)
+    elif kl_estimator == "k2":
+        gk = -d
+    else:
+        dc = d if log_ratio_clamp is None else np.clip(d, -log_ratio_clamp, log_ratio_clamp)
+        with np.errstate(over="ignore"):
+            gk = 1.0 - np.exp(dc)
+        if log_ratio_clamp is not None:
+            gk[np.abs(d) > log_ratio_clamp] = 0.0
+    if kl_clamp is not None:
+        gk[np.abs(terms.kl) >= kl_clamp] = 0.0  # the clamp binds (kl is clamped already)
+    if kl_bias_correction:
+        with np.errstate(over="ignore", invalid="ignore"):
+            gk = gk * rho + np.where(free, terms.kl * rho, 0.0)
+    return gp, gk
 
 
 def require_reference(beta: float, ref_logp: object) -> None:

@@ -166,6 +166,8 @@ def objective_json(r: ObjectiveReport) -> dict[str, Any]:
     }
     if r.logged is not None:  # only with --logged
         doc["logged"] = r.logged.to_json()
+    if r.gradient_asked:  # only with --gradient
+        doc["gradient"] = r.gradient
     return doc
 
 

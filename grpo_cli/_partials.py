@@ -34,6 +34,7 @@ from ._core import (
     overall_std,
     ratio_moments,
     segment_sum,
+    token_gradients,
     token_terms,
 )
 from ._io import (
@@ -262,6 +263,55 @@ class ClipShares:
         return self
 
 
+@dataclass
+class GradientSums:
+    """Sums for ``‖∂J/∂logp‖`` over the valid tokens (:func:`token_gradients`).
+
+    ``J = c_p Σ u_p·policy − β c_k Σ u_k·kl_loss``, where each aggregation is a global
+    constant ``c`` (1/N, 1/T, 1/(N·L), 1) times a per-token ``u``: ``1/|o_i|`` for
+    seq-mean-token-mean, else 1. So ``‖g‖²`` is a combination of ``Σ (u g_p)²``,
+    ``Σ (u g_k)²`` and ``Σ u u' g_p g_k`` under both kinds of ``u``, all mergeable sums;
+    the constants apply in :meth:`TokenPartial.gradient`.
+    """
+
+    # index 0: u = 1, index 1: u = 1/|o_i|
+    pp: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    kk: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    pk: list[list[float]] = field(default_factory=lambda: [[0.0, 0.0], [0.0, 0.0]])
+    tokens_policy: int = 0
+    answers_policy: int = 0
+    enabled: bool = False
+
+    def add(self, gp: F64, gk: F64 | None, offsets: I64) -> None:
+        lengths = np.diff(offsets)
+        inv = np.repeat(1.0 / lengths, lengths)
+        with np.errstate(over="ignore", invalid="ignore"):
+            p = (gp, gp * inv)
+            for i in (0, 1):
+                self.pp[i] += float(np.dot(p[i], p[i]))
+            if gk is not None:
+                k = (gk, gk * inv)
+                for i in (0, 1):
+                    self.kk[i] += float(np.dot(k[i], k[i]))
+                    for j in (0, 1):
+                        self.pk[i][j] += float(np.dot(p[i], k[j]))
+        nz = gp != 0.0
+        self.tokens_policy += int(np.count_nonzero(nz))
+        self.answers_policy += int(np.count_nonzero(np.add.reduceat(nz, offsets[:-1])))
+        self.enabled = True
+
+    def merge(self, o: GradientSums) -> GradientSums:
+        for i in (0, 1):
+            self.pp[i] += o.pp[i]
+            self.kk[i] += o.kk[i]
+            for j in (0, 1):
+                self.pk[i][j] += o.pk[i][j]
+        self.tokens_policy += o.tokens_policy
+        self.answers_policy += o.answers_policy
+        self.enabled = self.enabled or o.enabled
+        return self
+
+
 class TokenPartial:
     """Mergeable partial statistics of the per-token GRPO terms over a run of answers.
 
@@ -292,12 +342,21 @@ class TokenPartial:
         "entropy_q",
         "reward_kl",
         "old_ref",
+        "grad",
     )
 
     def __init__(
-        self, settings: Settings, *, backend: str = "numpy", exact_cap: int | None = None
+        self,
+        settings: Settings,
+        *,
+        backend: str = "numpy",
+        exact_cap: int | None = None,
+        gradient: bool = False,
     ) -> None:
         self.settings = settings
+        # ‖∂J/∂logp‖ (numpy only: asking for it folds every batch in numpy)
+        self.gradient_wanted = gradient
+        self.grad = GradientSums()
         self.exact_cap = exact_cap
         cap = {} if exact_cap is None else {"exact_cap": exact_cap}
         self.counts = AnswerCounts()
@@ -321,8 +380,10 @@ class TokenPartial:
         self.old_ref = TermSums()
         # the compiled kernel folds token-level ratios; GSPO's sequence ratio and TRL's
         # bias-corrected KL stay in numpy
-        self.compiled = backend == "c" and _fast.supports(
-            settings.ratio_level, settings.beta, settings.kl_bias_correction
+        self.compiled = (
+            not gradient
+            and backend == "c"
+            and _fast.supports(settings.ratio_level, settings.beta, settings.kl_bias_correction)
         )
         self.vector = True  # the kernel's AVX2 path where the CPU has it (tests turn it off)
 
@@ -457,6 +518,9 @@ class TokenPartial:
         ref = 0.0 if terms.ref_delta is None else float(np.sum(terms.ref_delta))
         self.log_ratios.add(float(np.sum(d)), float(np.sum(np.clip(d, -20.0, 20.0))), ref)
         self.delta.update(terms.delta)
+        if self.gradient_wanted and s.ratio_level == "token":
+            gp, gk = token_gradients(terms, **s.term_kwargs())
+            self.grad.add(gp, gk if s.beta and s.kl_mode == "loss" else None, b.offsets)
 
     def _update_extras(self, b: Batch) -> None:
         """Entropy, sampler-vs-trainer and reward-KL statistics, when they apply."""
@@ -546,6 +610,41 @@ class TokenPartial:
         if s.kl_agg is None or s.kl_agg == agg or not s.beta or s.kl_mode == "reward":
             return self.aggregate("term", agg)  # (with the KL in the reward: the policy term)
         return self.aggregate("policy", agg) - s.beta * self.aggregate("kl", s.kl_agg)
+
+    def _agg_factor(self, agg: str) -> tuple[float, int]:
+        """An aggregation as a global constant and which per-token ``u`` (0: 1, 1: 1/|o_i|)."""
+        n, t = self.answers, self.tokens
+        if agg == "seq-mean-token-mean":
+            return 1.0 / n, 1
+        if agg == "token-mean":
+            return 1.0 / t, 0
+        if agg == "seq-mean-token-sum":
+            return 1.0 / n, 0
+        if agg == "token-sum":
+            return 1.0, 0
+        return 1.0 / _norm_divisor(self.settings, n, self.max_width), 0
+
+    def gradient(self) -> dict[str, float] | None:
+        """``‖∂J/∂logp‖`` over the valid tokens and its policy and KL parts, and the shares
+        of tokens and answers whose policy part is nonzero; None when not folded."""
+        g, s = self.grad, self.settings
+        if not g.enabled or not self.answers:
+            return None
+        cp, i = self._agg_factor(s.agg)
+        kl_on = s.beta != 0.0 and s.kl_mode == "loss"
+        ck, j = self._agg_factor(s.kl_aggregation) if kl_on else (0.0, 0)
+        beta = s.beta if kl_on else 0.0
+        with np.errstate(over="ignore", invalid="ignore"):
+            pp = cp * cp * g.pp[i]
+            kk = (beta * ck) ** 2 * g.kk[j]
+            total = pp + kk - 2.0 * beta * cp * ck * g.pk[i][j]
+        return {
+            "norm": math.sqrt(max(total, 0.0)),
+            "policy_norm": math.sqrt(pp),
+            "kl_norm": math.sqrt(kk),
+            "tokens_with_policy_gradient": g.tokens_policy / self.tokens,
+            "answers_with_policy_gradient": g.answers_policy / self.answers,
+        }
 
     def kl_function(self) -> Callable[[F64], F64]:
         """The KL estimate as a function of d = ref_logp − logp (also for its quantiles)."""

@@ -244,6 +244,9 @@ class ObjectiveReport:
     engine: EngineOptions = field(default_factory=EngineOptions)
     logged: LoggedReport | None = None  # what the trainer logged, compared (--logged)
     reward: Distribution | None = None  # the answers' rewards, when the input has them
+    # ‖∂J/∂logp‖ and its parts (objective --gradient): None when not asked for
+    gradient: dict[str, float] | None = None
+    gradient_asked: bool = False
 
     @property
     def loss(self) -> float:

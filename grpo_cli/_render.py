@@ -192,6 +192,31 @@ def _bar(count: int, total: int, width: int = 30) -> str:
     return "█" * full + ("▌" if n - full >= 0.5 else "")
 
 
+def _gradient_table(r: ObjectiveReport) -> RenderableType:
+    g = r.gradient
+    assert g is not None
+    if g["norm"] == 0.0:
+        say = "‖∂J/∂logp‖ = 0: no token moves the policy (every token clipped, or A = 0)."
+    elif abs(r.objective) < 0.1 * g["norm"]:
+        say = (
+            f"J ≈ {fmt(r.objective, 2)} but ‖∂J/∂logp‖ = {fmt(g['norm'], 2)}: the batch still "
+            "teaches."
+        )
+    else:
+        say = f"‖∂J/∂logp‖ = {fmt(g['norm'], 2)} over the valid tokens."
+    t = _kv_table(
+        "Gradient of J with respect to the log-probs",
+        [
+            ("‖∂J/∂logp‖", fmt(g["norm"], 6)),
+            ("policy part", fmt(g["policy_norm"], 6)),
+            ("KL part", fmt(g["kl_norm"], 6)),
+            ("tokens with a policy gradient", pct(g["tokens_with_policy_gradient"])),
+            ("answers with a policy gradient", pct(g["answers_with_policy_gradient"])),
+        ],
+    )
+    return Group(t, Text(say + "\n", style="dim"))
+
+
 def render_objective(r: ObjectiveReport, compare: bool = False) -> RenderableType:
     s = r.settings
     parts: list[RenderableType] = [_settings_line(r)]
@@ -220,6 +245,8 @@ def render_objective(r: ObjectiveReport, compare: bool = False) -> RenderableTyp
             style="dim",
         )
     )
+    if r.gradient is not None:
+        parts.append(_gradient_table(r))
     clip_rows = [
         ("low  (ρ < 1−ε, A < 0)", pct(r.clip.low)),
         ("high (ρ > 1+ε, A > 0)", pct(r.clip.high)),

@@ -442,6 +442,7 @@ def objective_report(
     progress: Progress | None = None,
     exact_cap: int | None = None,
     recompute_advantages: bool = False,
+    gradient: bool = False,
 ) -> ObjectiveReport:
     """The GRPO objective of ``src`` and its diagnostics, streamed batch by batch:
     :func:`objective_pass1`, one fold of :class:`TokenPartial` s over the token batches,
@@ -459,7 +460,9 @@ def objective_report(
         raise
 
     def new() -> TokenPartial:
-        return TokenPartial(settings, backend=engine.backend, exact_cap=exact_cap)
+        return TokenPartial(
+            settings, backend=engine.backend, exact_cap=exact_cap, gradient=gradient
+        )
 
     acc = _fold_tokens(
         src, TOKEN_FIELDS, new, p1.fold(src.label), engine=engine, progress=progress,
@@ -504,8 +507,23 @@ def objective_record(
     )
     b = math.log(ratio_band)
     outside = acc.delta.count_outside(-b, b) / max(acc.tokens, 1)
+    grad = acc.gradient()
+    warnings = rec.warnings
+    if acc.gradient_wanted and grad is None and settings.ratio_level != "token":
+        warnings = [
+            *warnings,
+            "gradient: not derived for the sequence-level ratio (GSPO couples an answer's "
+            "tokens); null",
+        ]
     return replace(
-        rec, engine=engine, ratio_band=ratio_band, ratio_outside_band=outside, reward=p1.reward
+        rec,
+        engine=engine,
+        ratio_band=ratio_band,
+        ratio_outside_band=outside,
+        reward=p1.reward,
+        gradient=grad,
+        gradient_asked=acc.gradient_wanted,
+        warnings=warnings,
     )
 
 

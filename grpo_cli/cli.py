@@ -609,6 +609,14 @@ def objective(
             help="Ignore the file's advantages; compute them from rewards and groups.",
         ),
     ] = False,
+    gradient: Annotated[
+        bool,
+        typer.Option(
+            "--gradient",
+            help="Also compute ‖∂J/∂logp‖ over the valid tokens and its policy and KL parts "
+            "(folds in numpy: slower).",
+        ),
+    ] = False,
     column: ColumnOpt = None,
     group_scope: GroupScopeOpt = "dataset",
     preset: PresetOpt = None,
@@ -675,6 +683,7 @@ def objective(
                 progress=tick,
                 recompute_advantages=recompute_advantages,
                 engine=_engine(workers),
+                gradient=gradient,
             )
         if logged is not None:
             report = _with_logged(report, logged, logged_step, logged_tolerance)
