@@ -14,11 +14,12 @@ from typing import Any
 
 import numpy as np
 
-from ._core import answer_clip_counts, segment_sum, token_terms
+from ._core import answer_clip_counts, segment_sum, token_gradients, token_terms
 from ._engine import EngineOptions
 from ._io import Batch, Source, iter_batches
 from ._local import fold_batches
-from ._report import TOKEN_FIELDS, Pass1, objective_pass1
+from ._partials import agg_factor
+from ._report import TOKEN_FIELDS, Pass1, objective_pass1, objective_report
 from ._settings import Settings
 from .errors import UsageError
 
@@ -32,6 +33,7 @@ SORT_KEYS = {
     "clip": "clip_share",
     "length": "length",
     "advantage": "advantage",
+    "gradient": "gradient_share",
 }
 FIELDS = (
     "source",
@@ -44,6 +46,7 @@ FIELDS = (
     "kl_max",
     "log_ratio_max_abs",
     "clip_share",
+    "gradient_share",
 )
 
 
@@ -77,8 +80,29 @@ def _score(key: str, v: float | None) -> float:
     return abs(float(v)) if key == "advantage" else float(v)
 
 
+@dataclass(frozen=True)
+class GradientScale:
+    """What turns per-token derivatives into each answer's share of ``‖∂J/∂logp‖²``: the
+    aggregations' constants and kinds (:func:`grpo_cli._partials.agg_factor`), β, and the
+    whole input's squared norm (a first pass: ``objective --gradient``)."""
+
+    cp: float
+    up: int
+    ck: float
+    uk: int
+    beta: float
+    norm2: float
+
+
 def answer_rows(
-    b: Batch, adv: np.ndarray, settings: Settings, src: Source, *, key: str, k: int
+    b: Batch,
+    adv: np.ndarray,
+    settings: Settings,
+    src: Source,
+    *,
+    key: str,
+    k: int,
+    grad: GradientScale | None = None,
 ) -> list[dict[str, Any]]:
     """The ``k`` answers of a batch ranking highest by ``key``, with their statistics
     (the core's definitions: :func:`token_terms`, :func:`answer_clip_counts`)."""
@@ -102,6 +126,15 @@ def answer_rows(
     )
     stats["clip_share"] = (low + high) / lengths
     stats["length"] = lengths.astype(np.float64)
+    stats["gradient_share"] = None
+    if grad is not None:
+        gp, gk = token_gradients(terms, **settings.term_kwargs())
+        inv = np.repeat(1.0 / lengths, lengths)
+        with np.errstate(over="ignore", invalid="ignore"):
+            g = grad.cp * (gp * inv if grad.up else gp)
+            if gk is not None and grad.beta:
+                g = g - grad.beta * grad.ck * (gk * inv if grad.uk else gk)
+            stats["gradient_share"] = segment_sum(g * g, b.offsets) / grad.norm2
     if adv.shape == (b.n,):
         stats["advantage"] = adv
     else:  # per-token advantages (KL in the reward): the answer's largest in magnitude
@@ -132,7 +165,14 @@ def answer_rows(
             "length": int(lengths[i]),
             "_index": row,
         }
-        for name in ("advantage", "kl_mean", "kl_max", "log_ratio_max_abs", "clip_share"):
+        for name in (
+            "advantage",
+            "kl_mean",
+            "kl_max",
+            "log_ratio_max_abs",
+            "clip_share",
+            "gradient_share",
+        ):
             col = stats[name]
             rec[name] = None if col is None else float(col[i])
         out.append(rec)
@@ -147,6 +187,25 @@ def _file_of(src: Source, row: int) -> tuple[str, int]:
             return path.name, first
         first += n
     return src.paths[-1].name, first if src.footers else 0
+
+
+def _gradient_scale(
+    src: Source, settings: Settings, engine: EngineOptions, notes: list[str]
+) -> GradientScale | None:
+    """Pass 0: the whole input's ``‖∂J/∂logp‖`` and the aggregation constants."""
+    if settings.ratio_level != "token":
+        notes.append("gradient_share: not derived for the sequence-level ratio; null")
+        return None
+    r = objective_report(src, settings, engine=engine, gradient=True)
+    g = r.gradient
+    norm2 = None if g is None else g["norm"] ** 2
+    if norm2 is None or not (np.isfinite(norm2) and norm2 > 0):
+        notes.append("gradient_share: the gradient's norm is 0 or not finite; null")
+        return None
+    cp, up = agg_factor(settings, settings.agg, r.answers, r.tokens, r.max_len)
+    kl_on = settings.beta != 0.0 and settings.kl_mode == "loss"
+    ck, uk = agg_factor(settings, settings.kl_aggregation, r.answers, r.tokens, r.max_len)
+    return GradientScale(cp, up, ck, uk, settings.beta if kl_on else 0.0, norm2)
 
 
 @dataclass(frozen=True)
@@ -178,10 +237,13 @@ def answers_report(
     if top < 1:
         raise UsageError(f"--top: expected a positive number of answers, got {top}")
     key = SORT_KEYS[sort]
+    notes: list[str] = []
+    grad = _gradient_scale(src, settings, engine, notes)
     p1: Pass1 = objective_pass1(src, settings, engine=engine)
 
     def fold(acc: TopAnswers, b: Batch) -> None:
-        acc.add(answer_rows(b, p1.advantages(b, src.label), settings, src, key=key, k=top))
+        adv = p1.advantages(b, src.label)
+        acc.add(answer_rows(b, adv, settings, src, key=key, k=top, grad=grad))
 
     batches = iter_batches(
         src, TOKEN_FIELDS, batch_tokens=engine.batch_tokens, threaded=engine.prefetch
@@ -189,7 +251,7 @@ def answers_report(
     best = fold_batches(
         batches, lambda: TopAnswers(key, top), fold, workers=engine.workers, progress=progress
     )
-    notes = list(p1.warnings)
+    notes = list(p1.warnings) + notes
     if key in ("kl_mean", "kl_max") and not src.has("ref_logp"):
         notes.append("no ref_logp: kl_mean and kl_max are null, the ranking is by row")
     elif not src.has("ref_logp"):

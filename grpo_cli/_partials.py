@@ -611,28 +611,19 @@ class TokenPartial:
             return self.aggregate("term", agg)  # (with the KL in the reward: the policy term)
         return self.aggregate("policy", agg) - s.beta * self.aggregate("kl", s.kl_agg)
 
-    def _agg_factor(self, agg: str) -> tuple[float, int]:
-        """An aggregation as a global constant and which per-token ``u`` (0: 1, 1: 1/|o_i|)."""
-        n, t = self.answers, self.tokens
-        if agg == "seq-mean-token-mean":
-            return 1.0 / n, 1
-        if agg == "token-mean":
-            return 1.0 / t, 0
-        if agg == "seq-mean-token-sum":
-            return 1.0 / n, 0
-        if agg == "token-sum":
-            return 1.0, 0
-        return 1.0 / _norm_divisor(self.settings, n, self.max_width), 0
-
     def gradient(self) -> dict[str, float] | None:
         """``‖∂J/∂logp‖`` over the valid tokens and its policy and KL parts, and the shares
         of tokens and answers whose policy part is nonzero; None when not folded."""
         g, s = self.grad, self.settings
         if not g.enabled or not self.answers:
             return None
-        cp, i = self._agg_factor(s.agg)
+        cp, i = agg_factor(s, s.agg, self.answers, self.tokens, self.max_width)
         kl_on = s.beta != 0.0 and s.kl_mode == "loss"
-        ck, j = self._agg_factor(s.kl_aggregation) if kl_on else (0.0, 0)
+        ck, j = (
+            agg_factor(s, s.kl_aggregation, self.answers, self.tokens, self.max_width)
+            if kl_on
+            else (0.0, 0)
+        )
         beta = s.beta if kl_on else 0.0
         with np.errstate(over="ignore", invalid="ignore"):
             pp = cp * cp * g.pp[i]
@@ -676,6 +667,20 @@ class TokenPartial:
                 minlength=len(edges) - 1,
             )
         return [(edges[i], edges[i + 1], int(counts[i])) for i in range(len(edges) - 1)]
+
+
+def agg_factor(s: Settings, agg: str, answers: int, tokens: int, longest: int) -> tuple[float, int]:
+    """An aggregation as a global constant ``c`` and which per-token ``u`` it multiplies
+    (0: 1, 1: ``1/|o_i|``): the token weight of :func:`aggregation_weights` is ``c·u``."""
+    if agg == "seq-mean-token-mean":
+        return 1.0 / answers, 1
+    if agg == "token-mean":
+        return 1.0 / tokens, 0
+    if agg == "seq-mean-token-sum":
+        return 1.0 / answers, 0
+    if agg == "token-sum":
+        return 1.0, 0
+    return 1.0 / _norm_divisor(s, answers, longest), 0
 
 
 def _norm_divisor(s: Settings, answers: int, longest: int) -> float:

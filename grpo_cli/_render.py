@@ -546,18 +546,23 @@ def render_trend(r: TrendReport) -> RenderableType:
 
 
 def render_answers(r: AnswersReport) -> RenderableType:
-    """The ranked answers, worst first: where each is, and its statistics."""
+    """The ranked answers, worst first: where each is, and its statistics (all of them,
+    with ``kl_max``, are in ``--json``)."""
     cols: list[tuple[str, str, int]] = [
         ("advantage", "A", 3),
         ("length", "len", 0),
-        ("kl_mean", "KL mean", 4),
-        ("kl_max", "KL max", 4),
-        ("log_ratio_max_abs", "max |log ρ|", 4),
-        ("clip_share", "clipped", 3),
+        (
+            "kl_max" if r.sort == "kl-max" else "kl_mean",
+            "KL max" if r.sort == "kl-max" else "KL",
+            3,
+        ),
+        ("log_ratio_max_abs", "|log ρ|", 3),
+        ("clip_share", "clip", 2),
+        ("gradient_share", "‖g‖² share", 3),
     ]
     t = _table(f"Top {len(r.rows)} answers by {r.sort} (of {r.source})")
     for title in ("file", "row", "group", "reward"):
-        t.add_column(title, justify="right" if title == "row" else "left")
+        t.add_column(title, justify="right" if title == "row" else "left", overflow="fold")
     for _, title, _ in cols:
         t.add_column(title, justify="right")
     for row in r.rows:

@@ -45,6 +45,10 @@ def _write(path: Path, seed: int, n: int) -> list[dict[str, Any]]:
         k3 = np.exp(d) - d - 1  # Schulman's k3, DeepSeekMath eq. 4
         ratio = np.exp(logp[v] - old[v])
         clipped = ((ratio < 1 - EPS) & (adv < 0)) | ((ratio > 1 + EPS) & (adv > 0))
+        # ∂J/∂logp_t times N (seq-mean-token-mean, k3, β = 0.04): the policy part A·ρ where
+        # the clip does not bind, the KL part −β·(1 − e^d); over N·|o_i|
+        free = ((adv > 0) & (ratio <= 1 + EPS)) | ((adv < 0) & (ratio >= 1 - EPS))
+        g_n = (np.where(free, adv * ratio, 0.0) - 0.04 * (1 - np.exp(d))) / v.sum()
         expected.append(
             {
                 "source": path.name,
@@ -56,6 +60,7 @@ def _write(path: Path, seed: int, n: int) -> list[dict[str, Any]]:
                 "kl_max": float(k3.max()),
                 "log_ratio_max_abs": float(np.abs(logp[v] - old[v]).max()),
                 "clip_share": float(clipped.mean()),
+                "g2_n2": float(np.sum(g_n**2)),  # Σ_t g_t² times N²
             }
         )
     pq.write_table(pa.table(rows), path, row_group_size=7)
@@ -66,6 +71,9 @@ def _write(path: Path, seed: int, n: int) -> list[dict[str, Any]]:
 def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
     d = tmp_path_factory.mktemp("answers")
     expected = _write(d / "a.parquet", 1, 60) + _write(d / "b.parquet", 2, 45)
+    total = sum(e["g2_n2"] for e in expected)
+    for e in expected:
+        e["gradient_share"] = e["g2_n2"] / total
     return d, expected
 
 
@@ -76,6 +84,7 @@ KEYS = {
     "clip": "clip_share",
     "length": "length",
     "advantage": "advantage",
+    "gradient": "gradient_share",
 }
 
 
@@ -101,7 +110,8 @@ def test_top_answers_are_a_full_sort_of_the_formulas(
     for a, w in zip(got, want, strict=True):
         assert list(a) == list(FIELDS)
         assert a["group"] == w["group"] and a["length"] == w["length"] and a["reward"] is None
-        for k in ("advantage", "kl_mean", "kl_max", "log_ratio_max_abs", "clip_share"):
+        for k in ("advantage", "kl_mean", "kl_max", "log_ratio_max_abs", "clip_share",
+                  "gradient_share"):  # fmt: skip
             assert a[k] == pytest.approx(w[k], rel=1e-5, abs=1e-6), k
 
 
@@ -113,7 +123,12 @@ def test_same_ranking_for_any_batches_and_workers(
     monkeypatch.setenv("GRPO_CLI_BATCH_TOKENS", "40")
     for workers in ("1", "3"):
         again = cli.json("answers", d, "--sort", "length", "--top", "30", "--workers", workers)
-        assert again["answers"] == base  # ties (equal lengths) broken by row, every time
+        # ties (equal lengths) broken by row, every time; the gradient's share to rounding
+        for a, b in zip(again["answers"], base, strict=True):
+            assert a["gradient_share"] == pytest.approx(b["gradient_share"], rel=1e-9)
+        strip = [{k: v for k, v in a.items() if k != "gradient_share"} for a in base]
+        assert [{k: v for k, v in a.items() if k != "gradient_share"}
+                for a in again["answers"]] == strip  # fmt: skip
 
 
 def test_merge_keeps_the_best_of_the_union() -> None:
@@ -147,7 +162,7 @@ def test_without_reference_kl_is_null_and_noted(cli: Cli, tmp_path: Path) -> Non
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--sort", "gradient"], "--sort: expected one of"),
+        (["--sort", "entropy"], "--sort: expected one of"),
         (["--top", "0"], "--top: expected a positive"),
     ],
 )
