@@ -21,6 +21,7 @@ from ._report import (
 if TYPE_CHECKING:
     from ._answers import AnswersReport
     from ._check import CheckReport
+    from ._explain import Finding
     from ._trend import TrendReport
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "answers_json",
     "check_json",
     "dumps",
+    "explain_json",
     "kl_json",
     "objective_json",
     "trend_json",
@@ -225,5 +227,18 @@ def answers_json(r: AnswersReport) -> dict[str, Any]:
         "sort": r.sort,
         "top": r.top,
         "answers": r.rows,
+        "warnings": r.warnings,
+    }
+
+
+def explain_json(r: ObjectiveReport, findings: list[Finding]) -> dict[str, Any]:
+    """``explain --json``: the findings, most severe first, each with its evidence."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "command": "explain",
+        "source": r.source,
+        "settings": r.settings.to_json(),
+        "engine": r.engine.to_json(),
+        "findings": [f.to_json() for f in findings],
         "warnings": r.warnings,
     }

@@ -247,6 +247,8 @@ class ObjectiveReport:
     # ‖∂J/∂logp‖ and its parts (objective --gradient): None when not asked for
     gradient: dict[str, float] | None = None
     gradient_asked: bool = False
+    # exact counts of answer lengths (for views that need the tail: explain); not in JSON
+    length_counts: IntCounts | None = field(default=None, compare=False, repr=False)
 
     @property
     def loss(self) -> float:

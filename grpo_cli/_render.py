@@ -20,6 +20,7 @@ from rich.text import Text
 from ._answers import AnswersReport
 from ._check import CheckReport
 from ._core import AGGREGATIONS
+from ._explain import Finding
 from ._report import (
     QUANTILES,
     AdvantagesReport,
@@ -36,6 +37,7 @@ __all__ = [
     "render_advantages",
     "render_answers",
     "render_check",
+    "render_explain",
     "render_kl",
     "render_objective",
 ]
@@ -574,3 +576,16 @@ def render_answers(r: AnswersReport) -> RenderableType:
             *(fmt(row[k], d) for k, _, d in cols),
         )
     return t
+
+
+def render_explain(findings: list[Finding]) -> RenderableType:
+    """One paragraph per finding, most severe first."""
+    if not findings:
+        return Text("No findings: nothing in this batch needs attention.")
+    style = {"alarm": "bold red", "warn": "yellow", "info": "dim"}
+    parts: list[RenderableType] = []
+    for f in findings:
+        head = Text(f"{f.severity.upper():5}  {f.id}", style=style[f.severity])
+        parts.append(head)
+        parts.append(Padding(Text(f.message), (0, 0, 1, 7)))
+    return Group(*parts)

@@ -523,6 +523,7 @@ def objective_record(
         reward=p1.reward,
         gradient=grad,
         gradient_asked=acc.gradient_wanted,
+        length_counts=acc.lengths,
         warnings=warnings,
     )
 

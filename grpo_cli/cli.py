@@ -942,6 +942,56 @@ def answers(
 
 
 @app.command()
+def explain(
+    files: Files,
+    json_out: JsonOpt = False,
+    column: ColumnOpt = None,
+    group_scope: GroupScopeOpt = "dataset",
+    preset: PresetOpt = None,
+    trainer: TrainerOpt = None,
+    clip_eps: ClipOpt = None,
+    clip_eps_high: ClipHighOpt = None,
+    beta: BetaOpt = None,
+    kl_estimator: KLEstOpt = None,
+    agg: AggOpt = None,
+    max_len: MaxLenOpt = None,
+    progress: ProgressOpt = True,
+    workers: WorkersOpt = None,
+) -> None:
+    """The numbers read as findings, most severe first, each with its evidence and what to
+    do. Informational: exit 0 whatever it finds."""
+    from ._explain import explain_findings
+
+    with _errors():
+        settings = _settings(
+            preset=preset,
+            trainer=trainer,
+            clip_eps=clip_eps,
+            clip_eps_high=clip_eps_high,
+            beta=beta,
+            kl_estimator=kl_estimator,
+            agg=agg,
+            max_len=max_len,
+        )
+        src = open_source(files, parse_column_map(column), group_scope=group_scope)
+        with _progress(progress, src.n_rows(), "explain") as tick:
+            report = objective_report(
+                src, settings, progress=tick, engine=_engine(workers), gradient=True
+            )
+        findings = explain_findings(report)
+        for w in report.warnings:
+            _note(w)
+        if json_out:
+            from ._json import explain_json
+
+            _emit_json(explain_json(report, findings))
+        else:
+            from ._render import render_explain
+
+            _stdout().print(render_explain(findings))
+
+
+@app.command()
 def sample(
     out: Annotated[
         Path, typer.Argument(help="Output file, .parquet (streamed, ragged) or .npz (padded).")

@@ -1,0 +1,216 @@
+"""``grpo-cli explain``: the objective's record read as findings, most severe first.
+
+A view: every finding is computed from an :class:`ObjectiveReport` (with its gradient),
+using ``check``'s default thresholds where a rule exists (:data:`grpo_cli._check.RULES`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ._check import RULES
+from ._records import ObjectiveReport
+
+__all__ = ["SEVERITIES", "Finding", "explain_findings"]
+
+SEVERITIES = ("alarm", "warn", "info")
+
+
+@dataclass(frozen=True)
+class Finding:
+    id: str
+    severity: str  # alarm | warn | info
+    message: str
+    evidence: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "severity": self.severity,
+            "message": self.message,
+            "evidence": self.evidence,
+        }
+
+
+def _level(rule: str, value: float) -> str | None:
+    """``check``'s verdict on ``value`` for ``rule`` as a severity (None: passes)."""
+    c = RULES[rule][1]
+    if c.fail is not None and value > c.fail:
+        return "alarm"
+    if c.warn is not None and value > c.warn:
+        return "warn"
+    return None
+
+
+def _thresholds(rule: str) -> dict[str, float | None]:
+    c = RULES[rule][1]
+    return {"warn": c.warn, "alarm": c.fail}
+
+
+def explain_findings(r: ObjectiveReport) -> list[Finding]:
+    """Findings about one objective report, alarms first, then warnings, then notes
+    (truncation is judged against ``--max-len`` when the settings have one)."""
+    out: list[Finding] = []
+    g = r.gradient
+    gnorm = None if g is None else g["norm"]
+
+    if r.loss < 0:
+        out.append(Finding(
+            "negative-loss", "info",
+            f"loss = −J = {r.loss:.4g} < 0: the policy term ({r.policy_term:.4g}) exceeds the KL "
+            "term. J is a surrogate whose value is not a goodness score; a negative loss is "
+            "expected whenever the batch's ratio-weighted advantages are positive. Nothing to do.",
+            {"loss": r.loss, "policy_term": r.policy_term, "kl_term": r.kl_term},
+        ))  # fmt: skip
+
+    if abs(r.objective) < 1e-3 or (gnorm is not None and abs(r.objective) < 0.1 * gnorm):
+        teaches = (
+            f"‖∂J/∂logp‖ = {gnorm:.3g}, so the batch still teaches"
+            if gnorm
+            else "the gradient is not computed here (sequence-level ratio)"
+            if gnorm is None
+            else "and ‖∂J/∂logp‖ = 0: no token moves the policy"
+        )
+        out.append(Finding(
+            "near-zero-loss", "info" if gnorm else "warn",
+            f"J = {r.objective:.3g} is near 0: on-policy the ratio is 1 and the advantages "
+            f"of a group sum to 0, so J cancels; its gradient does not — {teaches}.",
+            {"objective": r.objective, "gradient_norm": gnorm, "on_policy": r.on_policy},
+        ))  # fmt: skip
+
+    gs = r.group_summary
+    if gs is not None and gs.zero_variance_groups:
+        frac = gs.frac_zero_variance_groups
+        out.append(Finding(
+            "zero-variance-groups", _level("zero-std-groups", frac) or "info",
+            f"{gs.zero_variance_groups} of {gs.groups} groups ({100 * frac:.1f}%) have equal "
+            "rewards: their advantages are 0 and they teach nothing. Many of them means the "
+            "prompts are too easy or too hard for the policy: filter them (DAPO's dynamic "
+            "sampling) or resample.",
+            {"zero_variance_groups": gs.zero_variance_groups, "groups": gs.groups,
+             "frac_zero_variance_groups": frac, "thresholds": _thresholds("zero-std-groups")},
+        ))  # fmt: skip
+
+    region = r.clip.region
+    if (lvl := _level("clip-region", region)) is not None:
+        out.append(Finding(
+            "clipping", lvl,
+            f"{100 * region:.2f}% of tokens are clipped (low {100 * r.clip.low:.2f}%, high "
+            f"{100 * r.clip.high:.2f}%): they get no gradient. The policy moved far from the "
+            "sampler: lower the learning rate, take fewer steps per batch, or sample fresher.",
+            {"clip_region": region, "low": r.clip.low, "high": r.clip.high,
+             "thresholds": _thresholds("clip-region")},
+        ))  # fmt: skip
+
+    if r.kl is not None and r.kl.mean is not None:
+        lvl_mean = _level("kl-mean", r.kl.mean)
+        lvl_max = None if r.kl.max is None else _level("kl-max", r.kl.max)
+        lvl = min((x for x in (lvl_mean, lvl_max) if x), key=SEVERITIES.index, default=None)
+        if lvl is not None:
+            out.append(Finding(
+                "kl-drift", lvl,
+                f"KL to the reference: mean {r.kl.mean:.4g}, max {r.kl.max:.4g} per token. The "
+                "policy is drifting from the reference: raise β, or look at the answers with "
+                "the largest KL (grpo-cli answers --sort kl) for reward hacking.",
+                {"kl_mean": r.kl.mean, "kl_max": r.kl.max,
+                 "thresholds": {"kl-mean": _thresholds("kl-mean"),
+                                "kl-max": _thresholds("kl-max")}},
+            ))  # fmt: skip
+
+    share = r.ratio_outside_band
+    lvl = "alarm" if r.overflow_tokens else _level("ratio-extreme", share)
+    if lvl is not None:
+        out.append(Finding(
+            "ratio-outliers", lvl,
+            f"{100 * share:.4f}% of tokens have a ratio outside [1/{r.ratio_band:g}, "
+            f"{r.ratio_band:g}] ({r.extreme_tokens} with |log ρ| ≥ 20, {r.overflow_tokens} "
+            "overflowing): stale or mismatched log-probs. grpo-cli answers --sort ratio "
+            "names them.",
+            {"outside_band_share": share, "band": r.ratio_band,
+             "extreme_tokens": r.extreme_tokens, "overflow_tokens": r.overflow_tokens,
+             "ratio_max": r.ratio.max, "thresholds": _thresholds("ratio-extreme")},
+        ))  # fmt: skip
+
+    ro = r.rollout
+    if ro is not None and (lvl := _level("rollout-mismatch", ro.kl_k3)) is not None:
+        out.append(Finding(
+            "sampler-mismatch", lvl,
+            f"the sampler's log-probs differ from the trainer's: mismatch KL (k3) "
+            f"{ro.kl_k3:.4g}, token ESS {ro.ess_token:.3g}. Check the inference engine's "
+            "precision and weights sync; correct with truncated importance sampling.",
+            {"kl_k3": ro.kl_k3, "ess_token": ro.ess_token, "ess_sequence": ro.ess_sequence,
+             "thresholds": _thresholds("rollout-mismatch")},
+        ))  # fmt: skip
+
+    out += _length_findings(r, r.settings.max_len)
+
+    e = r.entropy
+    if e is not None and e.mean is not None and e.mean < 0.05:
+        out.append(Finding(
+            "entropy-collapse", "alarm",
+            f"mean token entropy {e.mean:.3g} nats (< 0.05): the policy is nearly "
+            "deterministic and no longer explores. Raise the clip's upper bound (clip-higher), "
+            "the temperature, or add an entropy bonus.",
+            {"entropy_mean": e.mean, "threshold": 0.05},
+        ))  # fmt: skip
+
+    for w in r.warnings:
+        m = re.match(r"(\d+) answer\(s\) of zero-variance groups have nonzero logged "
+                     r"advantages \(up to ([^)]+)\)", w)  # fmt: skip
+        if m:
+            out.append(Finding(
+                "residual-advantages", "warn",
+                f"{m.group(1)} answers of zero-variance groups carry nonzero logged advantages "
+                f"(up to {m.group(2)}): the trainer's float32 group statistics. Sign-based "
+                "clip metrics count them; --recompute-advantages gives exact zeros.",
+                {"answers": int(m.group(1)), "max_abs": float(m.group(2))},
+            ))  # fmt: skip
+    out.sort(key=lambda f: SEVERITIES.index(f.severity))
+    return out
+
+
+def _length_findings(r: ObjectiveReport, max_len: int | None) -> list[Finding]:
+    out: list[Finding] = []
+    counts = r.length_counts
+    if counts is None or counts.n == 0:
+        return out
+    q = counts.quantiles(np.array([0.1, 0.9]))
+    assert q is not None
+    short, long_ = float(q[0]), float(q[1])
+    if r.settings.agg == "seq-mean-token-mean" and short > 0:
+        ratio = long_ / short
+        out.append(Finding(
+            "length-bias", "warn" if ratio >= 4 else "info",
+            f"under seq-mean-token-mean a token of a short answer weighs more: the 10% "
+            f"shortest (≤ {short:g} tokens) weigh {ratio:.3g}× a token of the 10% longest "
+            f"(≥ {long_:g}). Long wrong answers are penalised less per token (Dr. GRPO); "
+            "token-mean or seq-mean-token-sum-norm removes the bias.",
+            {"p10_length": short, "p90_length": long_, "weight_ratio": ratio},
+        ))  # fmt: skip
+    n = counts.n
+    longest = int(np.flatnonzero(counts.counts)[-1])
+    if max_len is not None:
+        at = int(counts.counts[max_len]) if max_len < counts.counts.shape[0] else 0
+        if at / n >= 0.01:
+            out.append(Finding(
+                "truncation", "warn",
+                f"{at} answers ({100 * at / n:.1f}%) are exactly --max-len {max_len} tokens "
+                "long: truncated, so their rewards judge unfinished answers. Raise the "
+                "generation limit or filter truncated answers (DAPO's overlong filtering).",
+                {"at_max_len": at, "answers": n, "max_len": max_len},
+            ))  # fmt: skip
+    else:
+        at = int(counts.counts[longest])
+        if at >= 3 and at / n >= 0.02 and at < n:  # all one length: nothing piles up
+            out.append(Finding(
+                "truncation", "warn",
+                f"{at} answers ({100 * at / n:.1f}%) share the longest length, {longest} "
+                "tokens: a pile-up at the generation limit, so they were probably cut off. "
+                "Pass --max-len to check against the limit.",
+                {"at_longest": at, "answers": n, "longest": longest},
+            ))  # fmt: skip
+    return out
