@@ -591,6 +591,16 @@ def kl(
             _stdout().print(render_kl(report))
 
 
+PlotOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--plot",
+        metavar="PATH.png",
+        help="Also draw the figures to PATH (.png, .svg, .pdf); needs the [plot] extra.",
+    ),
+]
+
+
 @app.command()
 def objective(
     files: Files,
@@ -609,6 +619,7 @@ def objective(
             help="Ignore the file's advantages; compute them from rewards and groups.",
         ),
     ] = False,
+    plot: PlotOpt = None,
     gradient: Annotated[
         bool,
         typer.Option(
@@ -675,6 +686,9 @@ def objective(
             estimator=estimator,
             singleton=singleton,
         )
+        from ._plot import require_plot
+
+        require_plot(plot)
         src = open_source(files, parse_column_map(column), group_scope=group_scope)
         with _progress(progress, src.n_rows(), "objective") as tick:
             report = objective_report(
@@ -687,6 +701,10 @@ def objective(
             )
         if logged is not None:
             report = _with_logged(report, logged, logged_step, logged_tolerance)
+        if plot is not None:
+            from ._plot import plot_objective
+
+            plot_objective(report, plot)
         for w in report.warnings:
             _note(w)
         if json_out:
@@ -843,6 +861,7 @@ def trend(
             "--rule", metavar="RULE.KEY=VALUE", help="Set a trend rule, e.g. kl-growth.fail=50."
         ),
     ] = None,
+    plot: PlotOpt = None,
     column: ColumnOpt = None,
     preset: PresetOpt = None,
     trainer: TrainerOpt = None,
@@ -857,6 +876,9 @@ def trend(
     with _errors():
         settings = _settings(preset=preset, trainer=trainer, beta=beta)
         rules = rule_flags(rule, TREND_RULES) if check or rule else None
+        from ._plot import require_plot
+
+        require_plot(plot)
         report = trend_report(
             files,
             settings,
@@ -864,6 +886,10 @@ def trend(
             column_map=parse_column_map(column),
             rules=rules if check else None,
         )
+        if plot is not None:
+            from ._plot import plot_trend
+
+            plot_trend(report, plot)
         for w in report.warnings:
             _note(w)
         if json_out:
