@@ -270,3 +270,45 @@ def answers_report(
             out[name] = v
         rows.append(out)
     return AnswersReport(src.label, settings, engine, sort, top, rows, notes)
+
+
+@dataclass
+class TopByKey:
+    """:class:`TopAnswers` for several keys at once (one pass over the tokens)."""
+
+    tops: dict[str, TopAnswers]
+
+    def merge(self, o: TopByKey) -> TopByKey:
+        for key, t in self.tops.items():
+            t.merge(o.tops[key])
+        return self
+
+
+def worst_answers(
+    src: Source,
+    settings: Settings,
+    keys: list[str],
+    *,
+    top: int,
+    engine: EngineOptions,
+) -> dict[str, list[dict[str, Any]]]:
+    """For each field of ``keys`` (values of :data:`SORT_KEYS`, not the gradient's), its
+    ``top`` answers, worst first; each row keeps ``_index``, its row in the whole input.
+    ``check`` names them as the places to look when a health rule fails."""
+    p1: Pass1 = objective_pass1(src, settings, engine=engine)
+
+    def fold(acc: TopByKey, b: Batch) -> None:
+        adv = p1.advantages(b, src.label)
+        for key, t in acc.tops.items():
+            t.add(answer_rows(b, adv, settings, src, key=key, k=top))
+
+    batches = iter_batches(
+        src, TOKEN_FIELDS, batch_tokens=engine.batch_tokens, threaded=engine.prefetch
+    )
+    best = fold_batches(
+        batches,
+        lambda: TopByKey({k: TopAnswers(k, top) for k in keys}),
+        fold,
+        workers=engine.workers,
+    )
+    return {k: t.rows for k, t in best.tops.items()}

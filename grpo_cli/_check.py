@@ -968,6 +968,7 @@ def run_check(
             results.append(integrity[rid])
         else:
             results.append(fn(facts, rc))
+    results = _with_worst_answers(results, facts, s, engine)
     results = [_required(r) if r.rule in cfg.require else r for r in results]
     if baseline is not None:
         results.append(_baseline(results, baseline, cfg.baseline_tolerance))
@@ -979,6 +980,42 @@ def run_check(
         objective=facts.report,
         why_no_objective=facts.why_no_report,
     )
+
+
+# health rule -> the per-answer statistic whose worst answers are its places to look
+WORST_BY = {
+    "kl-mean": "kl_mean",
+    "kl-max": "kl_max",
+    "clip-region": "clip_share",
+    "ratio-extreme": "log_ratio_max_abs",
+}
+
+
+def _with_worst_answers(
+    results: list[Result], facts: Facts, settings: Settings, engine: EngineOptions
+) -> list[Result]:
+    """Health rules that warn or fail list the answers with the largest statistic behind
+    them (one more pass over the tokens, only then)."""
+    flagged = [
+        r for r in results if r.rule in WORST_BY and r.status in ("warn", "fail") and not r.examples
+    ]
+    if not flagged or facts.report is None:
+        return results
+    from ._answers import worst_answers
+
+    keys = sorted({WORST_BY[r.rule] for r in flagged})
+    worst = worst_answers(facts.src, settings, keys, top=MAX_EXAMPLES, engine=engine)
+    out = []
+    for r in results:
+        if r in flagged:
+            key = WORST_BY[r.rule]
+            examples = [
+                facts.where(row["_index"], **{key: row[key], "length": row["length"]})
+                for row in worst[key]
+            ]
+            r = replace(r, examples=examples)
+        out.append(r)
+    return out
 
 
 def _required(r: Result) -> Result:

@@ -12,7 +12,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from grpo_cli._answers import FIELDS, TopAnswers
+from grpo_cli._answers import FIELDS, SORT_KEYS, TopAnswers
+from grpo_cli._check import WORST_BY
 
 from .conftest import Cli
 
@@ -31,8 +32,9 @@ def _write(path: Path, seed: int, n: int) -> list[dict[str, Any]]:
         mask = rng.random(width) < 0.8
         mask[rng.integers(width)] = True
         logp = -rng.exponential(1.0, width)
-        old = logp + rng.normal(0, 0.3, width)
-        ref = logp + rng.normal(0, 0.5 + 0.1 * (i % 7), width)
+        # log-probs stay below 0 (check's integrity rules pass)
+        old = np.minimum(logp + rng.normal(0, 0.3, width), -1e-3)
+        ref = np.minimum(logp + rng.normal(0, 0.5 + 0.1 * (i % 7), width), -1e-3)
         garbage = ~mask
         logp[garbage], old[garbage], ref[garbage] = 5.0, -50.0, 40.0  # padding: ignored
         adv = float(rng.normal()) if i % 5 else 0.0
@@ -77,15 +79,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str,
     return d, expected
 
 
-KEYS = {
-    "kl": "kl_mean",
-    "kl-max": "kl_max",
-    "ratio": "log_ratio_max_abs",
-    "clip": "clip_share",
-    "length": "length",
-    "advantage": "advantage",
-    "gradient": "gradient_share",
-}
+KEYS = SORT_KEYS  # --sort KEY -> the field ranked
 
 
 def _top(expected: list[dict[str, Any]], field: str, k: int) -> list[dict[str, Any]]:
@@ -173,3 +167,28 @@ def test_bad_arguments(cli: Cli, data: tuple[Path, Any], args: list[str], messag
 def test_table(cli: Cli, data: tuple[Path, Any]) -> None:
     r = cli("answers", data[0], "--top", "3")
     assert r.exit_code == 0 and "Top 3 answers by kl" in r.stdout
+
+
+def test_check_names_the_worst_answers_of_a_failing_health_rule(
+    cli: Cli, data: tuple[Path, list[dict[str, Any]]]
+) -> None:
+    d, expected = data
+    r = cli("check", d, "--rule", "kl-max.fail=1", "--rule", "clip-region.warn=0.001",
+            "--clip-eps", str(EPS), "--format", "json")  # fmt: skip
+    assert r.exit_code == 1
+    doc = json.loads(r.stdout)
+    by_rule = {x["rule"]: x for x in doc["results"]}
+    assert by_rule["kl-max"]["status"] == "fail" and by_rule["clip-region"]["status"] == "warn"
+    for rule, field in (("kl-max", "kl_max"), ("clip-region", "clip_share")):
+        want = _top(expected, field, 5)
+        got = by_rule[rule]["examples"]
+        # the answer index is the row in the whole input (a.parquet's 60 rows come first)
+        index = [w["row"] + (60 if w["source"] == "b.parquet" else 0) for w in want]
+        assert [g["answer"] for g in got] == index
+        assert [Path(g["file"]).name for g in got] == [w["source"] for w in want]
+        assert [g[field] for g in got] == pytest.approx([w[field] for w in want], rel=1e-6)
+    # the worst answer's largest KL is the batch's largest
+    top_kl = by_rule["kl-max"]["examples"][0]["kl_max"]
+    assert top_kl == pytest.approx(doc["objective"]["kl"]["max"])
+    passing = [x for x in doc["results"] if x["status"] == "pass" and x["rule"] in WORST_BY]
+    assert passing and all(x["examples"] == [] for x in passing)  # passing rules list nothing
