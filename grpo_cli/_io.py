@@ -315,7 +315,7 @@ class Answers:
 def _real(label: str, what: str, arr: np.ndarray) -> F64:
     if arr.dtype == np.bool_:
         return arr.astype(np.float64)
-    if np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer):
+    if arr.dtype.kind in "fiu":  # not timedelta64 (a numpy integer subtype) nor datetime64
         return arr.astype(np.float64, copy=False)
     raise InputError(f"{label}: {what} has dtype {arr.dtype}, expected numbers")
 
@@ -680,9 +680,7 @@ def _npz_arrays(src: Source, wanted: list[str]) -> tuple[dict[str, np.ndarray], 
                 f"{path}: array {src.name(f)!r} has shape {arr.shape}, "
                 f"but {ref_name!r} has {ref_shape}"
             )
-        if arr.dtype == np.bool_ or not (
-            np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)
-        ):
+        if arr.dtype.kind not in "fiu":  # numpy counts timedelta64 as an integer: refused
             raise InputError(
                 f"{path}: array {src.name(f)!r} has dtype {arr.dtype}, expected floats"
             )

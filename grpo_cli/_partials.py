@@ -312,6 +312,27 @@ class GradientSums:
         return self
 
 
+@dataclass
+class PositiveLogp:
+    """Valid tokens whose log-prob is above 0 (a probability above 1), by field: ``check``
+    fails on them, the objective computes on and says so."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+
+    FIELDS = ("logp", "old_logp", "ref_logp", "rollout_logp")
+
+    def update(self, b: Batch) -> None:
+        for f in self.FIELDS:
+            v = b.fields.get(f)
+            if v is not None and v.shape[0] and np.max(v) > 0:  # counted only when present
+                self.counts[f] = self.counts.get(f, 0) + int(np.count_nonzero(v > 0))
+
+    def merge(self, o: PositiveLogp) -> PositiveLogp:
+        for f, n in o.counts.items():
+            self.counts[f] = self.counts.get(f, 0) + n
+        return self
+
+
 class TokenPartial:
     """Mergeable partial statistics of the per-token GRPO terms over a run of answers.
 
@@ -343,6 +364,7 @@ class TokenPartial:
         "reward_kl",
         "old_ref",
         "grad",
+        "positive",
     )
 
     def __init__(
@@ -357,6 +379,7 @@ class TokenPartial:
         # ‖∂J/∂logp‖ (numpy only: asking for it folds every batch in numpy)
         self.gradient_wanted = gradient
         self.grad = GradientSums()
+        self.positive = PositiveLogp()  # log-probs > 0 inside the mask, by field
         self.exact_cap = exact_cap
         cap = {} if exact_cap is None else {"exact_cap": exact_cap}
         self.counts = AnswerCounts()
@@ -431,6 +454,7 @@ class TokenPartial:
             else:
                 self._update_numpy(b, adv)
             self._update_extras(b)
+            self.positive.update(b)
 
     def _update_compiled(self, b: Batch, adv: F64) -> None:
         """The same statistics as :meth:`_update_numpy`, from one pass of the kernel (which

@@ -508,7 +508,11 @@ def objective_record(
     b = math.log(ratio_band)
     outside = acc.delta.count_outside(-b, b) / max(acc.tokens, 1)
     grad = acc.gradient()
-    warnings = rec.warnings
+    warnings = rec.warnings + [
+        f"{n} valid token(s) of {src.name(f)!r} have a log-prob > 0 (a probability above 1): "
+        "computed on as given; grpo-cli check fails on them (logp-range)"
+        for f, n in acc.positive.counts.items()
+    ]
     if acc.gradient_wanted and grad is None and settings.ratio_level != "token":
         warnings = [
             *warnings,

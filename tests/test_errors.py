@@ -449,3 +449,24 @@ def test_an_npz_that_inflates_to_gigabytes_is_refused_unread(cli: Cli, tmp_path:
     _fails(cli, "objective", path, "--beta", "0", contains=["declare 1.2 GiB", "parquet"])
     grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
     assert grown_kib < 300 * 1024  # the 1.2 GiB array was never materialised
+
+
+def test_timedelta_arrays_are_refused(cli: Cli, tmp_path: Path) -> None:
+    f = tmp_path / "td.npz"
+    np.savez(f, logp=np.array([[1, 2]], dtype="timedelta64[s]"), advantages=np.array([1.0]))
+    cli.error(["objective", str(f), "--beta", "0"], "'logp' has dtype timedelta64[s]")
+    g = tmp_path / "td_rewards.npz"
+    np.savez(g, rewards=np.array([[1, 2]], dtype="timedelta64[s]"))
+    cli.error(["advantages", str(g)], "'rewards' has dtype timedelta64[s]")
+
+
+def test_objective_warns_on_positive_log_probs(cli: Cli, tmp_path: Path) -> None:
+    f = tmp_path / "pos.npz"
+    logp = np.array([[0.5, -1.0, 0.7], [-0.2, 0.1, -0.3]])
+    mask = np.array([[True, True, False], [True, True, True]])  # 0.7 is padding: not counted
+    np.savez(f, logp=logp, old_logp=logp - 0.01, advantages=np.array([1.0, -1.0]), mask=mask)
+    doc = cli.json("objective", f, "--beta", "0")
+    said = [w for w in doc["warnings"] if "log-prob > 0" in w]
+    assert len(said) == 2
+    assert said[0].startswith("2 valid token(s) of 'logp'")
+    assert said[1].startswith("2 valid token(s) of 'old_logp'")  # 0.49 and 0.09
