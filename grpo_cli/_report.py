@@ -121,8 +121,15 @@ def advantages_report(
     adv, stats = _advantages(answers, settings, src.label)
     assert answers.codes is not None and answers.labels is not None and answers.reward is not None
     diff = None
+    notes = list(answers.notes)
     if answers.advantage is not None:
-        diff = float(np.max(np.abs(answers.advantage - adv))) if adv.size else 0.0
+        gap = np.abs(difference(answers.advantage, adv))
+        diff = float(np.max(gap)) if adv.size else 0.0
+        if not math.isfinite(diff):
+            notes.append(
+                "the logged advantages differ from the recomputed ones by more than float64 "
+                "holds: logged_advantages_max_abs_diff is null"
+            )
     return AdvantagesReport(
         source=src.label,
         settings=settings,
@@ -136,7 +143,7 @@ def advantages_report(
         advantage=values_distribution(adv),
         logged_max_abs_diff=diff,
         engine=(engine or EngineOptions()).resolved(),
-        warnings=list(answers.notes),
+        warnings=notes,
     )
 
 

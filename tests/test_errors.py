@@ -470,3 +470,13 @@ def test_objective_warns_on_positive_log_probs(cli: Cli, tmp_path: Path) -> None
     assert len(said) == 2
     assert said[0].startswith("2 valid token(s) of 'logp'")
     assert said[1].startswith("2 valid token(s) of 'old_logp'")  # 0.49 and 0.09
+
+
+def test_logged_advantages_beyond_float64_are_null_with_a_warning(cli: Cli, tmp_path: Path) -> None:
+    # found by the fuzz suite: recomputed − logged overflowed with a RuntimeWarning
+    f = tmp_path / "ov.parquet"
+    pq.write_table(pa.table({"group": [0, 0, 1, 0, 0], "reward": [0, 0, 7.98e307, 0, 0],
+                             "advantage": [0, 0, -1e308, 0, 0]}), f)  # fmt: skip
+    doc = cli.json("advantages", f, "--preset", "verl")
+    assert doc["logged_advantages_max_abs_diff"] is None
+    assert any("logged_advantages_max_abs_diff is null" in w for w in doc["warnings"])
