@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any
 
 from ._check import Result, RuleConfig, _judge, _skip
 from ._engine import EngineOptions
-from ._io import _expand, open_source
+from ._io import _expand, _rows_per_batch, open_source
 from ._records import ObjectiveReport
 from ._report import objective_report
 from ._settings import Settings
@@ -77,12 +78,12 @@ def step_number(path: Path, position: int) -> int:
     return int(numbers[-1]) if numbers else position
 
 
-def _row(step: int, path: Path, r: ObjectiveReport) -> StepRow:
+def _row(step: int, path: Path | None, r: ObjectiveReport) -> StepRow:
     g = r.group_summary
     return StepRow(
         {
             "step": step,
-            "source": path.name,
+            "source": None if path is None else path.name,
             "answers": r.answers,
             "tokens": r.tokens,
             "objective": r.objective,
@@ -107,15 +108,26 @@ def trend_report(
     column_map: dict[str, str] | None = None,
     rules: dict[str, RuleConfig] | None = None,
     progress: Callable[[int], None] | None = None,
+    step_column: str | None = None,
 ) -> TrendReport:
     """Every step's row (``objective`` of its file alone), in step order; with ``rules``,
-    the trend rules' verdicts."""
+    the trend rules' verdicts. With ``step_column`` the files are one dataset whose rows
+    that column assigns to steps: each step's rows are copied, streaming, to a file of
+    their own in a temporary directory, then read as one step file each."""
     engine = (engine or EngineOptions()).resolved()
     paths: list[Path] = []
     for s in specs:
         paths.extend(_expand(s))
     if not paths:
         raise InputError("no step file given")
+    if step_column is not None:
+        with tempfile.TemporaryDirectory(prefix="grpo-cli-steps-") as tmp:
+            split = split_by_step(specs, step_column, Path(tmp), column_map, engine.batch_tokens)
+            report = _trend(split, settings, engine, column_map, rules, progress, named=False)
+        note = f"source is null: the steps are the values of column {step_column!r}"
+        return TrendReport(
+            report.settings, report.engine, report.steps, report.results, [*report.warnings, note]
+        )
     numbered = sorted(
         ((step_number(p, i), p) for i, p in enumerate(paths)), key=lambda x: (x[0], str(x[1]))
     )
@@ -124,11 +136,24 @@ def trend_report(
         if step in seen:
             raise InputError(f"{p}: step {step} again (also {seen[step].name}): one file a step")
         seen[step] = p
+    return _trend(numbered, settings, engine, column_map, rules, progress, named=True)
+
+
+def _trend(
+    numbered: list[tuple[int, Path]],
+    settings: Settings,
+    engine: EngineOptions,
+    column_map: dict[str, str] | None,
+    rules: dict[str, RuleConfig] | None,
+    progress: Callable[[int], None] | None,
+    *,
+    named: bool,
+) -> TrendReport:
     steps, warnings = [], []
     for step, p in numbered:
         src = open_source([str(p)], column_map)
         r = objective_report(src, settings, engine=engine, progress=progress)
-        steps.append(_row(step, p, r))
+        steps.append(_row(step, p if named else None, r))
         warnings += [f"step {step}: {w}" for w in r.warnings]
     for key in ("kl_mean", "entropy_mean", "reward_mean", "rollout_kl_k3", "ratio_p99"):
         missing = [row["step"] for row in steps if row[key] is None]
@@ -140,6 +165,78 @@ def trend_report(
         [] if rules is None else [fn(steps, rules[rid]) for rid, (fn, _) in TREND_RULES.items()]
     )
     return TrendReport(settings, engine, steps, results, warnings)
+
+
+MAX_OPEN_STEPS = 128  # step files written at once; more steps take more passes
+
+
+def split_by_step(
+    specs: Sequence[str],
+    column: str,
+    out: Path,
+    column_map: dict[str, str] | None,
+    batch_tokens: int,
+) -> list[tuple[int, Path]]:
+    """Copy each step's rows of a parquet dataset to ``out/<step>.parquet``, in bounded
+    memory (a record batch at a time; at most :data:`MAX_OPEN_STEPS` writers open, so many
+    steps take several passes). Steps are the integer values of ``column``."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    src = open_source(list(specs), column_map)
+    if src.kind != "parquet":
+        raise InputError(f"{src.label}: --step-column needs parquet input")
+    if column not in src.present:
+        raise InputError(
+            f"{src.label}: no column {column!r} for --step-column "
+            f"(the file has: {', '.join(src.present)})"
+        )
+    per_file = [(i, src.parquet_file(i)) for i in range(len(src.paths))]
+    values: set[int] = set()
+    for i, pf in per_file:
+        t = pf.schema_arrow.field(column).type
+        if not pa.types.is_integer(t):
+            raise InputError(f"{src.paths[i]}: column {column!r} has type {t}, expected integers")
+        for rb in pf.iter_batches(columns=[column], batch_size=1 << 16):
+            col = rb.column(0)
+            if col.null_count:
+                raise InputError(
+                    f"{src.paths[i]}: column {column!r} has nulls: every row needs a step"
+                )
+            values.update(pc.unique(col).to_pylist())
+    steps = sorted(values)
+    if not steps:
+        raise InputError(f"{src.label}: no rows, so no step")
+    schema = None
+    for lo in range(0, len(steps), MAX_OPEN_STEPS):
+        chunk = set(steps[lo : lo + MAX_OPEN_STEPS])
+        writers: dict[int, pq.ParquetWriter] = {}
+        try:
+            for i, pf in per_file:
+                rows = _rows_per_batch(pf, src.name("logp"), batch_tokens)
+                for rb in pf.iter_batches(batch_size=rows):
+                    if schema is None:
+                        schema = rb.schema
+                    if rb.schema != schema:
+                        try:
+                            rb = rb.cast(schema)
+                        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError):
+                            raise InputError(
+                                f"{src.paths[i]}: its columns' types differ from "
+                                f"{src.paths[0].name}'s: cannot be split into steps together"
+                            ) from None
+                    col = rb.column(column)
+                    for step in pc.unique(col).to_pylist():
+                        if step not in chunk:
+                            continue
+                        if step not in writers:
+                            writers[step] = pq.ParquetWriter(out / f"{step}.parquet", schema)
+                        writers[step].write_batch(rb.filter(pc.equal(col, step)))
+        finally:
+            for w in writers.values():
+                w.close()
+    return [(step, out / f"{step}.parquet") for step in steps]
 
 
 def _steps(steps: list[int]) -> str:

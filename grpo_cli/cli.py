@@ -862,6 +862,14 @@ def trend(
         ),
     ] = None,
     plot: PlotOpt = None,
+    step_column: Annotated[
+        str | None,
+        typer.Option(
+            "--step-column",
+            metavar="NAME",
+            help="The files are one dataset; this integer column gives each row's step.",
+        ),
+    ] = None,
     column: ColumnOpt = None,
     preset: PresetOpt = None,
     trainer: TrainerOpt = None,
@@ -885,6 +893,7 @@ def trend(
             engine=_engine(workers),
             column_map=parse_column_map(column),
             rules=rules if check else None,
+            step_column=step_column,
         )
         if plot is not None:
             from ._plot import plot_trend

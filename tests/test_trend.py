@@ -94,3 +94,40 @@ def test_one_file_a_step(cli: Cli, tmp_path: Path) -> None:
     pq.write_table(table, tmp_path / "b_step_5.parquet")
     r = cli("trend", tmp_path, "--beta", "0")
     assert r.exit_code == 2 and "step 5 again" in r.stderr
+
+
+def test_step_column_equals_one_file_a_step(
+    cli: Cli, steps: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The step files concatenated into one dataset (rows of the steps interleaved, split in
+    two files) with a ``step`` column give the same rows as the files one a step."""
+    per_file = cli.json("trend", steps, "--preset", "verl")
+    tables = []
+    for row in per_file["steps"]:
+        t = pq.read_table(steps / row["source"])
+        tables.append(t.append_column("step", pa.array([row["step"]] * t.num_rows, pa.int64())))
+    both = pa.concat_tables(tables)
+    order = np.argsort(np.arange(both.num_rows) % 7, kind="stable")  # interleave the steps
+    both = both.take(pa.array(order))
+    half = both.num_rows // 2
+    d = tmp_path / "ds"
+    d.mkdir()
+    pq.write_table(both.slice(0, half), d / "part-0.parquet", row_group_size=50)
+    pq.write_table(both.slice(half), d / "part-1.parquet", row_group_size=50)
+    monkeypatch.setattr("grpo_cli._trend.MAX_OPEN_STEPS", 2)  # two passes over the dataset
+    doc = cli.json("trend", d, "--step-column", "step", "--preset", "verl")
+    assert [s["step"] for s in doc["steps"]] == [20, 100, 300]
+    for a, b in zip(doc["steps"], per_file["steps"], strict=True):
+        assert a["source"] is None
+        for k in STEP_KEYS:
+            if k == "source":
+                continue
+            want = b[k]
+            assert a[k] == (pytest.approx(want, rel=1e-12, abs=1e-14) if isinstance(want, float)
+                            else want), k  # fmt: skip
+    assert any("source is null" in w for w in doc["warnings"])
+
+
+def test_step_column_errors(cli: Cli, steps: Path) -> None:
+    cli.error(["trend", str(steps), "--step-column", "nope"], "no column 'nope'")
+    cli.error(["trend", str(steps), "--step-column", "reward"], "expected integers")
