@@ -312,6 +312,35 @@ class GradientSums:
         return self
 
 
+# answer lengths: 0 then powers of 2^(1/2) up to 2^24; advantages: [-5, 5] by 0.25, and
+# the open ends beyond
+LENGTH_EDGES = np.concatenate(([0.0], 2.0 ** np.arange(0, 24.5, 0.5)))
+ADV_EDGES = np.concatenate(([-np.inf], np.linspace(-5.0, 5.0, 41), [np.inf]))
+
+
+@dataclass
+class LengthAdvantage:
+    """Answers counted by (length, advantage) in fixed bins (:data:`LENGTH_EDGES` ×
+    :data:`ADV_EDGES`, left-closed): the plot of length against advantage in bounded memory.
+    Per-token advantages (KL in the reward) count by the answer's mean."""
+
+    counts: NDArray[np.int64] = field(
+        default_factory=lambda: np.zeros((LENGTH_EDGES.shape[0], ADV_EDGES.shape[0] - 1), np.int64)
+    )
+
+    def update(self, b: Batch, adv: F64) -> None:
+        lengths = b.lengths
+        a = adv if adv.shape == (b.n,) else segment_sum(adv, b.offsets) / lengths
+        ok = np.isfinite(a)
+        i = np.searchsorted(LENGTH_EDGES, lengths[ok], side="right") - 1
+        j = np.searchsorted(ADV_EDGES, a[ok], side="right") - 1
+        np.add.at(self.counts, (i, np.minimum(j, ADV_EDGES.shape[0] - 2)), 1)
+
+    def merge(self, o: LengthAdvantage) -> LengthAdvantage:
+        self.counts += o.counts
+        return self
+
+
 @dataclass
 class PositiveLogp:
     """Valid tokens whose log-prob is above 0 (a probability above 1), by field: ``check``
@@ -365,6 +394,7 @@ class TokenPartial:
         "old_ref",
         "grad",
         "positive",
+        "length_adv",
     )
 
     def __init__(
@@ -380,6 +410,7 @@ class TokenPartial:
         self.gradient_wanted = gradient
         self.grad = GradientSums()
         self.positive = PositiveLogp()  # log-probs > 0 inside the mask, by field
+        self.length_adv = LengthAdvantage()  # answers by (length, advantage): the plot
         self.exact_cap = exact_cap
         cap = {} if exact_cap is None else {"exact_cap": exact_cap}
         self.counts = AnswerCounts()
@@ -455,6 +486,7 @@ class TokenPartial:
                 self._update_numpy(b, adv)
             self._update_extras(b)
             self.positive.update(b)
+            self.length_adv.update(b, adv)
 
     def _update_compiled(self, b: Batch, adv: F64) -> None:
         """The same statistics as :meth:`_update_numpy`, from one pass of the kernel (which

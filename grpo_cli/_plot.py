@@ -67,8 +67,8 @@ def _quantile_curve(
 
 
 def plot_objective(r: ObjectiveReport, path: Path) -> None:
-    """Ratio histogram around the clip band (log counts), the per-token KL and the answer
-    lengths as quantile curves."""
+    """Ratio histogram around the clip band (log counts), the per-token KL as a quantile
+    curve, and the answers' length against their advantage."""
     plt = _pyplot(path)
     fig, axes = plt.subplots(1, 3, figsize=(12, 4), layout="constrained")
     ax = axes[0]
@@ -83,9 +83,35 @@ def plot_objective(r: ObjectiveReport, path: Path) -> None:
     ax.set_title(f"ratio ρ per token (red: outside [{lo:g}, {hi:g}])")
     ax.set_ylabel("tokens (log)")
     _quantile_curve(axes[1], r.kl, f"per-token KL ({r.settings.kl_estimator})", "KL", log=True)
-    _quantile_curve(axes[2], r.lengths, "answer lengths", "valid tokens")
+    _length_advantage(axes[2], r)
     fig.suptitle(f"{r.source}: J = {r.objective:.4g}")
     _save(plt, fig, path)
+
+
+def _length_advantage(ax: Any, r: ObjectiveReport) -> None:
+    """Answers by length (log) and advantage: a 2-D histogram with log-scaled colours."""
+    import numpy as np
+    from matplotlib.colors import LogNorm
+
+    from ._partials import ADV_EDGES, LENGTH_EDGES
+
+    ax.set_title("answers: length against advantage")
+    counts = r.length_adv
+    if counts is None or not counts.any():
+        ax.text(0.5, 0.5, "no answers", ha="center", va="center", transform=ax.transAxes)
+        return
+    x = np.clip(ADV_EDGES, -5.5, 5.5)  # the open ends drawn half a unit wide
+    # row k counts lengths in [edges[k], edges[k+1]); the last row is open, drawn √2 tall
+    edges = np.concatenate((LENGTH_EDGES, [LENGTH_EDGES[-1] * 2**0.5]))
+    edges[0] = 0.5  # the [0, 1) row, for the log axis (answers have at least one token)
+    rows = np.flatnonzero(counts.any(axis=1))
+    lo, hi = int(rows[0]), int(rows[-1]) + 1
+    masked = np.ma.masked_equal(counts[lo:hi], 0)
+    mesh = ax.pcolormesh(x, edges[lo : hi + 1], masked, norm=LogNorm(), cmap="viridis")
+    ax.set_yscale("log")
+    ax.set_xlabel("advantage")
+    ax.set_ylabel("valid tokens")
+    ax.figure.colorbar(mesh, ax=ax, label="answers")
 
 
 TREND_PANELS = (

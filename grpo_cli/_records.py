@@ -249,6 +249,8 @@ class ObjectiveReport:
     gradient_asked: bool = False
     # exact counts of answer lengths (for views that need the tail: explain); not in JSON
     length_counts: IntCounts | None = field(default=None, compare=False, repr=False)
+    # answers by (length bin, advantage bin) (_partials.LENGTH_EDGES × ADV_EDGES); not in JSON
+    length_adv: NDArray[np.int64] | None = field(default=None, compare=False, repr=False)
 
     @property
     def loss(self) -> float:

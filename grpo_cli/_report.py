@@ -535,6 +535,7 @@ def objective_record(
         gradient=grad,
         gradient_asked=acc.gradient_wanted,
         length_counts=acc.lengths,
+        length_adv=acc.length_adv.counts,
         warnings=warnings,
     )
 

@@ -140,3 +140,27 @@ def test_sequence_level_is_null_with_a_warning(cli: Cli) -> None:
     assert doc["gradient"] is None
     assert any(w.startswith("gradient:") for w in doc["warnings"])
     assert "gradient" not in cli.json("objective", "sample_data/batch.parquet")
+
+
+def test_length_advantage_histogram_is_histogram2d() -> None:
+    """The plot's (length, advantage) counts: numpy's histogram2d on the same edges, merged
+    over two batches."""
+    from grpo_cli._partials import ADV_EDGES, LENGTH_EDGES
+
+    rng = np.random.default_rng(5)
+    lengths = rng.integers(1, 3000, 300)
+    adv = np.concatenate((rng.normal(0, 2, 299), [7.5]))  # one beyond +5: the open end
+    offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
+    t = int(offsets[-1])
+    logp = -np.ones(t)
+    p = TokenPartial(Settings(beta=0.0))
+    for lo, hi in ((0, 120), (120, 300)):
+        a, b = int(offsets[lo]), int(offsets[hi])
+        part = TokenPartial(Settings(beta=0.0))
+        part.update(Batch(lo, offsets[lo : hi + 1] - a, {"logp": logp[a:b]}, lengths[lo:hi]),
+                    adv[lo:hi])  # fmt: skip
+        p.merge(part)
+    y = np.concatenate((LENGTH_EDGES, [np.inf]))
+    want, _, _ = np.histogram2d(lengths, adv, bins=[y, ADV_EDGES])
+    assert np.array_equal(p.length_adv.counts, want.astype(np.int64))
+    assert p.length_adv.counts[:, -1].sum() == np.count_nonzero(adv >= 5.0) >= 1
