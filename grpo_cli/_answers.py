@@ -14,7 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from ._core import answer_clip_counts, segment_sum, token_gradients, token_terms
+from ._core import (
+    answer_clip_counts,
+    difference,
+    segment_sum,
+    token_gradients,
+    token_terms,
+)
 from ._engine import EngineOptions
 from ._io import Batch, Source, iter_batches
 from ._local import fold_batches
@@ -34,6 +40,7 @@ SORT_KEYS = {
     "length": "length",
     "advantage": "advantage",
     "gradient": "gradient_share",
+    "rollout": "rollout_kl_mean",
 }
 FIELDS = (
     "source",
@@ -47,6 +54,9 @@ FIELDS = (
     "log_ratio_max_abs",
     "clip_share",
     "gradient_share",
+    "rollout_kl_mean",
+    "kl_max_token",
+    "log_ratio_max_token",
 )
 
 
@@ -126,6 +136,13 @@ def answer_rows(
     )
     stats["clip_share"] = (low + high) / lengths
     stats["length"] = lengths.astype(np.float64)
+    stats["rollout_kl_mean"] = None
+    rollout = f.get("rollout_logp")
+    if rollout is not None:  # sampler vs trainer, δ = old_logp − rollout_logp: mean k3(δ)
+        dr = difference(f.get("old_logp", f["logp"]), rollout)
+        with np.errstate(over="ignore", invalid="ignore"):
+            k3 = np.exp(dr) - dr - 1.0
+        stats["rollout_kl_mean"] = segment_sum(k3, b.offsets) / lengths
     stats["gradient_share"] = None
     if grad is not None:
         gp, gk = token_gradients(terms, **settings.term_kwargs())
@@ -165,6 +182,9 @@ def answer_rows(
             "length": int(lengths[i]),
             "_index": row,
         }
+        s0, s1 = int(b.offsets[i]), int(b.offsets[i + 1])  # the worst token, in the answer
+        rec["kl_max_token"] = None if terms.kl is None else int(np.argmax(terms.kl[s0:s1]))
+        rec["log_ratio_max_token"] = int(np.argmax(np.abs(terms.delta[s0:s1])))
         for name in (
             "advantage",
             "kl_mean",
@@ -172,6 +192,7 @@ def answer_rows(
             "log_ratio_max_abs",
             "clip_share",
             "gradient_share",
+            "rollout_kl_mean",
         ):
             col = stats[name]
             rec[name] = None if col is None else float(col[i])
@@ -259,6 +280,10 @@ def answers_report(
     for name in ("reward", "group"):
         if not src.has(name):
             notes.append(f"no {name} column: each answer's {name} is null")
+    if not src.has("rollout_logp"):
+        notes.append("no rollout_logp: rollout_kl_mean is null")
+    if not src.has("ref_logp"):
+        notes.append("no ref_logp: kl_max_token is null")
     rows = []
     for r in best.rows:
         out = {}

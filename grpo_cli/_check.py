@@ -988,7 +988,10 @@ WORST_BY = {
     "kl-max": "kl_max",
     "clip-region": "clip_share",
     "ratio-extreme": "log_ratio_max_abs",
+    "rollout-mismatch": "rollout_kl_mean",
 }
+# where the worst token of an answer is, for the statistics that have one
+WORST_TOKEN = {"kl_max": "kl_max_token", "log_ratio_max_abs": "log_ratio_max_token"}
 
 
 def _with_worst_answers(
@@ -1009,10 +1012,12 @@ def _with_worst_answers(
     for r in results:
         if r in flagged:
             key = WORST_BY[r.rule]
-            examples = [
-                facts.where(row["_index"], **{key: row[key], "length": row["length"]})
-                for row in worst[key]
-            ]
+            examples = []
+            for row in worst[key]:
+                extra = {key: row[key], "length": row["length"]}
+                if key in WORST_TOKEN:
+                    extra["valid_token"] = row[WORST_TOKEN[key]]  # among the valid ones
+                examples.append(facts.where(row["_index"], **extra))
             r = replace(r, examples=examples)
         out.append(r)
     return out

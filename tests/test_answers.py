@@ -25,7 +25,7 @@ def _write(path: Path, seed: int, n: int) -> list[dict[str, Any]]:
     returns each answer's statistics computed by loops over its valid tokens."""
     rng = np.random.default_rng(seed)
     rows: dict[str, list[Any]] = {k: [] for k in ("group", "advantage", "logp", "old_logp",
-                                                  "ref_logp", "mask")}  # fmt: skip
+                                                  "ref_logp", "rollout_logp", "mask")}  # fmt: skip
     expected = []
     for i in range(n):
         width = int(rng.integers(1, 30))
@@ -35,17 +35,21 @@ def _write(path: Path, seed: int, n: int) -> list[dict[str, Any]]:
         # log-probs stay below 0 (check's integrity rules pass)
         old = np.minimum(logp + rng.normal(0, 0.3, width), -1e-3)
         ref = np.minimum(logp + rng.normal(0, 0.5 + 0.1 * (i % 7), width), -1e-3)
+        rollout = np.minimum(old + rng.normal(0, 0.05 * (1 + i % 3), width), -1e-3)
         garbage = ~mask
         logp[garbage], old[garbage], ref[garbage] = 5.0, -50.0, 40.0  # padding: ignored
+        rollout[garbage] = 3.0
         adv = float(rng.normal()) if i % 5 else 0.0
         rows["group"].append(f"g{i // 4}")
         rows["advantage"].append(adv)
-        for k, v in (("logp", logp), ("old_logp", old), ("ref_logp", ref), ("mask", mask)):
+        for k, v in (("logp", logp), ("old_logp", old), ("ref_logp", ref),
+                     ("rollout_logp", rollout), ("mask", mask)):  # fmt: skip
             rows[k].append(v.tolist())
         v = mask
         d = ref[v] - logp[v]
         k3 = np.exp(d) - d - 1  # Schulman's k3, DeepSeekMath eq. 4
         ratio = np.exp(logp[v] - old[v])
+        dr = old[v] - rollout[v]
         clipped = ((ratio < 1 - EPS) & (adv < 0)) | ((ratio > 1 + EPS) & (adv > 0))
         # ∂J/∂logp_t times N (seq-mean-token-mean, k3, β = 0.04): the policy part A·ρ where
         # the clip does not bind, the KL part −β·(1 − e^d); over N·|o_i|
@@ -62,6 +66,10 @@ def _write(path: Path, seed: int, n: int) -> list[dict[str, Any]]:
                 "kl_max": float(k3.max()),
                 "log_ratio_max_abs": float(np.abs(logp[v] - old[v]).max()),
                 "clip_share": float(clipped.mean()),
+                # sampler vs trainer: δ = old − rollout, k3(δ) = e^δ − δ − 1, the answer's mean
+                "rollout_kl_mean": float(np.mean(np.exp(dr) - dr - 1)),
+                "kl_max_token": int(np.argmax(k3)),  # among the valid tokens
+                "log_ratio_max_token": int(np.argmax(np.abs(logp[v] - old[v]))),
                 "g2_n2": float(np.sum(g_n**2)),  # Σ_t g_t² times N²
             }
         )
@@ -104,8 +112,10 @@ def test_top_answers_are_a_full_sort_of_the_formulas(
     for a, w in zip(got, want, strict=True):
         assert list(a) == list(FIELDS)
         assert a["group"] == w["group"] and a["length"] == w["length"] and a["reward"] is None
+        assert a["kl_max_token"] == w["kl_max_token"]
+        assert a["log_ratio_max_token"] == w["log_ratio_max_token"]
         for k in ("advantage", "kl_mean", "kl_max", "log_ratio_max_abs", "clip_share",
-                  "gradient_share"):  # fmt: skip
+                  "gradient_share", "rollout_kl_mean"):  # fmt: skip
             assert a[k] == pytest.approx(w[k], rel=1e-5, abs=1e-6), k
 
 
@@ -174,12 +184,14 @@ def test_check_names_the_worst_answers_of_a_failing_health_rule(
 ) -> None:
     d, expected = data
     r = cli("check", d, "--rule", "kl-max.fail=1", "--rule", "clip-region.warn=0.001",
+            "--rule", "rollout-mismatch.warn=1e-6",
             "--clip-eps", str(EPS), "--format", "json")  # fmt: skip
     assert r.exit_code == 1
     doc = json.loads(r.stdout)
     by_rule = {x["rule"]: x for x in doc["results"]}
     assert by_rule["kl-max"]["status"] == "fail" and by_rule["clip-region"]["status"] == "warn"
-    for rule, field in (("kl-max", "kl_max"), ("clip-region", "clip_share")):
+    for rule, field in (("kl-max", "kl_max"), ("clip-region", "clip_share"),
+                        ("rollout-mismatch", "rollout_kl_mean")):  # fmt: skip
         want = _top(expected, field, 5)
         got = by_rule[rule]["examples"]
         # the answer index is the row in the whole input (a.parquet's 60 rows come first)
@@ -188,6 +200,8 @@ def test_check_names_the_worst_answers_of_a_failing_health_rule(
         assert [Path(g["file"]).name for g in got] == [w["source"] for w in want]
         assert [g[field] for g in got] == pytest.approx([w[field] for w in want], rel=1e-6)
     # the worst answer's largest KL is the batch's largest
+    want_tokens = [w["kl_max_token"] for w in _top(expected, "kl_max", 5)]
+    assert [g["valid_token"] for g in by_rule["kl-max"]["examples"]] == want_tokens
     top_kl = by_rule["kl-max"]["examples"][0]["kl_max"]
     assert top_kl == pytest.approx(doc["objective"]["kl"]["max"])
     passing = [x for x in doc["results"] if x["status"] == "pass" and x["rule"] in WORST_BY]
