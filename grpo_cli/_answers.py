@@ -145,7 +145,7 @@ def answer_rows(
         stats["rollout_kl_mean"] = segment_sum(k3, b.offsets) / lengths
     stats["gradient_share"] = None
     if grad is not None:
-        gp, gk = token_gradients(terms, **settings.term_kwargs())
+        gp, gk = token_gradients(terms, offsets=b.offsets, **settings.term_kwargs())
         inv = np.repeat(1.0 / lengths, lengths)
         with np.errstate(over="ignore", invalid="ignore"):
             g = grad.cp * (gp * inv if grad.up else gp)
@@ -214,9 +214,6 @@ def _gradient_scale(
     src: Source, settings: Settings, engine: EngineOptions, notes: list[str]
 ) -> GradientScale | None:
     """Pass 0: the whole input's ``‖∂J/∂logp‖`` and the aggregation constants."""
-    if settings.ratio_level != "token":
-        notes.append("gradient_share: not derived for the sequence-level ratio; null")
-        return None
     r = objective_report(src, settings, engine=engine, gradient=True)
     g = r.gradient
     norm2 = None if g is None else g["norm"] ** 2

@@ -1099,6 +1099,7 @@ def token_terms(
 def token_gradients(
     terms: TokenTerms,
     *,
+    offsets: I64 | None = None,
     clip_eps: float = 0.2,
     clip_eps_high: float | None = None,
     dual_clip: float | None = None,
@@ -1110,38 +1111,50 @@ def token_gradients(
     kl_clamp: float | None = None,
     kl_bias_correction: bool = False,
 ) -> tuple[F64, F64 | None]:
-    """Each token's ``∂policy_t/∂logp_t`` and ``∂kl_loss_t/∂logp_t`` (the per-token parts
-    of :func:`token_terms`, before the aggregation weights), token-level ratio only.
+    """Each token's ``∂policy/∂logp_t`` and ``∂kl_loss/∂logp_t`` for the terms of
+    :func:`token_terms`, before the aggregation weights (which are constant within an
+    answer under every aggregation, so ``∂J/∂logp_t = c·u_i·(g_p − β·g_k)``).
 
-    Policy (PPO's clipped surrogate, Schulman et al. 2017): with ``ρ = exp(Δ')`` and ``Δ'``
-    the clamped ``Δ = logp − old_logp``, ``∂(ρA)/∂logp = ρA`` where the unclipped branch is
-    the one ``min`` takes (``A > 0, ρ ≤ 1+ε_high``, or ``A < 0, ρ ≥ 1−ε_low``) and no bound
-    binds: 0 where the clip, the dual clip (``A < 0, ρ > c``) or ``log_ratio_clamp``
+    Token-level ratio (PPO's clipped surrogate, Schulman et al. 2017): with ``ρ = exp(Δ')``
+    and ``Δ'`` the clamped ``Δ = logp − old_logp``, ``g_p = ρA`` where the unclipped branch
+    is the one ``min`` takes (``A > 0, ρ ≤ 1+ε_high``, or ``A < 0, ρ ≥ 1−ε_low``) and no
+    bound binds: 0 where the clip, the dual clip (``A < 0, ρ > c``) or ``log_ratio_clamp``
     (``|Δ| > c``) binds, and 0 for ``A = 0``.
 
-    KL with ``d = ref_logp − logp`` (so ``∂d/∂logp = −1``): k1 ``= −d`` gives 1; k2
-    ``= d²/2`` gives ``−d``; k3 ``= e^d − d − 1`` gives ``1 − e^d`` (0 where
-    ``log_ratio_clamp`` binds on ``d``); 0 where ``kl_clamp`` binds. With
-    ``kl_bias_correction`` the loss takes ``kl·ρ`` (TRL 1.16.0 multiplies by the
-    undetached ratio), whose derivative is ``kl'·ρ + kl·ρ·∂Δ'/∂logp``.
+    Sequence-level ratio (GSPO, Zheng et al. 2025): every token of answer ``i`` shares
+    ``s_i = exp(min(mean_t Δ, c))`` and ``∂s_i/∂logp_t = s_i/|o_i|``, so the answer's terms
+    all move together: ``g_p = mean_{t'∈i}(s_i·A_{t'}·[t' active])`` on each of its tokens
+    (``s_i·A`` when the advantage is the answer's), 0 where ``seq_ratio_clamp`` binds.
 
-    The sequence-level ratio (GSPO) couples an answer's tokens, so its gradient is not a
-    per-token quantity of this form: :class:`UsageError`.
+    KL with ``d = ref_logp − logp`` (``∂d/∂logp = −1``): k1 ``= −d`` gives 1; k2 ``= d²/2``
+    gives ``−d``; k3 ``= e^d − d − 1`` gives ``1 − e^d`` (0 where ``log_ratio_clamp`` binds
+    on ``d``); 0 where ``kl_clamp`` binds. With ``kl_bias_correction`` the loss takes
+    ``kl·ρ`` (TRL 1.16.0 multiplies by the undetached ratio): ``g_k = kl'·ρ + kl·ρ`` per
+    token (token level, where ``Δ`` is free), ``kl'·s_i + s_i·mean_i(kl)`` (sequence level).
+    The KL in the reward enters through the advantages, which the trainers detach: no term.
     """
-    del seq_ratio_clamp, beta
-    if ratio_level != "token":
-        raise UsageError("the gradient is derived for the token-level ratio only")
+    del beta
     high = clip_eps if clip_eps_high is None else clip_eps_high
     rho, a = terms.ratio, terms.adv
-    free = np.ones(rho.shape, dtype=bool)  # ∂Δ'/∂logp = 1: no log-ratio clamp binds
-    if log_ratio_clamp is not None:
-        free = np.abs(terms.delta) <= log_ratio_clamp
     active = ((a > 0) & (rho <= 1.0 + high)) | ((a < 0) & (rho >= 1.0 - clip_eps))
     if dual_clip is not None:
         active &= ~((a < 0) & (rho > dual_clip))
-    active &= free
-    with np.errstate(over="ignore", invalid="ignore"):
-        gp = np.where(active, rho * a, 0.0)
+    if ratio_level == "sequence":
+        if offsets is None:
+            raise UsageError("the sequence-level gradient needs the answers' offsets")
+        lengths = np.diff(offsets)
+        free: NDArray[np.bool_] = np.ones(rho.shape, dtype=bool)
+        if seq_ratio_clamp is not None:
+            free = np.repeat(segment_mean(terms.delta, offsets) <= seq_ratio_clamp, lengths)
+        with np.errstate(over="ignore", invalid="ignore"):
+            per = np.where(active, rho * a, 0.0)
+            gp = np.where(free, np.repeat(segment_mean(per, offsets), lengths), 0.0)
+    else:
+        free = np.ones(rho.shape, dtype=bool)  # ∂Δ'/∂logp = 1: no log-ratio clamp binds
+        if log_ratio_clamp is not None:
+            free = np.abs(terms.delta) <= log_ratio_clamp
+        with np.errstate(over="ignore", invalid="ignore"):
+            gp = np.where(active & free, rho * a, 0.0)
     if terms.ref_delta is None or terms.kl is None:
         return gp, None
     d = terms.ref_delta
@@ -1159,7 +1172,12 @@ def token_gradients(
         gk[np.abs(terms.kl) >= kl_clamp] = 0.0  # the clamp binds (kl is clamped already)
     if kl_bias_correction:
         with np.errstate(over="ignore", invalid="ignore"):
-            gk = gk * rho + np.where(free, terms.kl * rho, 0.0)
+            if ratio_level == "sequence":
+                assert offsets is not None
+                mean_kl = np.repeat(segment_mean(terms.kl, offsets), np.diff(offsets))
+                gk = gk * rho + np.where(free, rho * mean_kl, 0.0)
+            else:
+                gk = gk * rho + np.where(free, terms.kl * rho, 0.0)
     return gp, gk
 
 

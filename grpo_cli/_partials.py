@@ -574,8 +574,8 @@ class TokenPartial:
         ref = 0.0 if terms.ref_delta is None else float(np.sum(terms.ref_delta))
         self.log_ratios.add(float(np.sum(d)), float(np.sum(np.clip(d, -20.0, 20.0))), ref)
         self.delta.update(terms.delta)
-        if self.gradient_wanted and s.ratio_level == "token":
-            gp, gk = token_gradients(terms, **s.term_kwargs())
+        if self.gradient_wanted:
+            gp, gk = token_gradients(terms, offsets=b.offsets, **s.term_kwargs())
             self.grad.add(gp, gk if s.beta and s.kl_mode == "loss" else None, b.offsets)
 
     def _update_extras(self, b: Batch) -> None:

@@ -520,12 +520,6 @@ def objective_record(
         "computed on as given; grpo-cli check fails on them (logp-range)"
         for f, n in acc.positive.counts.items()
     ]
-    if acc.gradient_wanted and grad is None and settings.ratio_level != "token":
-        warnings = [
-            *warnings,
-            "gradient: not derived for the sequence-level ratio (GSPO couples an answer's "
-            "tokens); null",
-        ]
     return replace(
         rec,
         engine=engine,

@@ -82,6 +82,10 @@ CASES = [
     {"kl_clamp": 0.8},
     {"kl_bias_correction": True, "beta": 0.1},
     {"beta": 0.0},
+    {"ratio_level": "sequence"},
+    {"ratio_level": "sequence", "seq_ratio_clamp": 0.05, "agg": "token-mean"},
+    {"ratio_level": "sequence", "kl_bias_correction": True, "beta": 0.1, "clip_eps": 0.05},
+    {"ratio_level": "sequence", "dual_clip": 1.05, "clip_eps": 0.02, "agg": "seq-mean-token-sum"},
 ]
 
 
@@ -135,10 +139,9 @@ def test_clipped_tokens_have_no_policy_gradient() -> None:
     assert g["tokens_with_policy_gradient"] == 0.5 and g["answers_with_policy_gradient"] == 0.5
 
 
-def test_sequence_level_is_null_with_a_warning(cli: Cli) -> None:
+def test_gspo_preset(cli: Cli) -> None:
     doc = cli.json("objective", "sample_data/batch.parquet", "--preset", "gspo", "--gradient")
-    assert doc["gradient"] is None
-    assert any(w.startswith("gradient:") for w in doc["warnings"])
+    assert doc["gradient"]["norm"] > 0 and not any("gradient" in w for w in doc["warnings"])
     assert "gradient" not in cli.json("objective", "sample_data/batch.parquet")
 
 
@@ -164,3 +167,23 @@ def test_length_advantage_histogram_is_histogram2d() -> None:
     want, _, _ = np.histogram2d(lengths, adv, bins=[y, ADV_EDGES])
     assert np.array_equal(p.length_adv.counts, want.astype(np.int64))
     assert p.length_adv.counts[:, -1].sum() == np.count_nonzero(adv >= 5.0) >= 1
+
+
+def test_sequence_ratio_with_per_token_advantages() -> None:
+    """KL in the reward gives per-token advantages: under the sequence ratio each token's
+    gradient is the answer's mean of s·A over its active tokens."""
+    s = Settings(ratio_level="sequence", beta=0.0, clip_eps=0.05)
+    b, _ = _ragged(11)
+    rng = np.random.default_rng(2)
+    adv = np.asarray(rng.normal(0, 1, int(b.offsets[-1])), dtype=np.float64)
+    old, offs = b.fields["old_logp"], b.offsets
+
+    def J(x: np.ndarray) -> float:
+        t = token_terms(x, old, None, adv, offs, **s.term_kwargs())
+        return aggregate(t.policy, offs, agg=s.agg)
+
+    g = _fd(J, b.fields["logp"], np.ones(adv.shape, dtype=bool))
+    p = TokenPartial(s, gradient=True)
+    p.update(Batch(0, offs, {"logp": b.fields["logp"], "old_logp": old}, b.width), adv)
+    got = p.gradient()
+    assert got is not None and got["norm"] == pytest.approx(float(np.linalg.norm(g)), rel=1e-6)
