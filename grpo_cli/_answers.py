@@ -42,19 +42,25 @@ SORT_KEYS = {
     "gradient": "gradient_share",
     "rollout": "rollout_kl_mean",
 }
-FIELDS = (
-    "source",
-    "row",
-    "group",
-    "reward",
+# the per-answer statistics (floats; null where the input does not give them)
+STATS = (
     "advantage",
-    "length",
     "kl_mean",
     "kl_max",
     "log_ratio_max_abs",
     "clip_share",
     "gradient_share",
     "rollout_kl_mean",
+)
+# an answer's row in the JSON, in this order
+FIELDS = (
+    "source",
+    "row",
+    "group",
+    "reward",
+    STATS[0],
+    "length",
+    *STATS[1:],
     "kl_max_token",
     "log_ratio_max_token",
 )
@@ -185,15 +191,7 @@ def answer_rows(
         s0, s1 = int(b.offsets[i]), int(b.offsets[i + 1])  # the worst token, in the answer
         rec["kl_max_token"] = None if terms.kl is None else int(np.argmax(terms.kl[s0:s1]))
         rec["log_ratio_max_token"] = int(np.argmax(np.abs(terms.delta[s0:s1])))
-        for name in (
-            "advantage",
-            "kl_mean",
-            "kl_max",
-            "log_ratio_max_abs",
-            "clip_share",
-            "gradient_share",
-            "rollout_kl_mean",
-        ):
+        for name in STATS:
             col = stats[name]
             rec[name] = None if col is None else float(col[i])
         out.append(rec)
