@@ -54,9 +54,20 @@ def _check(spec: SampleSpec) -> None:
         raise UsageError("--max-len must be >= 1")
 
 
-def generate_chunks(spec: SampleSpec, groups_per_chunk: int = 2048) -> Iterator[dict[str, object]]:
-    """Yield chunks of whole groups: ``group`` (str), ``reward``, ragged ``logp`` etc."""
+CHUNK_TOKENS = 1 << 22  # tokens a chunk holds on average: memory is bounded by it
+
+
+def generate_chunks(
+    spec: SampleSpec, groups_per_chunk: int | None = None
+) -> Iterator[dict[str, object]]:
+    """Yield chunks of whole groups: ``group`` (str), ``reward``, ragged ``logp`` etc.
+    By default up to 2,048 groups, fewer when that would hold more than about
+    :data:`CHUNK_TOKENS` tokens (the data of a seed depends on the chunking: files of
+    fewer tokens are the same as they always were)."""
     _check(spec)
+    if groups_per_chunk is None:
+        per_group = spec.group_size * spec.mean_len
+        groups_per_chunk = max(1, min(2048, CHUNK_TOKENS // max(per_group, 1)))
     rng = np.random.default_rng(spec.seed)
     max_len = spec.max_len or 8 * spec.mean_len
     G = spec.group_size
