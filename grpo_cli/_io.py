@@ -379,6 +379,18 @@ def load_answers(src: Source, *, need_rewards: bool, allow_nonfinite: bool = Fal
     return answers
 
 
+def _token_scores_hint(src: Source) -> str:
+    """What to do with verl's per-token scores, when they are what the input has."""
+    for name in ("token_level_scores", "token_level_rewards"):
+        if name in src.present:
+            return (
+                f"; {name!r} is verl's per-token score: grpo-cli takes one reward per answer, "
+                f"its sum over the response mask (verl's sequence score): save that as "
+                f"{src.name('reward')!r}"
+            )
+    return ""
+
+
 def _npz_answers(src: Source, need_rewards: bool, allow_nonfinite: bool = False) -> Answers:
     path = src.paths[0]
     with np.load(path, allow_pickle=False) as z:
@@ -443,6 +455,7 @@ def _npz_answers(src: Source, need_rewards: bool, allow_nonfinite: bool = False)
     if need_rewards and r is None:
         raise InputError(
             f"{path}: array {rname!r} is missing (the file has: {', '.join(src.present)})"
+            + _token_scores_hint(src)
         )
     if n is None:
         raise InputError(f"{path}: no {rname!r}, {aname!r} or {src.name('logp')!r} array found")
@@ -544,7 +557,7 @@ def _parquet_answers(src: Source, need_rewards: bool, allow_nonfinite: bool = Fa
     if need_rewards and not src.has("reward"):
         raise InputError(
             f"{src.label}: column {src.name('reward')!r} is missing "
-            f"(the file has: {', '.join(src.present)})"
+            f"(the file has: {', '.join(src.present)})" + _token_scores_hint(src)
         )
     table = None
     if tables:

@@ -480,3 +480,12 @@ def test_logged_advantages_beyond_float64_are_null_with_a_warning(cli: Cli, tmp_
     doc = cli.json("advantages", f, "--preset", "verl")
     assert doc["logged_advantages_max_abs_diff"] is None
     assert any("logged_advantages_max_abs_diff is null" in w for w in doc["warnings"])
+
+
+def test_verl_token_level_scores_are_refused_with_what_to_do(cli: Cli, tmp_path: Path) -> None:
+    f = tmp_path / "tls.npz"
+    np.savez(f, token_level_scores=np.zeros((4, 3)), uid=np.array(["a", "a", "b", "b"]))
+    cli.error(["advantages", str(f)], "'token_level_scores' is verl's per-token score")
+    g = tmp_path / "tls.parquet"
+    pq.write_table(pa.table({"uid": ["a", "a"], "token_level_scores": [[0.0, 1.0], [0.0]]}), g)
+    cli.error(["advantages", str(g)], "its sum over the response mask")
