@@ -164,7 +164,7 @@ def objective_json(r: ObjectiveReport) -> dict[str, Any]:
         "entropy": r.entropy.to_json() if r.entropy is not None else None,
         "settings": r.settings.to_json(),
         "engine": r.engine.to_json(),
-        "warnings": r.warnings,
+        "warnings": [*r.warnings, *_absent_note(r)],
     }
     if r.logged is not None:  # only with --logged
         doc["logged"] = r.logged.to_json()
@@ -242,3 +242,23 @@ def explain_json(r: ObjectiveReport, findings: list[Finding]) -> dict[str, Any]:
         "findings": [f.to_json() for f in findings],
         "warnings": r.warnings,
     }
+
+
+def _absent_note(r: ObjectiveReport) -> list[str]:
+    """One warning naming the blocks of ``objective --json`` that are null because the
+    input or the settings do not give them (every null in the JSON has its warning)."""
+    absent = []
+    if r.kl is None:
+        absent.append(f"kl (no {'ref_logp'})")
+    if r.group_summary is None:
+        absent.append("groups and counts.groups (no group ids with rewards)")
+    if r.reward is None:
+        absent.append(f"reward (no {'reward'})")
+    if r.rollout is None:
+        absent.append(f"rollout (no {'rollout_logp'})")
+    if r.entropy is None:
+        absent.append(f"entropy (no {'entropy'})")
+    if r.clip.dual_clip_lower is None:
+        absent.append("clip_fraction.dual_clip_lower (dual clip off)")
+    absent.append("the last ratio_histogram bin's hi (the bin is open: up to +inf)")
+    return ["null as not applicable: " + "; ".join(absent)]

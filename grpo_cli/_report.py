@@ -520,7 +520,7 @@ def objective_record(
         "computed on as given; grpo-cli check fails on them (logp-range)"
         for f, n in acc.positive.counts.items()
     ]
-    return replace(
+    out = replace(
         rec,
         engine=engine,
         ratio_band=ratio_band,
@@ -530,8 +530,8 @@ def objective_record(
         gradient_asked=acc.gradient_wanted,
         length_counts=acc.lengths,
         length_adv=acc.length_adv.counts,
-        warnings=warnings,
     )
+    return replace(out, warnings=warnings)
 
 
 # The names each trainer logs (checked against their code: conformance/oracle.py).

@@ -489,3 +489,32 @@ def test_verl_token_level_scores_are_refused_with_what_to_do(cli: Cli, tmp_path:
     g = tmp_path / "tls.parquet"
     pq.write_table(pa.table({"uid": ["a", "a"], "token_level_scores": [[0.0, 1.0], [0.0]]}), g)
     cli.error(["advantages", str(g)], "its sum over the response mask")
+
+
+def _null_paths(x: Any, path: str = "") -> list[str]:
+    if isinstance(x, dict):
+        return [p for k, v in x.items() for p in _null_paths(v, f"{path}.{k}")]
+    if isinstance(x, list):
+        return [p for i, v in enumerate(x) for p in _null_paths(v, f"{path}[{i}]")]
+    return [path] if x is None else []
+
+
+@pytest.mark.parametrize("with_extras", [False, True])
+def test_every_null_of_objective_json_has_its_warning(
+    cli: Cli, tmp_path: Path, with_extras: bool
+) -> None:
+    """Outside `settings` and the trainer's name (null: off, documented), each null names
+    its block in a warning."""
+    f = tmp_path / "few.parquet"
+    cols: dict[str, Any] = {"advantage": [1.0, -1.0], "logp": [[-1.0, -2.0], [-0.5]]}
+    if with_extras:
+        cols |= {"old_logp": [[-1.1, -2.0], [-0.4]], "ref_logp": [[-1.0, -2.5], [-0.6]],
+                 "reward": [1.0, 0.0], "group": ["a", "a"]}  # fmt: skip
+    pq.write_table(pa.table(cols), f)
+    doc = cli.json("objective", f, "--beta", "0")
+    nulls = [p for p in _null_paths(doc) if not p.startswith((".settings", ".trainer_metrics"))]
+    assert nulls  # e.g. the open ratio bin
+    for p in nulls:
+        block = p.split(".")[1].split("[")[0]
+        named = p[1:].split("[")[0] if block == "counts" else block
+        assert any(named in w for w in doc["warnings"]), (p, doc["warnings"])
