@@ -258,6 +258,7 @@ def main() -> None:
         f"({target:.2f}x); peak RSS < 1 GiB: "
         f"{'PASS' if float(results['grpo-cli']['rss_mib']) < 1024 else 'FAIL'}"
     )
+    startup(cli, py, args.data, args.repeat)
     if args.paired:
         base_cmd = [*py, READ_TABLE, str(path)]
         for name, cmd in (
@@ -269,6 +270,27 @@ def main() -> None:
             if name == "objective":
                 verdict = "PASS" if median <= 1.3 else "FAIL"
                 print(f"criterion: objective median <= 1.3x read_table: {verdict}")
+
+
+def startup(cli: list[str], py: list[str], data: Path, repeat: int) -> None:
+    """Start-up: the whole command on a 20-row file, against a Python that only imports
+    what any reader of the file needs (numpy and pyarrow.parquet)."""
+    data.mkdir(parents=True, exist_ok=True)
+    small = data / "startup_20rows.parquet"
+    if not small.exists():
+        subprocess.run(
+            [*cli, "sample", str(small), "--groups", "5", "--group-size", "4",
+             "--mean-len", "20", "--seed", "1"],
+            check=True,
+            capture_output=True,
+        )  # fmt: skip
+    base = float(measure([*py, "import numpy, pyarrow.parquet"], repeat)["wall_s"])
+    for cmd in ("objective", "advantages"):
+        wall = float(measure([*cli, cmd, str(small), "--json"], repeat)["wall_s"])
+        print(
+            f"start-up, {cmd} on a 20-row file: {wall:.2f} s; importing numpy and "
+            f"pyarrow.parquet alone {base:.2f} s ({wall / base:.2f}x)"
+        )
 
 
 def paired(baseline: list[str], contender: list[str], n: int, name: str) -> float:

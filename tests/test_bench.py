@@ -40,6 +40,8 @@ def test_bench_runs_end_to_end_at_tiny_scale(tmp_path: Path) -> None:
     for name in ("objective", "kl", "check"):
         assert f"paired (2 alternations): {name} / read_table median " in out
     assert "criterion: objective median <= 1.3x read_table: " in out
+    for name in ("objective", "advantages"):
+        assert f"start-up, {name} on a 20-row file: " in out
     # the streamed objective equals the in-memory float64 one
     rel = float(out.split("relative difference ")[1].split(";")[0])
     assert rel < 1e-12
