@@ -17,6 +17,8 @@ import numpy as np
 from ._core import (
     answer_clip_counts,
     difference,
+    kl_from_log_ratio,
+    segment_mean,
     segment_sum,
     token_gradients,
     token_terms,
@@ -130,7 +132,7 @@ def answer_rows(
     lengths = b.lengths
     stats: dict[str, np.ndarray | None] = {"kl_mean": None, "kl_max": None}
     if terms.kl is not None:
-        stats["kl_mean"] = segment_sum(terms.kl, b.offsets) / lengths
+        stats["kl_mean"] = segment_mean(terms.kl, b.offsets)
         stats["kl_max"] = np.maximum.reduceat(terms.kl, starts)
     stats["log_ratio_max_abs"] = np.maximum.reduceat(np.abs(terms.delta), starts)
     low, high = answer_clip_counts(
@@ -146,9 +148,8 @@ def answer_rows(
     rollout = f.get("rollout_logp")
     if rollout is not None:  # sampler vs trainer, δ = old_logp − rollout_logp: mean k3(δ)
         dr = difference(f.get("old_logp", f["logp"]), rollout)
-        with np.errstate(over="ignore", invalid="ignore"):
-            k3 = np.exp(dr) - dr - 1.0
-        stats["rollout_kl_mean"] = segment_sum(k3, b.offsets) / lengths
+        k3 = kl_from_log_ratio(dr, estimator="k3")  # e^δ − δ − 1
+        stats["rollout_kl_mean"] = segment_mean(k3, b.offsets)
     stats["gradient_share"] = None
     if grad is not None:
         gp, gk = token_gradients(terms, offsets=b.offsets, **settings.term_kwargs())
@@ -176,7 +177,8 @@ def answer_rows(
         chosen = np.lexsort((np.arange(b.n), -score))[:k]
     groups = b.answer.get("group")
     rewards = b.answer.get("reward")
-    file, first = _file_of(src, b.start)
+    k_file, first = src.file_of(b.start)
+    file = src.paths[k_file].name
     out = []
     for i in chosen.tolist():
         row = b.start + i
@@ -196,16 +198,6 @@ def answer_rows(
             rec[name] = None if col is None else float(col[i])
         out.append(rec)
     return out
-
-
-def _file_of(src: Source, row: int) -> tuple[str, int]:
-    """The file holding input row ``row`` and the input row of that file's first row."""
-    first = 0
-    for path, n in zip(src.paths, src.rows_per_file(), strict=False):
-        if row < first + n:
-            return path.name, first
-        first += n
-    return src.paths[-1].name, first if src.footers else 0
 
 
 def _gradient_scale(
@@ -311,13 +303,17 @@ def worst_answers(
     *,
     top: int,
     engine: EngineOptions,
+    p1: Pass1 | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
     """For each field of ``keys`` (values of :data:`SORT_KEYS`, not the gradient's), its
     ``top`` answers, worst first; each row keeps ``_index``, its row in the whole input.
-    ``check`` names them as the places to look when a health rule fails."""
-    p1: Pass1 = objective_pass1(src, settings, engine=engine)
+    ``check`` names them as the places to look when a health rule fails (passing the pass 1
+    it already has)."""
+    if p1 is None:
+        p1 = objective_pass1(src, settings, engine=engine)
 
     def fold(acc: TopByKey, b: Batch) -> None:
+        assert p1 is not None
         adv = p1.advantages(b, src.label)
         for key, t in acc.tops.items():
             t.add(answer_rows(b, adv, settings, src, key=key, k=top))

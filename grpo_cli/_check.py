@@ -36,7 +36,7 @@ from ._io import (
 )
 from ._local import fold_source
 from ._logged import compare_logged
-from ._report import ObjectiveReport, TokenPartial, objective_pass1, objective_record
+from ._report import ObjectiveReport, Pass1, TokenPartial, objective_pass1, objective_record
 from ._settings import Settings
 from .errors import InputError, UsageError
 
@@ -143,18 +143,12 @@ class Facts:
     advantages: NDArray[np.float64] | None
     config: CheckConfig
     logged: tuple[str, dict[str, float], int | None] | None = None
-    _starts: NDArray[np.int64] | None = None
 
     def where(self, row: int, **extra: Any) -> dict[str, Any]:
         return _location(self.answers, self._file_of(row), row, **extra)
 
     def _file_of(self, row: int) -> str:
-        if len(self.src.paths) == 1:
-            return str(self.src.paths[0])
-        if self._starts is None:
-            self._starts = np.cumsum([0, *self.src.rows_per_file()])
-        k = int(np.searchsorted(self._starts, row, side="right") - 1)
-        return str(self.src.paths[min(k, len(self.src.paths) - 1)])
+        return str(self.src.paths[self.src.file_of(row)[0]])
 
 
 @dataclass(frozen=True)
@@ -968,7 +962,7 @@ def run_check(
             results.append(integrity[rid])
         else:
             results.append(fn(facts, rc))
-    results = _with_worst_answers(results, facts, s, engine)
+    results = _with_worst_answers(results, facts, s, engine, p1)
     results = [_required(r) if r.rule in cfg.require else r for r in results]
     if baseline is not None:
         results.append(_baseline(results, baseline, cfg.baseline_tolerance))
@@ -995,7 +989,11 @@ WORST_TOKEN = {"kl_max": "kl_max_token", "log_ratio_max_abs": "log_ratio_max_tok
 
 
 def _with_worst_answers(
-    results: list[Result], facts: Facts, settings: Settings, engine: EngineOptions
+    results: list[Result],
+    facts: Facts,
+    settings: Settings,
+    engine: EngineOptions,
+    p1: Pass1 | None,
 ) -> list[Result]:
     """Health rules that warn or fail list the answers with the largest statistic behind
     them (one more pass over the tokens, only then)."""
@@ -1007,7 +1005,7 @@ def _with_worst_answers(
     from ._answers import worst_answers
 
     keys = sorted({WORST_BY[r.rule] for r in flagged})
-    worst = worst_answers(facts.src, settings, keys, top=MAX_EXAMPLES, engine=engine)
+    worst = worst_answers(facts.src, settings, keys, top=MAX_EXAMPLES, engine=engine, p1=p1)
     out = []
     for r in results:
         if r in flagged:

@@ -6,7 +6,6 @@ using ``check``'s default thresholds where a rule exists (:data:`grpo_cli._check
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,17 +157,15 @@ def explain_findings(r: ObjectiveReport) -> list[Finding]:
             {"entropy_mean": e.mean, "threshold": 0.05},
         ))  # fmt: skip
 
-    for w in r.warnings:
-        m = re.match(r"(\d+) answer\(s\) of zero-variance groups have nonzero logged "
-                     r"advantages \(up to ([^)]+)\)", w)  # fmt: skip
-        if m:
-            out.append(Finding(
-                "residual-advantages", "warn",
-                f"{m.group(1)} answers of zero-variance groups carry nonzero logged advantages "
-                f"(up to {m.group(2)}): the trainer's float32 group statistics. Sign-based "
-                "clip metrics count them; --recompute-advantages gives exact zeros.",
-                {"answers": int(m.group(1)), "max_abs": float(m.group(2))},
-            ))  # fmt: skip
+    if r.residual_advantages is not None:
+        n, worst = r.residual_advantages
+        out.append(Finding(
+            "residual-advantages", "warn",
+            f"{n} answers of zero-variance groups carry nonzero logged advantages "
+            f"(up to {worst:.3g}): the trainer's float32 group statistics. Sign-based "
+            "clip metrics count them; --recompute-advantages gives exact zeros.",
+            {"answers": n, "max_abs": worst},
+        ))  # fmt: skip
     out.sort(key=lambda f: SEVERITIES.index(f.severity))
     return out
 

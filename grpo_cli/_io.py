@@ -136,6 +136,15 @@ class Source:
         """Rows of each parquet file, from its footer."""
         return [int(md.num_rows) for md in self.footers]
 
+    def file_of(self, row: int) -> tuple[int, int]:
+        """The file holding input row ``row`` (its index in ``paths``) and the input row of
+        that file's first row (an npz is one file)."""
+        if len(self.paths) == 1 or not self.footers:
+            return 0, 0
+        starts = np.cumsum([0, *self.rows_per_file()])
+        k = min(int(np.searchsorted(starts, row, side="right") - 1), len(self.paths) - 1)
+        return k, int(starts[k])
+
     def parquet_file(self, i: int) -> pq.ParquetFile:
         """A reader of file ``i`` that does not parse its footer again."""
         return _parquet_file(self.paths[i], self.footers[i])

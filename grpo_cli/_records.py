@@ -244,6 +244,8 @@ class ObjectiveReport:
     engine: EngineOptions = field(default_factory=EngineOptions)
     logged: LoggedReport | None = None  # what the trainer logged, compared (--logged)
     reward: Distribution | None = None  # the answers' rewards, when the input has them
+    # logged advantages nonzero in zero-variance groups: (how many, largest |A|), or None
+    residual_advantages: tuple[int, float] | None = None
     # ‖∂J/∂logp‖ and its parts (objective --gradient): None when not asked for
     gradient: dict[str, float] | None = None
     gradient_asked: bool = False

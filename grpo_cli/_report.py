@@ -256,6 +256,8 @@ class Pass1:
     on_policy: bool
     warnings: list[str]
     reward: Distribution | None = None  # the rewards (the task's, before any KL)
+    # logged advantages nonzero in zero-variance groups: (how many, largest |A|), or None
+    residual: tuple[int, float] | None = None
 
     @property
     def stats(self) -> GroupStats | None:
@@ -392,29 +394,33 @@ def objective_pass1(
             f"(the file has: {', '.join(src.present)})"
         )
     table = group_table(answers, settings)
+    residual = None
     if adv_source == "file" and table is not None and answers.codes is not None:
-        warnings += _residual_note(answers, answers.codes, table)
+        residual = _residual(answers, answers.codes, table)
+    if residual is not None:
+        n, worst = residual
+        warnings.append(
+            f"{n} answer(s) of zero-variance groups have nonzero logged advantages (up to "
+            f"{worst:.3g}): the trainer's float32 group statistics; the objective and clip "
+            "fractions use the logged advantages, as the trainer did (--recompute-advantages "
+            "gives exact zeros)"
+        )
     reward = None if task_reward is None else values_distribution(task_reward)
-    return Pass1(adv, adv_source, table, settings, on_policy, warnings, reward)
+    return Pass1(adv, adv_source, table, settings, on_policy, warnings, reward, residual)
 
 
-def _residual_note(answers: Answers, codes: I64, table: GroupTable) -> list[str]:
-    """A note when logged advantages are nonzero in groups of equal rewards: the residual of
-    a trainer's float32 group statistics (see the check rule zero-variance-advantage)."""
+def _residual(answers: Answers, codes: I64, table: GroupTable) -> tuple[int, float] | None:
+    """How many logged advantages are nonzero in groups of equal rewards, and the largest
+    in magnitude: the residual of a trainer's float32 group statistics (see the check rule
+    zero-variance-advantage); None when there is none."""
     assert answers.advantage is not None
     constant = (table.stats.min == table.stats.max)[codes]
     with np.errstate(invalid="ignore"):
         bad = constant & (answers.advantage != 0.0)
     n = int(np.count_nonzero(bad))
     if not n:
-        return []
-    worst = float(np.max(np.abs(answers.advantage[bad])))
-    return [
-        f"{n} answer(s) of zero-variance groups have nonzero logged advantages (up to "
-        f"{worst:.3g}): the trainer's float32 group statistics; the objective and clip "
-        "fractions use the logged advantages, as the trainer did (--recompute-advantages "
-        "gives exact zeros)"
-    ]
+        return None
+    return n, float(np.max(np.abs(answers.advantage[bad])))
 
 
 def fold_batch(
@@ -526,6 +532,7 @@ def objective_record(
         ratio_band=ratio_band,
         ratio_outside_band=outside,
         reward=p1.reward,
+        residual_advantages=p1.residual,
         gradient=grad,
         gradient_asked=acc.gradient_wanted,
         length_counts=acc.lengths,
