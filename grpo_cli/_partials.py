@@ -280,7 +280,6 @@ class GradientSums:
     pk: list[list[float]] = field(default_factory=lambda: [[0.0, 0.0], [0.0, 0.0]])
     tokens_policy: int = 0
     answers_policy: int = 0
-    enabled: bool = False
 
     def add(self, gp: F64, gk: F64 | None, offsets: I64) -> None:
         lengths = np.diff(offsets)
@@ -298,7 +297,6 @@ class GradientSums:
         nz = gp != 0.0
         self.tokens_policy += int(np.count_nonzero(nz))
         self.answers_policy += int(np.count_nonzero(np.add.reduceat(nz, offsets[:-1])))
-        self.enabled = True
 
     def merge(self, o: GradientSums) -> GradientSums:
         for i in (0, 1):
@@ -308,7 +306,6 @@ class GradientSums:
                 self.pk[i][j] += o.pk[i][j]
         self.tokens_policy += o.tokens_policy
         self.answers_policy += o.answers_policy
-        self.enabled = self.enabled or o.enabled
         return self
 
 
@@ -671,7 +668,7 @@ class TokenPartial:
         """``‖∂J/∂logp‖`` over the valid tokens and its policy and KL parts, and the shares
         of tokens and answers whose policy part is nonzero; None when not folded."""
         g, s = self.grad, self.settings
-        if not g.enabled or not self.answers:
+        if not self.gradient_wanted or not self.answers:
             return None
         cp, i = agg_factor(s, s.agg, self.answers, self.tokens, self.max_width)
         kl_on = s.beta != 0.0 and s.kl_mode == "loss"
