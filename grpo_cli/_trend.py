@@ -18,7 +18,7 @@ from typing import Any
 
 from ._check import Result, RuleConfig, _judge, _skip
 from ._engine import EngineOptions
-from ._io import _expand, _rows_per_batch, open_source
+from ._io import _expand, _read, _rows_per_batch, open_source
 from ._records import ObjectiveReport
 from ._report import objective_report
 from ._settings import Settings
@@ -198,7 +198,8 @@ def split_by_step(
         t = pf.schema_arrow.field(column).type
         if not pa.types.is_integer(t):
             raise InputError(f"{src.paths[i]}: column {column!r} has type {t}, expected integers")
-        for rb in pf.iter_batches(columns=[column], batch_size=1 << 16):
+        batches = pf.iter_batches(columns=[column], batch_size=1 << 16, use_threads=False)
+        for rb in _read(src.paths[i], batches, [column]):
             col = rb.column(0)
             if col.null_count:
                 raise InputError(
@@ -215,7 +216,8 @@ def split_by_step(
         try:
             for i, pf in per_file:
                 rows = _rows_per_batch(pf, src.name("logp"), batch_tokens)
-                for rb in pf.iter_batches(batch_size=rows):
+                every = pf.iter_batches(batch_size=rows, use_threads=False)
+                for rb in _read(src.paths[i], every, list(src.present)):
                     if schema is None:
                         schema = rb.schema
                     if rb.schema != schema:
