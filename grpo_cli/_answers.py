@@ -10,7 +10,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -30,6 +30,8 @@ from ._partials import agg_factor
 from ._report import TOKEN_FIELDS, Pass1, objective_pass1, objective_report
 from ._settings import Settings
 from .errors import UsageError
+
+M = TypeVar("M")
 
 __all__ = ["SORT_KEYS", "AnswersReport", "TopAnswers", "answer_rows", "answers_report"]
 
@@ -253,12 +255,7 @@ def answers_report(
         adv = p1.advantages(b, src.label)
         acc.add(answer_rows(b, adv, settings, src, key=key, k=top, grad=grad))
 
-    batches = iter_batches(
-        src, TOKEN_FIELDS, batch_tokens=engine.batch_tokens, threaded=engine.prefetch
-    )
-    best = fold_batches(
-        batches, lambda: TopAnswers(key, top), fold, workers=engine.workers, progress=progress
-    )
+    best = fold_answers(src, lambda: TopAnswers(key, top), fold, engine, progress)
     notes = list(p1.warnings) + notes
     if key in ("kl_mean", "kl_max") and not src.has("ref_logp"):
         notes.append("no ref_logp: kl_mean and kl_max are null, the ranking is by row")
@@ -282,6 +279,25 @@ def answers_report(
             out[name] = v
         rows.append(out)
     return AnswersReport(src.label, settings, engine, sort, top, rows, notes)
+
+
+def fold_answers(
+    src: Source,
+    new: Callable[[], M],
+    fold: Callable[[M, Batch], None],
+    engine: EngineOptions,
+    progress: Callable[[int], None] | None,
+) -> M:
+    """Fold the token batches of ``src`` on ``engine`` (one reader and its workers locally,
+    blocks on Ray)."""
+    if engine.name == "ray":
+        from ._ray import fold_blocks
+
+        return fold_blocks(src, TOKEN_FIELDS, new, fold, engine=engine, progress=progress)
+    batches = iter_batches(
+        src, TOKEN_FIELDS, batch_tokens=engine.batch_tokens, threaded=engine.prefetch
+    )
+    return fold_batches(batches, new, fold, workers=engine.workers, progress=progress)
 
 
 @dataclass
@@ -318,13 +334,7 @@ def worst_answers(
         for key, t in acc.tops.items():
             t.add(answer_rows(b, adv, settings, src, key=key, k=top))
 
-    batches = iter_batches(
-        src, TOKEN_FIELDS, batch_tokens=engine.batch_tokens, threaded=engine.prefetch
-    )
-    best = fold_batches(
-        batches,
-        lambda: TopByKey({k: TopAnswers(k, top) for k in keys}),
-        fold,
-        workers=engine.workers,
+    best = fold_answers(
+        src, lambda: TopByKey({k: TopAnswers(k, top) for k in keys}), fold, engine, None
     )
     return {k: t.rows for k, t in best.tops.items()}

@@ -36,7 +36,14 @@ from ._io import (
 )
 from ._local import fold_source
 from ._logged import compare_logged
-from ._report import ObjectiveReport, Pass1, TokenPartial, objective_pass1, objective_record
+from ._report import (
+    ObjectiveReport,
+    Pass1,
+    TokenPartial,
+    columns_reader,
+    objective_pass1,
+    objective_record,
+)
 from ._settings import Settings
 from .errors import InputError, UsageError
 
@@ -884,7 +891,9 @@ def run_check(
             f"{', '.join(src.present) or 'no known field'} (map other names with "
             "--column FIELD=NAME)"
         )
-    answers = load_answers(src, need_rewards=False, allow_nonfinite=True)
+    answers = load_answers(
+        src, need_rewards=False, allow_nonfinite=True, read=columns_reader(engine)
+    )
     fields = _token_fields(src)
     why = ""
     finite_answers = all(
@@ -915,10 +924,15 @@ def run_check(
         with closing(prefetch(raws, threaded=engine.prefetch)) as stream:
             yield from stream
 
-    streams = iter_raw_streams(
-        src, fields, engine.workers, batch_tokens=engine.batch_tokens, threaded=engine.prefetch
-    )
-    total = fold_source(streams, single, new, fold, workers=engine.workers, progress=progress)
+    if engine.name == "ray":
+        from ._ray import fold_blocks
+
+        total = fold_blocks(src, fields, new, fold, engine=engine, progress=progress, raw=True)
+    else:
+        streams = iter_raw_streams(
+            src, fields, engine.workers, batch_tokens=engine.batch_tokens, threaded=engine.prefetch
+        )
+        total = fold_source(streams, single, new, fold, workers=engine.workers, progress=progress)
     report = None
     if p1 is not None and total.objective is not None and not total.invalid:
         band = cfg.rules["ratio-extreme"].params.get("band", 10.0)

@@ -8,7 +8,7 @@ floats are added it can change the last digits, so every JSON document echoes it
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from . import _fast
@@ -26,6 +26,7 @@ MAX_WORKERS = 64
 # keeps them small enough to stay in cache and in the allocator's heap.
 DEFAULT_BATCH_TOKENS = 1 << 20
 BACKENDS = ("auto", "c", "numpy")
+ENGINES = ("local", "ray")
 
 
 @dataclass(frozen=True)
@@ -36,12 +37,20 @@ class EngineOptions:
     streamed batch; ``prefetch``: decode in reader threads while computing; ``backend``:
     what folds token batches, ``c`` (the compiled kernel), ``numpy``, or ``auto`` (``c``
     when it is built): :meth:`resolved` decides ``auto``, and reports echo the decision.
+
+    ``name``: ``local`` (this machine's threads) or ``ray`` (:mod:`grpo_cli._ray`: blocks
+    folded by Ray tasks; ``address`` is the cluster's, None for a Ray started for the run).
+    ``ran`` is what a Ray run reports back (blocks, workers): filled by the engine, echoed
+    in JSON, not a setting.
     """
 
     workers: int = DEFAULT_WORKERS
     batch_tokens: int = DEFAULT_BATCH_TOKENS
     prefetch: bool = True
     backend: str = "auto"
+    name: str = "local"
+    address: str | None = None
+    ran: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not 1 <= self.workers <= MAX_WORKERS:
@@ -50,6 +59,8 @@ class EngineOptions:
             raise UsageError(f"batch_tokens: must be >= 1, got {self.batch_tokens}")
         if self.backend not in BACKENDS:
             raise UsageError(f"backend: must be auto, c or numpy, got {self.backend!r}")
+        if self.name not in ENGINES:
+            raise UsageError(f"--engine: must be local or ray, got {self.name!r}")
 
     def resolved(self) -> EngineOptions:
         """The same options with ``backend`` decided: ``auto`` becomes ``c`` when the
@@ -71,6 +82,15 @@ class EngineOptions:
 
     def to_json(self) -> dict[str, Any]:
         r = self.resolved()
+        if r.name == "ray":
+            return {
+                "name": "ray",
+                "address": r.address,
+                "blocks": r.ran.get("blocks"),
+                "workers": r.ran.get("workers"),
+                "batch_tokens": r.batch_tokens,
+                "backend": r.backend,
+            }
         return {
             "name": "local",
             "workers": r.workers,

@@ -17,7 +17,7 @@ import math
 import queue
 import threading
 import zipfile
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
@@ -372,16 +372,26 @@ def group_ids(arr: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
     return arr
 
 
-def load_answers(src: Source, *, need_rewards: bool, allow_nonfinite: bool = False) -> Answers:
+ReadColumns = Callable[[Source, list[str]], list[pa.Table]]
+
+
+def load_answers(
+    src: Source,
+    *,
+    need_rewards: bool,
+    allow_nonfinite: bool = False,
+    read: ReadColumns | None = None,
+) -> Answers:
     """Pass 1: group ids, rewards and advantages of every answer (small columns only).
 
     Non-finite rewards or advantages are an error, unless ``allow_nonfinite`` (``check``
-    counts them instead).
+    counts them instead). ``read``: how each parquet file's columns are read, in file
+    order (default: here; the Ray engine reads them in its tasks).
     """
     answers = (
         _npz_answers(src, need_rewards, allow_nonfinite)
         if src.kind == "npz"
-        else _parquet_answers(src, need_rewards, allow_nonfinite)
+        else _parquet_answers(src, need_rewards, allow_nonfinite, read or read_columns)
     )
     if answers.n == 0:
         raise InputError(f"{src.label}: no answers (0 rows): nothing to compute")
@@ -541,21 +551,31 @@ def _npz_getter(z: Any, src: Source) -> Any:
     return get
 
 
-def _parquet_answers(src: Source, need_rewards: bool, allow_nonfinite: bool = False) -> Answers:
+def read_columns(src: Source, cols: list[str]) -> list[pa.Table]:
+    """Columns ``cols`` of every parquet file of ``src``, in file order."""
+    return [read_file_columns(src, i, cols) for i in range(len(src.paths))]
+
+
+def read_file_columns(src: Source, i: int, cols: list[str]) -> pa.Table:
+    try:
+        return src.parquet_file(i).read(columns=cols)
+    except InputError:
+        raise
+    except Exception as exc:
+        raise InputError(f"{src.paths[i]}: cannot read columns {cols} ({_why(exc)})") from None
+
+
+def _parquet_answers(
+    src: Source, need_rewards: bool, allow_nonfinite: bool, read: ReadColumns
+) -> Answers:
     fields = [f for f in ("group", "reward", "advantage") if src.has(f)]
     cols = [src.name(f) for f in fields]
     tables = []
-    n_rows = 0
+    n_rows = src.n_rows() or 0
     seen: dict[Any, list[int]] = {}  # group id -> the files holding it
     gname = src.name("group") if src.has("group") else None
-    for i, p in enumerate(src.paths):
-        pf = src.parquet_file(i)
-        n_rows += pf.metadata.num_rows
-        if cols:
-            try:
-                t = pf.read(columns=cols)
-            except Exception as exc:
-                raise InputError(f"{p}: cannot read columns {cols} ({_why(exc)})") from None
+    if cols:
+        for i, t in enumerate(read(src, cols)):
             if gname is not None:
                 ids = group_ids(t.column(gname))
                 if len(src.paths) > 1 and src.group_scope == "dataset":

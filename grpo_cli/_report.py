@@ -117,7 +117,7 @@ def advantages_report(
     src: Source, settings: Settings, *, engine: EngineOptions | None = None
 ) -> AdvantagesReport:
     """Group-relative advantages of every answer of ``src`` (rewards and groups only)."""
-    answers = load_answers(src, need_rewards=True)
+    answers = load_answers(src, need_rewards=True, read=columns_reader(engine))
     adv, stats = _advantages(answers, settings, src.label)
     assert answers.codes is not None and answers.labels is not None and answers.reward is not None
     diff = None
@@ -147,6 +147,16 @@ def advantages_report(
     )
 
 
+def columns_reader(engine: EngineOptions | None) -> Any:
+    """How pass 1 reads the answer columns: here (None), or in Ray tasks."""
+    if engine is None or engine.name != "ray":
+        return None
+    from ._ray import connect, read_columns
+
+    connect(engine)
+    return lambda src, cols: read_columns(src, cols, engine)
+
+
 def _fold_tokens(
     src: Source,
     fields: Sequence[str],
@@ -158,6 +168,10 @@ def _fold_tokens(
     streams: list[Prefetch[Batch]] | None,
 ) -> TokenPartial:
     """Pass 2 over validated batches of ``src`` (``streams``: started already, or None)."""
+    if engine.name == "ray":
+        from ._ray import fold_blocks
+
+        return fold_blocks(src, fields, new, fold, engine=engine, progress=progress)
     return fold_source(
         streams,
         lambda: iter_batches(
@@ -171,7 +185,10 @@ def _fold_tokens(
 
 
 def _streams(src: Source, fields: Sequence[str], engine: EngineOptions) -> Any:
-    """The row-group streams of :func:`iter_batch_streams` for ``engine`` (None: one)."""
+    """The row-group streams of :func:`iter_batch_streams` for ``engine`` (None: one, or
+    the Ray engine, which reads in its tasks)."""
+    if engine.name == "ray":
+        return None
     return iter_batch_streams(
         src, fields, engine.workers, batch_tokens=engine.batch_tokens, threaded=engine.prefetch
     )
@@ -367,7 +384,7 @@ def objective_pass1(
     if on_policy:
         warnings.append(f"no {src.name('old_logp')!r}: treating the batch as on-policy (ratio = 1)")
     if answers is None:
-        answers = load_answers(src, need_rewards=False)
+        answers = load_answers(src, need_rewards=False, read=columns_reader(engine))
     warnings += answers.notes
     task_reward = answers.reward
     if (

@@ -100,6 +100,9 @@ def _errors() -> Iterator[None]:
     except GrpoCliError as exc:
         typer.echo(f"grpo-cli: error: {exc}", err=True)
         raise typer.Exit(exc.exit_code) from None
+    finally:
+        if "grpo_cli._ray" in sys.modules:  # stop the Ray this run started or joined
+            sys.modules["grpo_cli._ray"].close()
 
 
 # rich (tables, progress) and the check rules are imported where they are used: `--json`
@@ -382,6 +385,24 @@ WorkersOpt = Annotated[
         show_default=False,
     ),
 ]
+EngineOpt = Annotated[
+    str,
+    typer.Option(
+        "--engine",
+        help="local: this machine's threads; ray: Ray tasks over the dataset's blocks (needs "
+        "the [ray] extra; same numbers to the order of float additions).",
+    ),
+]
+RayAddressOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--ray-address",
+        metavar="ADDR",
+        help="The Ray cluster to run on (default: RAY_ADDRESS, else a private local Ray "
+        "started for the run and stopped after it).",
+        show_default=False,
+    ),
+]
 LoggedOpt = Annotated[
     Path | None,
     typer.Option(
@@ -445,10 +466,20 @@ def _backend() -> str:
     return m
 
 
-def _engine(workers: int | None = None) -> EngineOptions:
-    """The engine options from ``--workers`` and the environment: ``GRPO_CLI_WORKERS`` (0:
-    the default), ``GRPO_CLI_BATCH_TOKENS``, ``GRPO_CLI_NO_PREFETCH`` (any value: decode in
-    the computing threads) and ``GRPO_CLI_KERNEL``. The only place the environment is read."""
+def _engine(
+    workers: int | None = None, name: str = "local", ray_address: str | None = None
+) -> EngineOptions:
+    """The engine options from ``--workers``, ``--engine``, ``--ray-address`` and the
+    environment: ``GRPO_CLI_WORKERS`` (0: the default), ``GRPO_CLI_BATCH_TOKENS``,
+    ``GRPO_CLI_NO_PREFETCH`` (any value: decode in the computing threads),
+    ``GRPO_CLI_KERNEL`` and ``RAY_ADDRESS``. The only place the environment is read."""
+    if name not in ("local", "ray"):
+        raise UsageError(f"--engine: expected local or ray, got {name!r}")
+    if ray_address is not None and name != "ray":
+        raise UsageError("--ray-address: only with --engine ray")
+    address = None
+    if name == "ray":
+        address = ray_address or os.environ.get("RAY_ADDRESS", "").strip() or None
     if workers is None:
         workers = env_int("GRPO_CLI_WORKERS", 0, minimum=0) or DEFAULT_WORKERS
     if workers > MAX_WORKERS:
@@ -459,6 +490,8 @@ def _engine(workers: int | None = None) -> EngineOptions:
             batch_tokens=env_int("GRPO_CLI_BATCH_TOKENS", DEFAULT_BATCH_TOKENS),
             prefetch=not os.environ.get("GRPO_CLI_NO_PREFETCH"),
             backend=_backend(),
+            name=name,
+            address=address,
         ).resolved()
     except UsageError as exc:
         if "not built" in str(exc):
@@ -533,6 +566,8 @@ def advantages(
     eps: EpsOpt = None,
     estimator: EstimatorOpt = None,
     singleton: SingletonOpt = None,
+    engine: EngineOpt = "local",
+    ray_address: RayAddressOpt = None,
 ) -> None:
     """Group-relative advantages from rewards and group ids, with per-group statistics."""
     with _errors():
@@ -542,7 +577,7 @@ def advantages(
         if out is not None and out.suffix.lower() not in (".npz", ".parquet", ".pq"):
             raise UsageError(f"--out {out}: the file must end in .npz or .parquet")
         src = open_source(files, parse_column_map(column), group_scope=group_scope)
-        report = advantages_report(src, settings, engine=_engine())
+        report = advantages_report(src, settings, engine=_engine(None, engine, ray_address))
         for w in report.warnings:
             _note(w)
         if out is not None:
@@ -569,6 +604,8 @@ def kl(
     log_ratio_clamp: RatioClampOpt = None,
     progress: ProgressOpt = True,
     workers: WorkersOpt = None,
+    engine: EngineOpt = "local",
+    ray_address: RayAddressOpt = None,
 ) -> None:
     """KL(π_θ ‖ π_ref) estimate per token: statistics, quantiles, per-answer distribution."""
     with _errors():
@@ -580,7 +617,9 @@ def kl(
         )
         src = open_source(files, parse_column_map(column), group_scope=group_scope)
         with _progress(progress, src.n_rows(), "kl") as tick:
-            report = kl_report(src, settings, progress=tick, engine=_engine(workers))
+            report = kl_report(
+                src, settings, progress=tick, engine=_engine(workers, engine, ray_address)
+            )
         for w in report.warnings:
             _note(w)
         if json_out:
@@ -658,6 +697,8 @@ def objective(
     logged_tolerance: LoggedTolOpt = 1e-3,
     progress: ProgressOpt = True,
     workers: WorkersOpt = None,
+    engine: EngineOpt = "local",
+    ray_address: RayAddressOpt = None,
 ) -> None:
     """GRPO objective J, loss −J, its policy and KL parts, clip fractions, ratio and KL stats."""
     with _errors():
@@ -696,7 +737,7 @@ def objective(
                 settings,
                 progress=tick,
                 recompute_advantages=recompute_advantages,
-                engine=_engine(workers),
+                engine=_engine(workers, engine, ray_address),
                 gradient=gradient,
             )
         if logged is not None:
@@ -775,6 +816,8 @@ def check(
     logged_step: LoggedStepOpt = None,
     progress: ProgressOpt = True,
     workers: WorkersOpt = None,
+    engine: EngineOpt = "local",
+    ray_address: RayAddressOpt = None,
 ) -> None:
     """Gate a rollout log in CI: integrity and training-health rules; exit 1 when one fails."""
     from ._check import load_config, run_check
@@ -807,7 +850,7 @@ def check(
                 cfg,
                 baseline=base,
                 progress=tick,
-                engine=_engine(workers),
+                engine=_engine(workers, engine, ray_address),
                 logged=logged_in,
             )
         from ._json import check_json
@@ -876,6 +919,8 @@ def trend(
     beta: BetaOpt = None,
     progress: ProgressOpt = True,
     workers: WorkersOpt = None,
+    engine: EngineOpt = "local",
+    ray_address: RayAddressOpt = None,
 ) -> None:
     """Health metrics step by step (one file a step, in step order) and rules over them."""
     from ._check import rule_flags
@@ -890,7 +935,7 @@ def trend(
         report = trend_report(
             files,
             settings,
-            engine=_engine(workers),
+            engine=_engine(workers, engine, ray_address),
             column_map=parse_column_map(column),
             rules=rules if check else None,
             step_column=step_column,
@@ -941,6 +986,8 @@ def answers(
     kl_mode: KLModeOpt = None,
     progress: ProgressOpt = True,
     workers: WorkersOpt = None,
+    engine: EngineOpt = "local",
+    ray_address: RayAddressOpt = None,
 ) -> None:
     """The answers to blame, worst first: each one's file, row, group, reward, advantage,
     length, KL, largest log-ratio and share of clipped tokens."""
@@ -962,7 +1009,12 @@ def answers(
         src = open_source(files, parse_column_map(column), group_scope=group_scope)
         with _progress(progress, src.n_rows(), "answers") as tick:
             report = answers_report(
-                src, settings, sort=sort, top=top, engine=_engine(workers), progress=tick
+                src,
+                settings,
+                sort=sort,
+                top=top,
+                engine=_engine(workers, engine, ray_address),
+                progress=tick,
             )
         for w in report.warnings:
             _note(w)
@@ -992,6 +1044,8 @@ def explain(
     max_len: MaxLenOpt = None,
     progress: ProgressOpt = True,
     workers: WorkersOpt = None,
+    engine: EngineOpt = "local",
+    ray_address: RayAddressOpt = None,
 ) -> None:
     """The numbers read as findings, most severe first, each with its evidence and what to
     do. Informational: exit 0 whatever it finds."""
@@ -1011,7 +1065,11 @@ def explain(
         src = open_source(files, parse_column_map(column), group_scope=group_scope)
         with _progress(progress, src.n_rows(), "explain") as tick:
             report = objective_report(
-                src, settings, progress=tick, engine=_engine(workers), gradient=True
+                src,
+                settings,
+                progress=tick,
+                engine=_engine(workers, engine, ray_address),
+                gradient=True,
             )
         findings = explain_findings(report)
         for w in report.warnings:

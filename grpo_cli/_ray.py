@@ -1,0 +1,354 @@
+"""The Ray engine: the same per-batch fold as the local engine, run by Ray tasks.
+
+The dataset is cut into *blocks*: runs of consecutive row groups of one parquet file, of
+about :data:`BLOCK_BATCHES` batches' worth of tokens (an npz is one block). One Ray task
+per block streams its row groups in batches of ``batch_tokens`` (memory bounded by a
+batch, as locally) and folds them with the very ``fold`` the local engine uses into the
+very partial (``TokenPartial``, the check's scan, ``TopAnswers``). What a fold needs from
+pass 1 (the group table, the settings) travels inside ``fold``: put in the object store
+once, read by every task.
+
+Partials are merged in the workers, eight at a time in block order (a tree whose shape
+depends only on the number of blocks), and the last few on the driver, in block order:
+blocks are ordered by (file, row group), so the JSON is the same from run to run. It
+differs from the local engine's only in the order floats are added (counts, extremes and
+histograms are exact).
+
+Why Ray tasks over row groups rather than ``ray.data.read_parquet``: a Ray Data block
+does not say which file and rows it came from, which errors must name and the merge order
+is defined by; the tasks read through the same pyarrow readers as the local engine.
+
+A run connects to ``address`` (``--ray-address`` / ``RAY_ADDRESS``), or starts a private
+local Ray for the run and shuts it down after, never joining one left running. Ray 2.60
+turns token authentication on for a new local Ray and writes a token into
+``~/.ray/auth_token``; the private Ray here is started with token authentication and a
+token of its own, passed in the environment of its processes, so nothing is written to
+the user's home. A cluster's token comes from Ray's own places (``RAY_AUTH_TOKEN``,
+``RAY_AUTH_TOKEN_PATH``, ``~/.ray/auth_token``); a refused connection is a one-line error.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import os
+import secrets
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+import pyarrow as pa
+
+from ._engine import EngineOptions
+from ._io import BatchError, Source, iter_batches, iter_raw, read_file_columns
+from ._io import _chunk_batches as chunk_batches
+from ._io import _raw_chunks as raw_chunks
+from .errors import InputError, UsageError
+
+__all__ = ["BLOCK_BATCHES", "Block", "blocks_of", "close", "fold_blocks"]
+
+M = TypeVar("M")
+Progress = Callable[[int], None]
+
+# A block holds about this many batches' tokens: enough work per task to hide Ray's
+# per-task cost (milliseconds), small enough to spread a step over a cluster.
+BLOCK_BATCHES = 16
+FANOUT = 8  # partials merged by one merge task
+
+_state: dict[str, Any] = {}  # the Ray this process started or joined: {"owned": bool}
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+    """Consecutive row groups ``row_groups`` of file ``file``; ``start``: the dataset row
+    of its first answer, ``rows``: its answers."""
+
+    file: int
+    row_groups: tuple[int, ...]
+    start: int
+    rows: int
+
+
+def blocks_of(src: Source, block_tokens: int) -> list[Block]:
+    """The dataset's blocks in (file, row group) order, from the footers (no data read)."""
+    if src.kind == "npz":
+        return [Block(0, (), 0, -1)]
+    out: list[Block] = []
+    start = 0
+    for i, md in enumerate(src.footers):
+        first_col = src.name("logp") if src.has("logp") else None
+        run: list[int] = []
+        run_start, run_rows, run_tokens = start, 0, 0
+        for rg in range(md.num_row_groups):
+            rgm = md.row_group(rg)
+            rows = rgm.num_rows
+            if not rows:
+                continue
+            tokens = rows
+            for c in range(rgm.num_columns):
+                cc = rgm.column(c)
+                if first_col is not None and cc.path_in_schema.split(".")[0] == first_col:
+                    tokens = max(tokens, cc.num_values)
+            if run and run_tokens + tokens > block_tokens:
+                out.append(Block(i, tuple(run), run_start, run_rows))
+                run, run_start, run_rows, run_tokens = [], start, 0, 0
+            if not run:
+                run_start = start
+            run.append(rg)
+            run_rows += rows
+            run_tokens += tokens
+            start += rows
+        if run:
+            out.append(Block(i, tuple(run), run_start, run_rows))
+    return out
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise UsageError(
+            "--engine ray needs Ray: pip install 'grpo-cli[ray]' (Ray Data, Ray >= 2.9)"
+        ) from None
+    return ray
+
+
+def connect(engine: EngineOptions) -> Any:
+    """Ray, initialised for this run: the process's Ray when it has one (a library caller
+    that ran ``ray.init``), else ``engine.address``, else a private local Ray."""
+    if "ray" not in sys.modules and not engine.address:
+        _private_env()  # before Ray is imported: it reads its config then
+    ray = _ray()
+    if ray.is_initialized():
+        _state.setdefault("owned", False)
+        return ray
+    quiet = {"logging_level": logging.ERROR, "log_to_driver": False}
+    if engine.address:
+        try:
+            ray.init(address=engine.address, **quiet)
+        except Exception as exc:
+            raise UsageError(
+                f"--ray-address {engine.address}: cannot connect to Ray ({_one_line(exc)}); "
+                "a cluster with token authentication needs its token in RAY_AUTH_TOKEN or "
+                "RAY_AUTH_TOKEN_PATH and RAY_AUTH_MODE=token"
+            ) from None
+        _state["owned"] = True
+        return ray
+    if "env" not in _state:
+        _private_env()
+        _reload_config()  # Ray was imported already: have it read the environment again
+    try:
+        ray.init(address="local", include_dashboard=False, **quiet)
+    except Exception as exc:
+        _restore_env()
+        raise UsageError(f"--engine ray: cannot start a local Ray ({_one_line(exc)})") from None
+    _state["owned"] = True
+    return ray
+
+
+def _private_env() -> None:
+    """Token authentication with a token of this run's own, in the environment the Ray
+    processes inherit (Ray would otherwise write one to ~/.ray/auth_token)."""
+    _state["env"] = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+
+
+def _reload_config() -> None:
+    try:
+        from ray._raylet import AuthenticationTokenLoader, Config
+
+        Config.initialize("")
+        AuthenticationTokenLoader.instance().reset_cache()
+    except (ImportError, AttributeError):  # another Ray: it reads the environment itself
+        pass
+
+
+def _restore_env() -> None:
+    saved = _state.pop("env", None)
+    if saved is None:
+        return
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    if "ray" in sys.modules:
+        _reload_config()
+
+
+def close() -> None:
+    """Shut down the Ray this process started or joined (not one a library caller began)."""
+    owned = _state.pop("owned", False)
+    if owned:
+        import ray
+
+        ray.shutdown()
+    _restore_env()
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text[:300] or type(exc).__name__
+
+
+def _fold_block(
+    src: Source,
+    block: Block,
+    fields: Sequence[str],
+    batch_tokens: int,
+    raw: bool,
+    task: tuple[Callable[[], Any], Callable[[Any, Any], None]],
+) -> tuple[tuple[int, InputError] | None, Any]:
+    """One task: fold the block's batches into a new partial. Bad data is returned, not
+    raised, as (dataset row where it starts, error), so the driver reports the first in
+    row order."""
+    new, fold = task
+    part = new()
+    wanted = [f for f in fields if src.has(f)]
+    row = block.start
+    try:
+        batches: Iterator[Any]
+        if src.kind == "npz":
+            batches = (
+                iter_raw(src, fields, batch_tokens=batch_tokens)
+                if raw
+                else iter_batches(src, fields, batch_tokens=batch_tokens, threaded=False)
+            )
+        else:
+            chunks = _with_starts(src, block)
+            read = raw_chunks if raw else chunk_batches
+            batches = read(src, chunks, wanted, batch_tokens)
+        for b in batches:
+            row = b.start
+            fold(part, b)
+    except BatchError as exc:
+        return (exc.start, exc.error), None
+    except InputError as exc:
+        return (row, exc), None
+    return None, part
+
+
+def _with_starts(src: Source, block: Block) -> list[tuple[int, int, int]]:
+    """The block's (file, row group, dataset row of its first answer)."""
+    md = src.footers[block.file]
+    out, start = [], block.start
+    for rg in block.row_groups:
+        out.append((block.file, rg, start))
+        start += md.row_group(rg).num_rows
+    return out
+
+
+def _merge(*parts: Any) -> Any:
+    """The partials merged in the order given. They come from Ray's object store, whose
+    arrays are read-only: merged into writable copies."""
+    total = copy.deepcopy(parts[0])
+    for p in parts[1:]:
+        total = total.merge(copy.deepcopy(p))
+    return total
+
+
+def fold_blocks(
+    src: Source,
+    fields: Sequence[str],
+    new: Callable[[], M],
+    fold: Callable[[M, Any], None],
+    *,
+    engine: EngineOptions,
+    progress: Progress | None = None,
+    raw: bool = False,
+) -> M:
+    """Fold ``src`` on Ray: one task per block, partials merged in block order; bad data is
+    the local engine's error for the first bad row. ``raw``: fold unvalidated batches
+    (``check``), else validated ones."""
+    ray = connect(engine)
+    blocks = blocks_of(src, BLOCK_BATCHES * engine.batch_tokens)
+    engine.ran["blocks"] = len(blocks)
+    engine.ran["workers"] = int(ray.cluster_resources().get("CPU", 0))
+    fold_task = ray.remote(num_returns=2, max_retries=0)(_fold_block)
+    merge_task = ray.remote(max_retries=0)(_merge)
+    task_ref = ray.put((new, fold))
+    src_ref = ray.put(src)
+    status, parts = [], []
+    for b in blocks:
+        s, p = fold_task.remote(src_ref, b, list(fields), engine.batch_tokens, raw, task_ref)
+        status.append(s)
+        parts.append(p)
+    index = {ref: k for k, ref in enumerate(status)}
+    failures: list[tuple[int, InputError]] = []
+    pending = list(status)
+    try:
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1, timeout=None)
+            for ref in done:
+                got = _get(ray, ref, src)
+                k = index[ref]
+                if got is not None:
+                    failures.append(got)
+                    # blocks after the bad row need not run
+                    ray_cancel(ray, [r for r in pending if blocks[index[r]].start > got[0]])
+                    pending = [r for r in pending if blocks[index[r]].start <= got[0]]
+                elif progress is not None and blocks[k].rows > 0:
+                    progress(blocks[k].rows)
+        if failures:
+            raise min(failures, key=lambda f: f[0])[1]
+        level = parts
+        while len(level) > FANOUT:
+            level = [
+                merge_task.remote(*level[i : i + FANOUT]) for i in range(0, len(level), FANOUT)
+            ]
+        return _merge(*[_get(ray, r, src) for r in level])
+    except BaseException:
+        ray_cancel(ray, status + parts)
+        raise
+
+
+def _read_file(src: Source, i: int, cols: list[str]) -> tuple[InputError | None, pa.Table | None]:
+    try:
+        return None, read_file_columns(src, i, cols)
+    except InputError as exc:
+        return exc, None
+
+
+def read_columns(src: Source, cols: list[str], engine: EngineOptions) -> list[pa.Table]:
+    """Pass 1's reading on Ray: the answer columns of every file, one task per file, in
+    file order (a few bytes per answer; the group statistics are then computed from them
+    on the driver exactly as locally). The first unreadable file is the error."""
+    ray = connect(engine)
+    engine.ran.setdefault("blocks", len(src.paths))
+    engine.ran["workers"] = int(ray.cluster_resources().get("CPU", 0))
+    task = ray.remote(max_retries=0)(_read_file)
+    src_ref = ray.put(src)
+    refs = [task.remote(src_ref, i, cols) for i in range(len(src.paths))]
+    try:
+        out = []
+        for ref in refs:
+            err, table = _get(ray, ref, src)
+            if err is not None:
+                raise err
+            out.append(table)
+        return out
+    except BaseException:
+        ray_cancel(ray, refs)
+        raise
+
+
+def ray_cancel(ray: Any, refs: list[Any]) -> None:
+    for r in refs:
+        try:
+            ray.cancel(r, force=True)
+        except Exception:  # finished already, or not cancellable: nothing to stop
+            pass
+
+
+def _get(ray: Any, ref: Any, src: Source) -> Any:
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as exc:
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, InputError):
+            raise cause from None
+        raise InputError(f"{src.label}: a Ray task failed ({_one_line(exc)})") from None
+    except ray.exceptions.RayError as exc:
+        raise InputError(f"{src.label}: a Ray worker failed ({_one_line(exc)})") from None
