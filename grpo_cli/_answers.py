@@ -25,13 +25,13 @@ from ._core import (
 )
 from ._engine import EngineOptions
 from ._io import Batch, Source, iter_batches
-from ._local import fold_batches
+from ._local import Mergeable, fold_batches
 from ._partials import agg_factor
 from ._report import TOKEN_FIELDS, Pass1, objective_pass1, objective_report
 from ._settings import Settings
 from .errors import UsageError
 
-M = TypeVar("M")
+M = TypeVar("M", bound=Mergeable)
 
 __all__ = ["SORT_KEYS", "AnswersReport", "TopAnswers", "answer_rows", "answers_report"]
 

@@ -774,6 +774,8 @@ def _scan_batch(s: Scan, rb: RawBatch, src: Source, cfg: CheckConfig) -> None:
         """A place in this batch: its group id from the batch's own column, so the scan
         needs no table of the whole input (any block of rows scans anywhere)."""
         out: dict[str, Any] = {"file": file, "answer": int(row)}
+        if rb.unit == "row":  # parquet: the row within its file too
+            out["row"] = int(row - rb.file_start)
         if groups is not None:
             out["group"] = groups[row - rb.start].as_py()
         out.update(extra)

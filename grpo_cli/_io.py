@@ -145,6 +145,10 @@ class Source:
         k = min(int(np.searchsorted(starts, row, side="right") - 1), len(self.paths) - 1)
         return k, int(starts[k])
 
+    def first_row(self, i: int) -> int:
+        """The input row of file ``i``'s first row (0 for an npz)."""
+        return sum(self.rows_per_file()[:i])
+
     def parquet_file(self, i: int) -> pq.ParquetFile:
         """A reader of file ``i`` that does not parse its footer again."""
         return _parquet_file(self.paths[i], self.footers[i])
@@ -912,7 +916,9 @@ def _token_columns(
 def _parquet_batches(src: Source, wanted: list[str], batch_tokens: int) -> Iterator[Batch]:
     names, mname, cols, answer = _token_columns(src, wanted)
     for rb, start, i in _parquet_record_batches(src, cols, batch_tokens):
-        raw = _raw_record_batch(rb, wanted, names, mname, start, str(src.paths[i]), answer)
+        raw = _raw_record_batch(
+            rb, wanted, names, mname, start, str(src.paths[i]), answer, src.first_row(i)
+        )
         yield _record_batch(_scoped(src, raw, i), wanted, names, mname)
 
 
@@ -1009,7 +1015,9 @@ def _raw_chunks(
         it = pf.iter_batches(batch_size=rows, row_groups=[rg], columns=cols, use_threads=False)
         try:
             for rb in _read(p, it, cols):
-                raw = _raw_record_batch(rb, wanted, names, mname, start, str(p), answer)
+                raw = _raw_record_batch(
+                    rb, wanted, names, mname, start, str(p), answer, src.first_row(i)
+                )
                 yield _scoped(src, raw, i)
                 start += raw.n
         except InputError as exc:
@@ -1044,6 +1052,8 @@ class RawBatch:
     values: dict[str, np.ndarray]
     mask: NDArray[np.bool_] | None
     answer: Mapping[str, pa.Array] = dataclass_field(default_factory=dict)
+    # the input row of its file's first row: messages name rows within the file
+    file_start: int = 0
 
     @property
     def n(self) -> int:
@@ -1079,7 +1089,9 @@ def iter_raw(
         return
     names, mname, cols, answer = _token_columns(src, wanted)
     for rb, start, i in _parquet_record_batches(src, cols, batch_tokens):
-        batch = _raw_record_batch(rb, wanted, names, mname, start, str(src.paths[i]), answer)
+        batch = _raw_record_batch(
+            rb, wanted, names, mname, start, str(src.paths[i]), answer, src.first_row(i)
+        )
         yield _scoped(src, batch, i)
 
 
@@ -1091,26 +1103,31 @@ def _raw_record_batch(
     start: int,
     label: str,
     answer: dict[str, str],
+    file_start: int = 0,
 ) -> RawBatch:
     """The list columns of a record batch as flat arrays and offsets, values unchecked;
-    the ``answer`` columns (field: column name) as they are."""
+    the ``answer`` columns (field: column name) as they are. ``start``: the input row of
+    its first row; ``file_start``: that of its file's first row (messages count rows
+    within the file ``label`` names)."""
     offs: dict[str, I64] = {}
     vals: dict[str, np.ndarray] = {}
+    row0 = start - file_start
     for f, name in zip(wanted, names, strict=True):
         offs[f], vals[f] = _list_column(
-            rb.column(name), label, name, start, masked=mname is not None
+            rb.column(name), label, name, row0, masked=mname is not None
         )
     mask = None
     if mname is not None:
-        moff, mvals = _list_column(rb.column(mname), label, mname, start, boolean=True)
+        moff, mvals = _list_column(rb.column(mname), label, mname, row0, boolean=True)
         if np.array_equal(moff, offs[wanted[0]]):
             mask = _mask_values(mvals, label, f"column {mname!r}")
         else:
             offs["mask"] = moff
     answers = {f: rb.column(name) for f, name in answer.items()}
     return RawBatch(
-        start=start, label=label, unit="row", offsets=offs, values=vals, mask=mask, answer=answers
-    )
+        start=start, label=label, unit="row", offsets=offs, values=vals, mask=mask,
+        answer=answers, file_start=file_start,
+    )  # fmt: skip
 
 
 def _list_column(
@@ -1173,7 +1190,7 @@ def _list_column(
 
 def _record_batch(raw: RawBatch, wanted: list[str], names: list[str], mname: str | None) -> Batch:
     """Validate a raw record batch into a :class:`Batch` (valid tokens only), or raise."""
-    label, start = raw.label, raw.start
+    label, start = raw.label, raw.start - raw.file_start  # messages: rows within the file
     offsets = raw.offsets[wanted[0]]
     for f, name in zip(wanted[1:], names[1:], strict=True):
         if not np.array_equal(raw.offsets[f], offsets):
@@ -1201,7 +1218,7 @@ def _record_batch(raw: RawBatch, wanted: list[str], names: list[str], mname: str
         values = raw.values[f]
         _check_finite(values, m, offsets, start, label, f"column {name!r}")
         out[f] = _floating(values if m is None else values[m])
-    return Batch(start=start, offsets=new_offsets, fields=out, width=width, answer=raw.answer)
+    return Batch(start=raw.start, offsets=new_offsets, fields=out, width=width, answer=raw.answer)
 
 
 def _check_finite(

@@ -156,11 +156,11 @@ def _private_env() -> None:
 
 
 def _reload_config() -> None:
-    try:
-        from ray._raylet import AuthenticationTokenLoader, Config
+    try:  # what Ray's own ray.init does when it turns token authentication on (2.60)
+        import ray._raylet as raylet
 
-        Config.initialize("")
-        AuthenticationTokenLoader.instance().reset_cache()
+        getattr(raylet, "Config").initialize("")  # noqa: B009 (not in Ray's stubs)
+        getattr(raylet, "AuthenticationTokenLoader").instance().reset_cache()  # noqa: B009
     except (ImportError, AttributeError):  # another Ray: it reads the environment itself
         pass
 
@@ -264,7 +264,9 @@ def fold_blocks(
     (``check``), else validated ones."""
     ray = connect(engine)
     blocks = blocks_of(src, BLOCK_BATCHES * engine.batch_tokens)
-    engine.ran["blocks"] = len(blocks)
+    per_source = engine.ran.setdefault("sources", {})  # trend: one fold per step
+    per_source[src.label] = len(blocks)
+    engine.ran["blocks"] = sum(per_source.values())
     engine.ran["workers"] = int(ray.cluster_resources().get("CPU", 0))
     fold_task = ray.remote(num_returns=2, max_retries=0)(_fold_block)
     merge_task = ray.remote(max_retries=0)(_merge)

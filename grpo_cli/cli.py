@@ -37,7 +37,10 @@ if TYPE_CHECKING:
 try:  # typer >= 0.24 vendors click
     from typer._click.exceptions import ClickException, NoArgsIsHelpError
 except ImportError:  # pragma: no cover
-    from click.exceptions import ClickException, NoArgsIsHelpError  # type: ignore[no-redef]
+    from click.exceptions import (  # type: ignore[no-redef,assignment,unused-ignore]
+        ClickException,
+        NoArgsIsHelpError,
+    )
 
 
 class _OneLineErrors(TyperGroup):
