@@ -958,7 +958,7 @@ def iter_batch_streams(
     if chunks is None:
         return None
     wanted = [f for f in fields if src.has(f)]
-    return [Prefetch(_chunk_batches(src, c, wanted, batch_tokens)) for c in chunks]
+    return [Prefetch(chunk_batches(src, c, wanted, batch_tokens)) for c in chunks]
 
 
 def iter_raw_streams(
@@ -976,7 +976,7 @@ def iter_raw_streams(
     if chunks is None:
         return None
     wanted = [f for f in fields if src.has(f)]
-    return [Prefetch(_raw_chunks(src, c, wanted, batch_tokens)) for c in chunks]
+    return [Prefetch(raw_chunks(src, c, wanted, batch_tokens)) for c in chunks]
 
 
 def _stream_chunks(
@@ -999,7 +999,7 @@ def _stream_chunks(
     return [chunks[k::streams] for k in range(streams)]
 
 
-def _raw_chunks(
+def raw_chunks(
     src: Source, chunks: list[tuple[int, int, int]], wanted: list[str], batch_tokens: int
 ) -> Iterator[RawBatch]:
     """The raw batches of the given row groups, in order; unreadable data raises
@@ -1024,12 +1024,12 @@ def _raw_chunks(
             raise BatchError(start, exc) from None
 
 
-def _chunk_batches(
+def chunk_batches(
     src: Source, chunks: list[tuple[int, int, int]], wanted: list[str], batch_tokens: int
 ) -> Iterator[Batch]:
-    """:func:`_raw_chunks`, validated (in the reader's thread)."""
+    """:func:`raw_chunks`, validated (in the reader's thread)."""
     names, mname, _, _ = _token_columns(src, wanted)
-    for raw in _raw_chunks(src, chunks, wanted, batch_tokens):
+    for raw in raw_chunks(src, chunks, wanted, batch_tokens):
         try:
             yield _record_batch(raw, wanted, names, mname)
         except InputError as exc:

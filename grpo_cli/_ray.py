@@ -34,16 +34,24 @@ import dataclasses
 import logging
 import os
 import secrets
+import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import pyarrow as pa
 
 from ._engine import EngineOptions
-from ._io import BatchError, Source, iter_batches, iter_raw, read_file_columns
-from ._io import _chunk_batches as chunk_batches
-from ._io import _raw_chunks as raw_chunks
+from ._io import (
+    BatchError,
+    Source,
+    chunk_batches,
+    iter_batches,
+    iter_raw,
+    raw_chunks,
+    read_file_columns,
+)
 from .errors import InputError, UsageError
 
 __all__ = ["BLOCK_BATCHES", "Block", "blocks_of", "close", "fold_blocks"]
@@ -104,6 +112,34 @@ def blocks_of(src: Source, block_tokens: int) -> list[Block]:
     return out
 
 
+class _Interrupts:
+    """Ctrl-C while Ray works: noted, and raised as KeyboardInterrupt where the driver can
+    stop cleanly (after ``ray.init`` returns, between waits), not inside Ray's C++ code,
+    where an interrupt can crash the process. Outside the main thread: nothing changes."""
+
+    def __init__(self) -> None:
+        self.hit = False
+        self.old: Any = None
+
+    def __enter__(self) -> _Interrupts:
+        if threading.current_thread() is threading.main_thread():
+            self.old = signal.signal(signal.SIGINT, self._note)
+        return self
+
+    def _note(self, signum: int, frame: Any) -> None:
+        self.hit = True
+
+    def check(self) -> None:
+        if self.hit:
+            self.hit = False
+            raise KeyboardInterrupt
+
+    def __exit__(self, *exc: object) -> None:
+        if self.old is not None:
+            signal.signal(signal.SIGINT, self.old)
+        self.check()
+
+
 def _ray() -> Any:
     try:
         import ray
@@ -126,7 +162,8 @@ def connect(engine: EngineOptions) -> Any:
     quiet = {"logging_level": logging.ERROR, "log_to_driver": False}
     if engine.address:
         try:
-            ray.init(address=engine.address, **quiet)
+            with _Interrupts():
+                ray.init(address=engine.address, **quiet)
         except Exception as exc:
             raise UsageError(
                 f"--ray-address {engine.address}: cannot connect to Ray ({_one_line(exc)}); "
@@ -137,9 +174,11 @@ def connect(engine: EngineOptions) -> Any:
         return ray
     if "env" not in _state:
         _private_env()
-        _reload_config()  # Ray was imported already: have it read the environment again
+        reload_auth_config()  # Ray was imported already: have it read the environment again
+    _state["owned"] = True  # shut down by close() even if interrupted while starting
     try:
-        ray.init(address="local", include_dashboard=False, **quiet)
+        with _Interrupts():
+            ray.init(address="local", include_dashboard=False, **quiet)
     except Exception as exc:
         _restore_env()
         raise UsageError(f"--engine ray: cannot start a local Ray ({_one_line(exc)})") from None
@@ -155,7 +194,9 @@ def _private_env() -> None:
     os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
 
 
-def _reload_config() -> None:
+def reload_auth_config() -> None:
+    """Have an imported Ray read ``RAY_AUTH_MODE`` and its token from the environment again
+    (it reads them once, at import)."""
     try:  # what Ray's own ray.init does when it turns token authentication on (2.60)
         import ray._raylet as raylet
 
@@ -175,16 +216,18 @@ def _restore_env() -> None:
         else:
             os.environ[k] = v
     if "ray" in sys.modules:
-        _reload_config()
+        reload_auth_config()
 
 
 def close() -> None:
-    """Shut down the Ray this process started or joined (not one a library caller began)."""
+    """Shut down the Ray this process started or joined (not one a library caller began),
+    then give the environment back (after: Ray's threads need the token until then)."""
     owned = _state.pop("owned", False)
     if owned:
         import ray
 
-        ray.shutdown()
+        with _Interrupts():  # a second Ctrl-C must not cut the shutdown short
+            ray.shutdown()
     _restore_env()
 
 
@@ -269,7 +312,6 @@ def fold_blocks(
     engine.ran["blocks"] = sum(per_source.values())
     engine.ran["workers"] = int(ray.cluster_resources().get("CPU", 0))
     fold_task = ray.remote(num_returns=2, max_retries=0)(_fold_block)
-    merge_task = ray.remote(max_retries=0)(_merge)
     task_ref = ray.put((new, fold))
     src_ref = ray.put(src)
     status, parts = [], []
@@ -277,33 +319,48 @@ def fold_blocks(
         s, p = fold_task.remote(src_ref, b, list(fields), engine.batch_tokens, raw, task_ref)
         status.append(s)
         parts.append(p)
+    try:
+        with _Interrupts() as interrupts:
+            return cast(M, _collect(ray, src, blocks, status, parts, progress, interrupts))
+    except KeyboardInterrupt:
+        ray_cancel(ray, status)
+        raise
+
+
+def _collect(
+    ray: Any,
+    src: Source,
+    blocks: list[Block],
+    status: list[Any],
+    parts: list[Any],
+    progress: Progress | None,
+    interrupts: _Interrupts,
+) -> Any:
+    """Wait for the blocks (progress as each ends); then merge their partials in block
+    order, :data:`FANOUT` at a time in the workers and the last few here."""
     index = {ref: k for k, ref in enumerate(status)}
     failures: list[tuple[int, InputError]] = []
     pending = list(status)
-    try:
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1, timeout=None)
-            for ref in done:
-                got = _get(ray, ref, src)
-                k = index[ref]
-                if got is not None:
-                    failures.append(got)
-                    # blocks after the bad row need not run
-                    ray_cancel(ray, [r for r in pending if blocks[index[r]].start > got[0]])
-                    pending = [r for r in pending if blocks[index[r]].start <= got[0]]
-                elif progress is not None and blocks[k].rows > 0:
-                    progress(blocks[k].rows)
-        if failures:
-            raise min(failures, key=lambda f: f[0])[1]
-        level = parts
-        while len(level) > FANOUT:
-            level = [
-                merge_task.remote(*level[i : i + FANOUT]) for i in range(0, len(level), FANOUT)
-            ]
-        return _merge(*[_get(ray, r, src) for r in level])
-    except BaseException:
-        ray_cancel(ray, status + parts)
-        raise
+    while pending:
+        interrupts.check()
+        done, pending = ray.wait(pending, num_returns=1, timeout=0.2)
+        for ref in done:
+            got = _get(ray, ref, src)
+            k = index[ref]
+            if got is not None:
+                failures.append(got)
+                # blocks after the bad row need not be waited for (they are left to
+                # finish: cancelling a task as it completes can abort Ray 2.60's driver)
+                pending = [r for r in pending if blocks[index[r]].start <= got[0]]
+            elif progress is not None and blocks[k].rows > 0:
+                progress(blocks[k].rows)
+    if failures:
+        raise min(failures, key=lambda f: f[0])[1]
+    merge_task = ray.remote(max_retries=0)(_merge)
+    level = parts
+    while len(level) > FANOUT:
+        level = [merge_task.remote(*level[i : i + FANOUT]) for i in range(0, len(level), FANOUT)]
+    return _merge(*[_get(ray, r, src) for r in level])
 
 
 def _read_file(src: Source, i: int, cols: list[str]) -> tuple[InputError | None, pa.Table | None]:
@@ -325,13 +382,16 @@ def read_columns(src: Source, cols: list[str], engine: EngineOptions) -> list[pa
     refs = [task.remote(src_ref, i, cols) for i in range(len(src.paths))]
     try:
         out = []
-        for ref in refs:
-            err, table = _get(ray, ref, src)
-            if err is not None:
-                raise err
-            out.append(table)
+        with _Interrupts() as interrupts:
+            for ref in refs:
+                while not ray.wait([ref], timeout=0.2)[0]:
+                    interrupts.check()
+                err, table = _get(ray, ref, src)
+                if err is not None:
+                    raise err
+                out.append(table)
         return out
-    except BaseException:
+    except KeyboardInterrupt:
         ray_cancel(ray, refs)
         raise
 
@@ -339,7 +399,7 @@ def read_columns(src: Source, cols: list[str], engine: EngineOptions) -> list[pa
 def ray_cancel(ray: Any, refs: list[Any]) -> None:
     for r in refs:
         try:
-            ray.cancel(r, force=True)
+            ray.cancel(r)
         except Exception:  # finished already, or not cancellable: nothing to stop
             pass
 

@@ -103,6 +103,9 @@ def _errors() -> Iterator[None]:
     except GrpoCliError as exc:
         typer.echo(f"grpo-cli: error: {exc}", err=True)
         raise typer.Exit(exc.exit_code) from None
+    except KeyboardInterrupt:  # Ctrl-C: the work stops (a Ray run's tasks too), one line
+        typer.echo("grpo-cli: interrupted", err=True)
+        raise typer.Exit(130) from None
     finally:
         if "grpo_cli._ray" in sys.modules:  # stop the Ray this run started or joined
             sys.modules["grpo_cli._ray"].close()
@@ -388,10 +391,20 @@ WorkersOpt = Annotated[
         show_default=False,
     ),
 ]
+
+
+def _engine_name(value: str) -> str:
+    if value not in ("local", "ray"):
+        raise typer.BadParameter(f"expected local or ray, got {value!r}")
+    return value
+
+
 EngineOpt = Annotated[
     str,
     typer.Option(
         "--engine",
+        callback=_engine_name,
+        metavar="local|ray",
         help="local: this machine's threads; ray: Ray tasks over the dataset's blocks (needs "
         "the [ray] extra; same numbers to the order of float additions).",
     ),
