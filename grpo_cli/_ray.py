@@ -29,13 +29,16 @@ the user's home. A cluster's token comes from Ray's own places (``RAY_AUTH_TOKEN
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import logging
 import os
 import secrets
 import signal
+import socket
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar, cast
@@ -161,15 +164,24 @@ def connect(engine: EngineOptions) -> Any:
         return ray
     quiet = {"logging_level": logging.ERROR, "log_to_driver": False}
     if engine.address:
+        _listening(engine.address)
+        log = tempfile.TemporaryFile(mode="w+b")
         try:
-            with _Interrupts():
+            with _Interrupts(), _stderr_to(log):  # Ray's C++ retries log a line a second
                 ray.init(address=engine.address, **quiet)
         except Exception as exc:
-            raise UsageError(
-                f"--ray-address {engine.address}: cannot connect to Ray ({_one_line(exc)}); "
-                "a cluster with token authentication needs its token in RAY_AUTH_TOKEN or "
-                "RAY_AUTH_TOKEN_PATH and RAY_AUTH_MODE=token"
-            ) from None
+            log.seek(0)
+            if b"InvalidAuthToken" in log.read():
+                why = (
+                    "the cluster uses token authentication and refused this driver's token: "
+                    "give its token in RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH, with "
+                    "RAY_AUTH_MODE=token (`ray get-auth-token` on the head prints it)"
+                )
+            else:
+                why = _one_line(exc)
+            raise UsageError(f"--ray-address {engine.address}: cannot connect: {why}") from None
+        finally:
+            log.close()
         _state["owned"] = True
         return ray
     if "env" not in _state:
@@ -184,6 +196,34 @@ def connect(engine: EngineOptions) -> Any:
         raise UsageError(f"--engine ray: cannot start a local Ray ({_one_line(exc)})") from None
     _state["owned"] = True
     return ray
+
+
+def _listening(address: str) -> None:
+    """A HOST:PORT address where nothing listens is an error at once (Ray would retry it
+    for minutes); other forms (``auto``, ``ray://``) are left to Ray."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "/" in host or not host:
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=10).close()
+    except OSError as exc:
+        raise UsageError(
+            f"--ray-address {address}: nothing answers there ({exc.strerror or exc}); "
+            "is the cluster's head running (`ray status`)?"
+        ) from None
+
+
+@contextlib.contextmanager
+def _stderr_to(f: Any) -> Iterator[None]:
+    """File descriptor 2 (where Ray's C++ code logs) into ``f`` for the block."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        os.dup2(f.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def _private_env() -> None:

@@ -367,3 +367,28 @@ def test_cli_interrupted_stops(tmp_path: Path) -> None:
     while _raylets() > before and time.monotonic() < deadline:
         time.sleep(0.5)
     assert _raylets() == before
+
+
+def test_cli_refused_token_and_dead_address_are_one_line(
+    head: tuple[str, Path], dataset: Path, tmp_path: Path
+) -> None:
+    address, _ = head
+    r = subprocess.run(  # no token: Ray retries for ~20 s, then one line saying why
+        [*GRPO, "kl", str(dataset), "--engine", "ray", "--ray-address", address],
+        capture_output=True, text=True, env=_env(tmp_path), timeout=300, check=False,
+    )  # fmt: skip
+    assert r.returncode == 2
+    assert r.stderr.splitlines() == [
+        f"grpo-cli: error: --ray-address {address}: cannot connect: the cluster uses token "
+        "authentication and refused this driver's token: give its token in RAY_AUTH_TOKEN or "
+        "RAY_AUTH_TOKEN_PATH, with RAY_AUTH_MODE=token (`ray get-auth-token` on the head "
+        "prints it)"
+    ]
+    dead = f"127.0.0.1:{_free_port()}"
+    r = subprocess.run(
+        [*GRPO, "kl", str(dataset), "--engine", "ray", "--ray-address", dead],
+        capture_output=True, text=True, env=_env(tmp_path), timeout=60, check=False,
+    )  # fmt: skip
+    assert r.returncode == 2
+    assert r.stderr.startswith(f"grpo-cli: error: --ray-address {dead}: nothing answers there")
+    assert len(r.stderr.splitlines()) == 1
