@@ -103,7 +103,7 @@ def parse_column_map(items: Sequence[str] | None) -> dict[str, str]:
 class Source:
     """Resolved input: files of one format and which column/array holds each field."""
 
-    paths: tuple[Path, ...]
+    paths: tuple[InputPath, ...]  # Path, or RemoteFile for a filesystem URI
     kind: str  # "npz" | "parquet"
     columns: dict[str, str | None]
     label: str  # how errors name the input
@@ -145,6 +145,12 @@ class Source:
         k = min(int(np.searchsorted(starts, row, side="right") - 1), len(self.paths) - 1)
         return k, int(starts[k])
 
+    def npz_path(self) -> Path:
+        """The npz file (always local: open_source refuses a remote one)."""
+        p = self.paths[0]
+        assert isinstance(p, Path)
+        return p
+
     def first_row(self, i: int) -> int:
         """The input row of file ``i``'s first row (0 for an npz)."""
         return sum(self.rows_per_file()[:i])
@@ -154,7 +160,87 @@ class Source:
         return _parquet_file(self.paths[i], self.footers[i])
 
 
-def _expand(spec: str) -> list[Path]:
+@dataclass(frozen=True)
+class RemoteFile:
+    """A file on a pyarrow filesystem (``s3://``, ``gs://``, ``hdfs://``, ...): named by
+    its URI in messages, read through ``fs``; picklable, so Ray tasks read it too."""
+
+    fs: Any  # pyarrow.fs.FileSystem
+    path: str  # within fs
+    uri: str
+
+    def __str__(self) -> str:
+        return self.uri
+
+    @property
+    def name(self) -> str:
+        return self.path.rstrip("/").rsplit("/", 1)[-1]
+
+    @property
+    def suffix(self) -> str:
+        return Path(self.name).suffix
+
+    @property
+    def parent(self) -> str:
+        return self.uri.rstrip("/").rsplit("/", 1)[0]
+
+
+InputPath = Path | RemoteFile
+
+
+def _expand(spec: str) -> list[InputPath]:
+    if "://" in spec:
+        return _expand_uri(spec)
+    return list(_expand_local(spec))
+
+
+def _expand_uri(spec: str) -> list[InputPath]:
+    """A URI pyarrow's filesystems understand: a file, a directory (prefix) of files, or
+    a pattern of file names in one directory. ``file://`` is the local path; options
+    after ``?`` (``endpoint_override=...``) are the filesystem's."""
+    import fnmatch
+
+    import pyarrow.fs as pafs
+
+    base, q, query = spec.partition("?")
+    head, _, name = base.rpartition("/")
+    pattern = any(ch in name for ch in "*?[")
+    try:  # a pattern: the directory opens the filesystem, file names are matched
+        fs, path = pafs.FileSystem.from_uri((head if pattern else base) + q + query)
+    except Exception as exc:
+        raise InputError(f"{spec}: cannot open ({_why(exc)})") from None
+    if isinstance(fs, pafs.LocalFileSystem):
+        return list(_expand_local(f"{path}/{name}" if pattern else path))
+    scheme = base.split("://", 1)[0]
+
+    def found(infos: list[Any], keep: Callable[[str], bool]) -> list[InputPath]:
+        names = sorted(i.path for i in infos if i.type == pafs.FileType.File and keep(i.base_name))
+        return [RemoteFile(fs, f, f"{scheme}://{f}") for f in names]
+
+    try:
+        if pattern:
+            listed = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+            files = found(listed, lambda n: fnmatch.fnmatch(n, name))
+            if not files:
+                raise InputError(f"{spec}: no file matches this pattern")
+            return files
+        info = fs.get_file_info(path)
+        if info.type == pafs.FileType.Directory:
+            listed = fs.get_file_info(pafs.FileSelector(path))
+            files = found(listed, lambda n: _kind_of(Path(n)) is not None)
+            if not files:
+                raise InputError(f"{spec}: directory holds no .parquet, .pq or .npz file")
+            return files
+        if info.type == pafs.FileType.File:
+            return [RemoteFile(fs, path, f"{scheme}://{path}")]
+    except InputError:
+        raise
+    except Exception as exc:
+        raise InputError(f"{spec}: cannot list ({_why(exc)})") from None
+    raise InputError(f"{spec}: no such file")
+
+
+def _expand_local(spec: str) -> list[Path]:
     p = Path(spec)
     if p.is_dir():
         files = sorted(q for q in p.iterdir() if q.is_file() and _kind_of(q) is not None)
@@ -176,7 +262,7 @@ def _expand(spec: str) -> list[Path]:
 
 
 def open_source(
-    specs: Sequence[str],
+    specs: Sequence[str | InputPath],
     column_map: dict[str, str] | None = None,
     *,
     group_scope: str = "dataset",
@@ -187,9 +273,9 @@ def open_source(
         raise UsageError("no input file given")
     if group_scope not in ("dataset", "file"):
         raise UsageError(f"--group-scope: {group_scope!r} is not one of dataset, file")
-    paths: list[Path] = []
-    for s in specs:
-        paths.extend(_expand(s))
+    paths: list[InputPath] = []
+    for s in specs:  # a path of an expanded input is taken as it is
+        paths.extend(_expand(s) if isinstance(s, str) else [s])
     kinds = {_kind(p) for p in paths}
     if len(kinds) > 1:
         raise InputError("inputs mix .npz and .parquet files; give one format at a time")
@@ -199,6 +285,10 @@ def open_source(
         if len(paths) > 1:
             raise InputError(
                 f"{len(paths)} .npz files given: one .npz at a time (use parquet for datasets)"
+            )
+        if isinstance(paths[0], RemoteFile):
+            raise InputError(
+                f"{paths[0]}: .npz is read from local files only (copy it here, or write parquet)"
             )
         names, footers = _npz_names(paths[0]), list[pq.FileMetaData]()
     else:
@@ -225,7 +315,7 @@ def scoped_ids(src: Source, ids: pa.Array | pa.ChunkedArray, file: int) -> pa.Ar
     return pc.binary_join_element_wise(prefix, pc.cast(ids, pa.string()), "")
 
 
-def _kind_of(p: Path) -> str | None:
+def _kind_of(p: InputPath) -> str | None:
     """``npz`` or ``parquet`` by the suffix, in any case (.parquet, .pq, .PARQUET, .npz)."""
     suffix = p.suffix.lower()
     if suffix == ".npz":
@@ -235,7 +325,7 @@ def _kind_of(p: Path) -> str | None:
     return None
 
 
-def _kind(p: Path) -> str:
+def _kind(p: InputPath) -> str:
     kind = _kind_of(p)
     if kind is None:
         suffix = p.suffix.lower()
@@ -271,7 +361,7 @@ def _npz_names(path: Path) -> list[str]:
         raise InputError(f"{path}: cannot read as .npz ({_why(exc)})") from None
 
 
-def _parquet_names(paths: Sequence[Path]) -> tuple[list[str], list[pq.FileMetaData]]:
+def _parquet_names(paths: Sequence[InputPath]) -> tuple[list[str], list[pq.FileMetaData]]:
     """The columns of a parquet dataset (every file must have the same) and each footer."""
     first: list[str] | None = None
     footers = []
@@ -292,10 +382,14 @@ def _parquet_names(paths: Sequence[Path]) -> tuple[list[str], list[pq.FileMetaDa
     return first, footers
 
 
-def _parquet_file(p: Path, footer: pq.FileMetaData | None = None) -> pq.ParquetFile:
+def _parquet_file(p: InputPath, footer: pq.FileMetaData | None = None) -> pq.ParquetFile:
     # Buffered reads without pre-buffering: a row group is decoded page by page as record
     # batches are pulled, so memory is bounded by the batch, not by the row group.
     try:
+        if isinstance(p, RemoteFile):
+            return pq.ParquetFile(
+                p.path, metadata=footer, pre_buffer=False, buffer_size=1 << 20, filesystem=p.fs
+            )
         return pq.ParquetFile(p, metadata=footer, pre_buffer=False, buffer_size=1 << 20)
     except Exception as exc:
         raise InputError(f"{p}: cannot read as parquet ({_why(exc)})") from None
@@ -415,7 +509,7 @@ def _token_scores_hint(src: Source) -> str:
 
 
 def _npz_answers(src: Source, need_rewards: bool, allow_nonfinite: bool = False) -> Answers:
-    path = src.paths[0]
+    path = src.npz_path()
     with np.load(path, allow_pickle=False) as z:
         get = _npz_getter(z, src)
         reward = get("reward")
@@ -519,7 +613,7 @@ def npz_declared(path: Path, name: str) -> tuple[tuple[int, ...], np.dtype[Any]]
 
 def _check_npz_size(src: Source, fields: Sequence[str]) -> None:
     """Refuse an npz whose token arrays declare more than :data:`NPZ_MAX_BYTES` together."""
-    path, total = src.paths[0], 0
+    path, total = src.npz_path(), 0
     for f in fields:
         if not src.has(f):
             continue
@@ -707,7 +801,7 @@ def iter_batches(
 def _npz_arrays(src: Source, wanted: list[str]) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """The requested ``(N, L)`` token arrays of an npz and its boolean mask (all True when
     absent), with shapes and dtypes checked: anything else is an :class:`InputError`."""
-    path = src.paths[0]
+    path = src.npz_path()
     _check_npz_size(src, [*wanted, "mask"])
     with np.load(path, allow_pickle=False) as z:
         get = _npz_getter(z, src)
@@ -766,7 +860,7 @@ def _npz_batch(
     answer: Mapping[str, pa.Array],
 ) -> Batch:
     """Padded ``(N, L)`` arrays and mask to one validated batch of valid tokens."""
-    path = src.paths[0]
+    path = src.npz_path()
     N, L = mask.shape
     empty = np.flatnonzero(~mask.any(axis=1))
     if empty.size:
@@ -888,7 +982,7 @@ def _scoped(src: Source, raw: RawBatch, file: int) -> RawBatch:
     return dataclasses.replace(raw, answer=answer)
 
 
-def _read(p: Path, it: Iterator[pa.RecordBatch], cols: list[str]) -> Iterator[pa.RecordBatch]:
+def _read(p: InputPath, it: Iterator[pa.RecordBatch], cols: list[str]) -> Iterator[pa.RecordBatch]:
     """The record batches of ``it``; a failure to read them is an :class:`InputError`."""
     while True:
         try:

@@ -18,7 +18,7 @@ from typing import Any
 
 from ._check import Result, RuleConfig, _judge, _skip
 from ._engine import EngineOptions
-from ._io import _expand, _read, _rows_per_batch, open_source
+from ._io import InputPath, _expand, _read, _rows_per_batch, open_source
 from ._records import ObjectiveReport
 from ._report import objective_report
 from ._settings import Settings
@@ -67,10 +67,10 @@ class TrendReport:
         return not any(r.status == "fail" for r in self.results)
 
 
-def step_number(path: Path, position: int) -> int:
+def step_number(path: InputPath, position: int) -> int:
     """``step_300_seed2.parquet`` → 300; else the last integer of the name; else the
     position."""
-    name = path.stem
+    name = Path(path.name).stem
     m = re.search(r"step[_\-]?(\d+)", name, re.IGNORECASE)
     if m:
         return int(m.group(1))
@@ -78,7 +78,7 @@ def step_number(path: Path, position: int) -> int:
     return int(numbers[-1]) if numbers else position
 
 
-def _row(step: int, path: Path | None, r: ObjectiveReport) -> StepRow:
+def _row(step: int, path: InputPath | None, r: ObjectiveReport) -> StepRow:
     g = r.group_summary
     return StepRow(
         {
@@ -115,7 +115,7 @@ def trend_report(
     that column assigns to steps: each step's rows are copied, streaming, to a file of
     their own in a temporary directory, then read as one step file each."""
     engine = (engine or EngineOptions()).resolved()
-    paths: list[Path] = []
+    paths: list[InputPath] = []
     for s in specs:
         paths.extend(_expand(s))
     if not paths:
@@ -131,7 +131,7 @@ def trend_report(
     numbered = sorted(
         ((step_number(p, i), p) for i, p in enumerate(paths)), key=lambda x: (x[0], str(x[1]))
     )
-    seen: dict[int, Path] = {}
+    seen: dict[int, InputPath] = {}
     for step, p in numbered:
         if step in seen:
             raise InputError(f"{p}: step {step} again (also {seen[step].name}): one file a step")
@@ -140,7 +140,7 @@ def trend_report(
 
 
 def _trend(
-    numbered: list[tuple[int, Path]],
+    numbered: Sequence[tuple[int, InputPath]],
     settings: Settings,
     engine: EngineOptions,
     column_map: dict[str, str] | None,
@@ -151,7 +151,7 @@ def _trend(
 ) -> TrendReport:
     steps, warnings = [], []
     for step, p in numbered:
-        src = open_source([str(p)], column_map)
+        src = open_source([p], column_map)
         r = objective_report(src, settings, engine=engine, progress=progress)
         steps.append(_row(step, p if named else None, r))
         warnings += [f"step {step}: {w}" for w in r.warnings]

@@ -36,7 +36,7 @@ from grpo_cli._ray import reload_auth_config
 
 from .conftest import Cli
 
-if os.environ.get("GRPO_CLI_REQUIRE_RAY"):  # CI: a missing Ray must fail, not skip
+if os.environ.get("GRPO_CLI_REQUIRE_EXTRAS"):  # CI: a missing Ray must fail, not skip
     import ray
 else:
     ray = pytest.importorskip("ray")
