@@ -60,6 +60,7 @@ from .errors import InputError, UsageError
 __all__ = ["BLOCK_BATCHES", "Block", "blocks_of", "close", "fold_blocks"]
 
 M = TypeVar("M")
+T = TypeVar("T")
 Progress = Callable[[int], None]
 
 # A block holds about this many batches' tokens: enough work per task to hide Ray's
@@ -155,7 +156,15 @@ def _ray() -> Any:
 
 def connect(engine: EngineOptions) -> Any:
     """Ray, initialised for this run: the process's Ray when it has one (a library caller
-    that ran ``ray.init``), else ``engine.address``, else a private local Ray."""
+    that ran ``ray.init``), else ``engine.address``, else a private local Ray. Records the
+    cluster's CPUs as ``workers`` (and no block yet) in ``engine.ran``."""
+    ray = _connect(engine)
+    engine.ran.setdefault("blocks", 0)
+    engine.ran["workers"] = int(ray.cluster_resources().get("CPU", 0))
+    return ray
+
+
+def _connect(engine: EngineOptions) -> Any:
     if "ray" not in sys.modules and not engine.address:
         _private_env()  # before Ray is imported: it reads its config then
     ray = _ray()
@@ -350,7 +359,6 @@ def fold_blocks(
     per_source = engine.ran.setdefault("sources", {})  # trend: one fold per step
     per_source[src.label] = len(blocks)
     engine.ran["blocks"] = sum(per_source.values())
-    engine.ran["workers"] = int(ray.cluster_resources().get("CPU", 0))
     fold_task = ray.remote(num_returns=2, max_retries=0)(_fold_block)
     task_ref = ray.put((new, fold))
     src_ref = ray.put(src)
@@ -415,8 +423,8 @@ def read_columns(src: Source, cols: list[str], engine: EngineOptions) -> list[pa
     file order (a few bytes per answer; the group statistics are then computed from them
     on the driver exactly as locally). The first unreadable file is the error."""
     ray = connect(engine)
-    engine.ran.setdefault("blocks", len(src.paths))
-    engine.ran["workers"] = int(ray.cluster_resources().get("CPU", 0))
+    if not engine.ran.get("sources"):  # pass 1 alone (advantages): its tasks are the blocks
+        engine.ran["blocks"] = len(src.paths)
     task = ray.remote(max_retries=0)(_read_file)
     src_ref = ray.put(src)
     refs = [task.remote(src_ref, i, cols) for i in range(len(src.paths))]
@@ -436,6 +444,39 @@ def read_columns(src: Source, cols: list[str], engine: EngineOptions) -> list[pa
         raise
 
 
+def _call(fn: Callable[[], Any]) -> tuple[InputError | None, Any]:
+    try:
+        return None, fn()
+    except InputError as exc:
+        return exc, None
+
+
+def map_calls(
+    engine: EngineOptions, calls: Sequence[Callable[[], T]], labels: Sequence[str]
+) -> list[T]:
+    """Run each call as a Ray task, all at once (``trend``: one task a step file); their
+    results in the order given. Bad data in a call is its error, the first in that order;
+    ``labels`` name the calls in the error of a failed task."""
+    ray = connect(engine)
+    engine.ran["blocks"] = len(calls)
+    task = ray.remote(max_retries=0)(_call)
+    refs = [task.remote(c) for c in calls]
+    out: list[T] = []
+    try:
+        with _Interrupts() as interrupts:
+            for ref, label in zip(refs, labels, strict=True):
+                while not ray.wait([ref], timeout=0.2)[0]:
+                    interrupts.check()
+                err, value = _get(ray, ref, label)
+                if err is not None:
+                    raise err
+                out.append(value)
+        return out
+    except KeyboardInterrupt:
+        ray_cancel(ray, refs)
+        raise
+
+
 def ray_cancel(ray: Any, refs: list[Any]) -> None:
     for r in refs:
         try:
@@ -444,13 +485,15 @@ def ray_cancel(ray: Any, refs: list[Any]) -> None:
             pass
 
 
-def _get(ray: Any, ref: Any, src: Source) -> Any:
+def _get(ray: Any, ref: Any, src: Source | str) -> Any:
+    """The task's value; its failure as one line naming the input."""
+    label = src if isinstance(src, str) else src.label
     try:
         return ray.get(ref)
     except ray.exceptions.RayTaskError as exc:
         cause = getattr(exc, "cause", None)
         if isinstance(cause, InputError):
             raise cause from None
-        raise InputError(f"{src.label}: a Ray task failed ({_one_line(exc)})") from None
+        raise InputError(f"{label}: a Ray task failed ({_one_line(exc)})") from None
     except ray.exceptions.RayError as exc:
-        raise InputError(f"{src.label}: a Ray worker failed ({_one_line(exc)})") from None
+        raise InputError(f"{label}: a Ray worker failed ({_one_line(exc)})") from None

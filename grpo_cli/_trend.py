@@ -12,7 +12,8 @@ import math
 import re
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from ._io import InputPath, _expand, _read, _rows_per_batch, open_source
 from ._records import ObjectiveReport
 from ._report import objective_report
 from ._settings import Settings
-from .errors import InputError
+from .errors import InputError, UsageError
 
 __all__ = ["TREND_RULES", "StepRow", "TrendReport", "step_number", "trend_report"]
 
@@ -121,6 +122,12 @@ def trend_report(
     if not paths:
         raise InputError("no step file given")
     if step_column is not None:
+        if engine.name == "ray":
+            raise UsageError(
+                "--step-column with --engine ray: the steps would be split into files on this "
+                "machine, which the cluster's workers cannot read; write one file a step, or "
+                "use the local engine"
+            )
         with tempfile.TemporaryDirectory(prefix="grpo-cli-steps-") as tmp:
             split = split_by_step(specs, step_column, Path(tmp), column_map, engine.batch_tokens)
             report = _trend(split, settings, engine, column_map, rules, progress, named=False)
@@ -139,6 +146,12 @@ def trend_report(
     return _trend(numbered, settings, engine, column_map, rules, progress, named=True)
 
 
+def _step_report(
+    p: InputPath, column_map: dict[str, str] | None, settings: Settings, engine: EngineOptions
+) -> ObjectiveReport:
+    return objective_report(open_source([p], column_map), settings, engine=engine)
+
+
 def _trend(
     numbered: Sequence[tuple[int, InputPath]],
     settings: Settings,
@@ -150,9 +163,19 @@ def _trend(
     named: bool,
 ) -> TrendReport:
     steps, warnings = [], []
-    for step, p in numbered:
-        src = open_source([p], column_map)
-        r = objective_report(src, settings, engine=engine, progress=progress)
+    if engine.name == "ray":  # one task a step, all at once: each step folds in a worker
+        from ._ray import map_calls
+
+        inner = replace(engine, name="local", workers=1, prefetch=False)
+        calls = [partial(_step_report, p, column_map, settings, inner) for _, p in numbered]
+        reports = map_calls(engine, calls, [str(p) for _, p in numbered])
+    else:
+        reports = [
+            objective_report(open_source([p], column_map), settings, engine=engine,
+                             progress=progress)
+            for _, p in numbered
+        ]  # fmt: skip
+    for (step, p), r in zip(numbered, reports, strict=True):
         steps.append(_row(step, p if named else None, r))
         warnings += [f"step {step}: {w}" for w in r.warnings]
     for key in ("kl_mean", "entropy_mean", "reward_mean", "rollout_kl_k3", "ratio_p99"):

@@ -134,8 +134,8 @@ def test_ray_gives_the_local_json(
     assert same(local, on_ray) == []
     engine = on_ray["engine"]
     assert engine["name"] == "ray" and engine["workers"] == 2
-    if args[0] == "advantages":
-        assert engine["blocks"] == 3  # pass 1 only: one task per file
+    if args[0] in ("advantages", "trend"):
+        assert engine["blocks"] == 3  # pass 1 alone: a task a file; trend: a task a step
     else:  # 3 files of ~12k tokens, blocks of 16 batches of 500 tokens: 2 blocks a file
         assert engine["blocks"] >= 6
     assert local["engine"]["name"] == "local"
@@ -187,6 +187,15 @@ def test_bad_row_same_one_line_error_naming_file_and_row(
     for cmd in ("objective", "kl", "answers"):
         cli.error([cmd, str(bad)], want)
         cli.error([cmd, str(bad), "--engine", "ray"], want)
+
+
+def test_trend_step_column_on_ray_is_a_usage_error(
+    in_process_ray: None, cli: Cli, dataset: Path
+) -> None:
+    cli.error(
+        ["trend", str(dataset), "--step-column", "step", "--engine", "ray"],
+        "--step-column with --engine ray",
+    )
 
 
 def test_empty_directory_and_usage_errors(
