@@ -45,3 +45,24 @@ def test_bench_runs_end_to_end_at_tiny_scale(tmp_path: Path) -> None:
     # the streamed objective equals the in-memory float64 one
     rel = float(out.split("relative difference ")[1].split(";")[0])
     assert rel < 1e-12
+
+
+@pytest.mark.slow
+def test_ray_bench_runs_end_to_end_at_tiny_scale(tmp_path: Path) -> None:
+    pytest.importorskip("ray")
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "ray_engine.py"), "--scale", "0.002",
+         "--files", "2", "--paired", "1", "--data", str(tmp_path)],
+        capture_output=True, text=True, check=False, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = r.stdout
+    for name in ("local", "ray", "ray-private"):
+        assert f"\n{name} " in out
+    assert "paired (1 alternations): ray / local median " in out
+    assert "per block (2 blocks): " in out
+    # the projection: one row per (S, nodes), the time falling as nodes are added
+    rows = [line.split() for line in out.splitlines() if line.startswith("  1000 ")]
+    assert [int(r[1]) for r in rows] == [1, 4, 16, 64]
+    times = [float(r[4]) for r in rows]
+    assert times == sorted(times, reverse=True) and times[0] > times[-1]
