@@ -401,3 +401,20 @@ def test_cli_refused_token_and_dead_address_are_one_line(
     assert r.returncode == 2
     assert r.stderr.startswith(f"grpo-cli: error: --ray-address {dead}: nothing answers there")
     assert len(r.stderr.splitlines()) == 1
+
+
+def _die(part: object, batch: object) -> None:
+    os._exit(3)  # a worker process lost (killed by the OOM killer, a node gone)
+
+
+def test_a_lost_worker_is_one_error_naming_the_input(in_process_ray: None, dataset: Path) -> None:
+    from grpo_cli import _io
+    from grpo_cli._partials import TokenPartial
+    from grpo_cli._ray import fold_blocks
+    from grpo_cli._settings import resolve_settings
+    from grpo_cli.errors import InputError
+
+    src = _io.open_source([str(dataset)])
+    s = resolve_settings(None)
+    with pytest.raises(InputError, match=r"^.* \(3 files\): a Ray worker failed \("):
+        fold_blocks(src, ["logp"], lambda: TokenPartial(s), _die, engine=EngineOptions(name="ray"))
