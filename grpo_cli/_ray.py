@@ -41,6 +41,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from typing import Any, TypeVar, cast
 
 import pyarrow as pa
@@ -411,39 +412,6 @@ def _collect(
     return _merge(*[_get(ray, r, src) for r in level])
 
 
-def _read_file(src: Source, i: int, cols: list[str]) -> tuple[InputError | None, pa.Table | None]:
-    try:
-        return None, read_file_columns(src, i, cols)
-    except InputError as exc:
-        return exc, None
-
-
-def read_columns(src: Source, cols: list[str], engine: EngineOptions) -> list[pa.Table]:
-    """Pass 1's reading on Ray: the answer columns of every file, one task per file, in
-    file order (a few bytes per answer; the group statistics are then computed from them
-    on the driver exactly as locally). The first unreadable file is the error."""
-    ray = connect(engine)
-    if not engine.ran.get("sources"):  # pass 1 alone (advantages): its tasks are the blocks
-        engine.ran["blocks"] = len(src.paths)
-    task = ray.remote(max_retries=0)(_read_file)
-    src_ref = ray.put(src)
-    refs = [task.remote(src_ref, i, cols) for i in range(len(src.paths))]
-    try:
-        out = []
-        with _Interrupts() as interrupts:
-            for ref in refs:
-                while not ray.wait([ref], timeout=0.2)[0]:
-                    interrupts.check()
-                err, table = _get(ray, ref, src)
-                if err is not None:
-                    raise err
-                out.append(table)
-        return out
-    except KeyboardInterrupt:
-        ray_cancel(ray, refs)
-        raise
-
-
 def _call(fn: Callable[[], Any]) -> tuple[InputError | None, Any]:
     try:
         return None, fn()
@@ -458,7 +426,7 @@ def map_calls(
     results in the order given. Bad data in a call is its error, the first in that order;
     ``labels`` name the calls in the error of a failed task."""
     ray = connect(engine)
-    engine.ran["blocks"] = len(calls)
+    engine.ran["blocks"] = len(calls)  # a fold after this (pass 2) counts its own blocks
     task = ray.remote(max_retries=0)(_call)
     refs = [task.remote(c) for c in calls]
     out: list[T] = []
@@ -475,6 +443,14 @@ def map_calls(
     except KeyboardInterrupt:
         ray_cancel(ray, refs)
         raise
+
+
+def read_columns(src: Source, cols: list[str], engine: EngineOptions) -> list[pa.Table]:
+    """Pass 1's reading on Ray: the answer columns of every file, a task a file, in file
+    order (a few bytes an answer; the group statistics are then computed from them on the
+    driver exactly as locally). The first unreadable file is the error."""
+    calls = [partial(read_file_columns, src, i, cols) for i in range(len(src.paths))]
+    return map_calls(engine, calls, [str(p) for p in src.paths])
 
 
 def ray_cancel(ray: Any, refs: list[Any]) -> None:
