@@ -187,8 +187,8 @@ def answer_rows(
         rec: dict[str, Any] = {
             "source": file,
             "row": row - first,
-            "group": None if groups is None else groups[i].as_py(),
-            "reward": None if rewards is None else rewards[i].as_py(),
+            "group": None if groups is None else _plain(groups[i].as_py()),
+            "reward": None if rewards is None else float(rewards[i].as_py()),
             "length": int(lengths[i]),
             "_index": row,
         }
@@ -216,6 +216,12 @@ def _gradient_scale(
     kl_on = settings.beta != 0.0 and settings.kl_mode == "loss"
     ck, uk = agg_factor(settings, settings.kl_aggregation, r.answers, r.tokens, r.max_len)
     return GradientScale(cp, up, ck, uk, settings.beta if kl_on else 0.0, norm2)
+
+
+def _plain(v: Any) -> Any:
+    """A group id as JSON holds it: a string or an integer as it is, anything else (a
+    duckdb DECIMAL, a date) as its text."""
+    return v if isinstance(v, str | int) else str(v)
 
 
 @dataclass(frozen=True)

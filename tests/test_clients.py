@@ -1,5 +1,5 @@
-"""The same rollouts written by pyarrow, pandas and polars (the writers users have) give the
-same numbers: every command reads each file alike."""
+"""The same rollouts written by pyarrow, pandas, polars, duckdb and HF datasets (the writers
+users have) give the same numbers: every command reads each file alike."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from .conftest import Cli
 
 pd = pytest.importorskip("pandas")
 pl = pytest.importorskip("polars")
+duckdb = pytest.importorskip("duckdb")
+hf = pytest.importorskip("datasets")
 
 
 def _rollouts() -> dict[str, Any]:
@@ -40,10 +42,21 @@ def _rollouts() -> dict[str, Any]:
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("clients")
     data = _rollouts()
-    paths = {w: d / f"{w}.parquet" for w in ("pyarrow", "pandas", "polars")}
-    pq.write_table(pa.table(data), paths["pyarrow"])
+    writers = ("pyarrow", "pandas", "polars", "duckdb", "datasets")
+    paths = {w: d / f"{w}.parquet" for w in writers}
+    table = pa.table(data)
+    pq.write_table(table, paths["pyarrow"])
     pd.DataFrame(data).to_parquet(paths["pandas"])  # pandas' own metadata, its index
     pl.DataFrame(data).write_parquet(paths["polars"])  # large_list, large_string
+    con = duckdb.connect()
+    con.register("t", table)
+    # the rewards as DECIMAL, as duckdb types a literal like 1.0; its own row groups
+    con.sql(
+        "COPY (SELECT prompt_id, CAST(score AS DECIMAL(3, 1)) AS score, log_probs, "
+        f"old_log_probs, ref_log_prob, response_mask FROM t) TO '{paths['duckdb']}' "
+        "(FORMAT PARQUET)"
+    )
+    hf.Dataset.from_dict(data).to_parquet(str(paths["datasets"]))  # its own schema metadata
     return paths
 
 
@@ -58,8 +71,8 @@ def test_every_writer_gives_the_same_numbers(cli: Cli, files: dict[str, Path], c
             for a in doc["answers"]:
                 a.pop("source")
         docs[writer] = doc
-    assert docs["pandas"] == docs["pyarrow"]
-    assert docs["polars"] == docs["pyarrow"]
+    for writer in ("pandas", "polars", "duckdb", "datasets"):
+        assert docs[writer] == docs["pyarrow"], writer
 
 
 def test_check_passes_alike(cli: Cli, files: dict[str, Path]) -> None:
