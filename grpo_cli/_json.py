@@ -101,8 +101,18 @@ def advantages_json(r: AdvantagesReport) -> dict[str, Any]:
         "logged_advantages_max_abs_diff": r.logged_max_abs_diff,
         "groups": groups,
         "advantages": _finite_list(adv),
-        "warnings": r.warnings,
+        "warnings": [*r.warnings, *_no_logged_note(r)],
     }
+
+
+def _no_logged_note(r: AdvantagesReport) -> list[str]:
+    """Why ``logged_advantages_max_abs_diff`` is null when the input has none to compare
+    (beyond float64 it is null too, with a warning of its own)."""
+    if r.logged_max_abs_diff is not None or any(
+        "logged_advantages_max_abs_diff" in w for w in r.warnings
+    ):
+        return []
+    return ["null as not applicable: logged_advantages_max_abs_diff (no logged advantages)"]
 
 
 def kl_json(r: KLReport) -> dict[str, Any]:
@@ -173,11 +183,18 @@ def objective_json(r: ObjectiveReport) -> dict[str, Any]:
     return doc
 
 
+CHECK_NULLS = (
+    "null as not applicable: a results value when its rule was skipped (its detail says "
+    "why); a results threshold's warn or fail when the rule has no such level"
+)
+
+
 def check_json(r: CheckReport) -> dict[str, Any]:
     """``check --format json``: the verdicts, and the objective's own document (the same
     ``objective --json`` prints; null when it was not evaluated, ``warnings`` says why)."""
     statuses = ("pass", "warn", "fail", "skip")
     warnings = [] if r.objective is not None else [f"objective: {r.why_no_objective}"]
+    warnings.append(CHECK_NULLS)
     return {
         "schema_version": SCHEMA_VERSION,
         "command": "check",

@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from grpo_cli._check import RULES, Scan
+from grpo_cli._json import CHECK_NULLS
 
 from .conftest import SAMPLE, Cli
 
@@ -235,7 +236,7 @@ def test_check_reports_the_objectives_numbers_to_the_last_digit(
     r = cli("check", path, "--format", "json", "--workers", workers)
     doc = json.loads(r.stdout)
     assert doc["objective"] == objective
-    assert doc["engine"] == objective["engine"] and doc["warnings"] == []
+    assert doc["engine"] == objective["engine"] and doc["warnings"] == [CHECK_NULLS]
     kl_mean = next(x for x in doc["results"] if x["rule"] == "kl-mean")["value"]
     assert kl_mean == objective["kl"]["mean"]
 
@@ -244,7 +245,7 @@ def test_objective_is_null_with_its_reason_when_integrity_fails(cli: Cli) -> Non
     r = cli("check", SAMPLE / "broken" / "nan_logp.parquet", "--format", "json")
     doc = json.loads(r.stdout)
     assert r.exit_code == 1 and doc["objective"] is None
-    assert doc["warnings"] == ["objective: not evaluated: integrity failed (finite)"]
+    assert doc["warnings"] == ["objective: not evaluated: integrity failed (finite)", CHECK_NULLS]
 
 
 def test_scans_merge_keeping_the_first_examples_by_row() -> None:

@@ -3,6 +3,7 @@ is wrong. Never a traceback, never a number."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -491,6 +492,16 @@ def test_verl_token_level_scores_are_refused_with_what_to_do(cli: Cli, tmp_path:
     cli.error(["advantages", str(g)], "its sum over the response mask")
 
 
+def _warnings(x: Any) -> list[str]:
+    """Every warning of a document, nested ones too (check's objective has its own)."""
+    if isinstance(x, dict):
+        own = list(x.get("warnings") or [])
+        return own + [w for k, v in x.items() if k != "warnings" for w in _warnings(v)]
+    if isinstance(x, list):
+        return [w for v in x for w in _warnings(v)]
+    return []
+
+
 def _null_paths(x: Any, path: str = "") -> list[str]:
     if isinstance(x, dict):
         return [p for k, v in x.items() for p in _null_paths(v, f"{path}.{k}")]
@@ -518,3 +529,38 @@ def test_every_null_of_objective_json_has_its_warning(
         block = p.split(".")[1].split("[")[0]
         named = p[1:].split("[")[0] if block == "counts" else block
         assert any(named in w for w in doc["warnings"]), (p, doc["warnings"])
+
+
+@pytest.mark.parametrize("with_extras", [False, True])
+@pytest.mark.parametrize(
+    "cmd", ["kl", "advantages", "answers", "trend", "explain", "check"], ids=str
+)
+def test_every_null_of_every_command_has_its_warning(
+    cli: Cli, tmp_path: Path, with_extras: bool, cmd: str
+) -> None:
+    """The same walk for the other commands' JSON: a null outside ``settings`` names its
+    block (or, in a list of rows, its field) in a warning of the document."""
+    f = tmp_path / "step_3.parquet"
+    cols: dict[str, Any] = {
+        "group": ["a", "a", "b"],
+        "reward": [1.0, 0.0, 1.0],
+        "logp": [[-1.0, -2.0], [-0.5], [-0.7]],
+        "ref_logp": [[-1.0, -2.5], [-0.6], [-0.8]],
+    }
+    if with_extras:
+        cols |= {"old_logp": [[-1.1, -2.0], [-0.4], [-0.7]],
+                 "rollout_logp": [[-1.1, -2.1], [-0.4], [-0.7]],
+                 "entropy": [[0.5, 0.4], [0.3], [0.2]]}  # fmt: skip
+    pq.write_table(pa.table(cols), f)
+    if cmd == "check":
+        r = cli("check", f, "--format", "json")
+        assert r.exit_code in (0, 1), r.stderr
+        doc = json.loads(r.stdout)
+    else:
+        doc = cli.json(cmd, f)
+    nulls = [p for p in _null_paths(doc) if not p.startswith((".settings", ".trainer_metrics"))]
+    nulls = [p for p in nulls if not p.startswith((".objective.settings", ".objective.trainer_m"))]
+    said = " ".join(_warnings(doc))
+    for p in nulls:
+        parts = [q.split("[")[0] for q in p[1:].split(".")]
+        assert any(part and part in said for part in parts), (p, doc.get("warnings"))
