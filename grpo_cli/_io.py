@@ -961,6 +961,45 @@ def _rows_per_batch(pf: pq.ParquetFile, col: str, batch_tokens: int) -> int:
     return int(max(16, min(rows, batch_tokens / max(per_row, 1.0))))
 
 
+# Record batches are read this many times smaller than a batch (in rows, from the file's
+# average), then joined up to a batch of tokens (:func:`_joined`): a run of answers much
+# longer than the average then makes a batch of few rows, not one of many times the tokens
+# (2,000 answers of 32k tokens among 200k of 20: 3.2-4.2 GiB peak before, 0.5 GiB now); on
+# the 70M-token benchmark the time is the same in paired runs.
+READ_SPLIT = 64
+
+
+def _rows_per_read(pf: pq.ParquetFile, col: str, batch_tokens: int) -> int:
+    return max(1, _rows_per_batch(pf, col, batch_tokens) // READ_SPLIT)
+
+
+def _list_tokens(arr: pa.Array) -> int:
+    """Values held by a list column's slice (its rows otherwise)."""
+    t = arr.type
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        off = arr.offsets
+        return int(off[len(off) - 1].as_py()) - int(off[0].as_py())
+    if pa.types.is_fixed_size_list(t):
+        return len(arr) * t.list_size
+    return len(arr)
+
+
+def _joined(it: Iterable[pa.RecordBatch], col: str, batch_tokens: int) -> Iterator[pa.RecordBatch]:
+    """Consecutive record batches joined while they hold at most ``batch_tokens`` values of
+    ``col`` (a single longer one is yielded alone)."""
+    pending: list[pa.RecordBatch] = []
+    tokens = 0
+    for rb in it:
+        n = _list_tokens(rb.column(col))
+        if pending and tokens + n > batch_tokens:
+            yield pending[0] if len(pending) == 1 else pa.concat_batches(pending)
+            pending, tokens = [], 0
+        pending.append(rb)
+        tokens += n
+    if pending:
+        yield pending[0] if len(pending) == 1 else pa.concat_batches(pending)
+
+
 def _parquet_record_batches(
     src: Source, cols: list[str], batch_tokens: int
 ) -> Iterator[tuple[pa.RecordBatch, int, int]]:
@@ -968,8 +1007,9 @@ def _parquet_record_batches(
     start = 0
     for i, p in enumerate(src.paths):
         pf = src.parquet_file(i)
-        rows = _rows_per_batch(pf, cols[0], batch_tokens)
-        for rb in _read(p, pf.iter_batches(batch_size=rows, columns=cols, use_threads=False), cols):
+        rows = _rows_per_read(pf, cols[0], batch_tokens)
+        it = pf.iter_batches(batch_size=rows, columns=cols, use_threads=False)
+        for rb in _joined(_read(p, it, cols), cols[0], batch_tokens):
             yield rb, start, i
             start += rb.num_rows
 
@@ -1103,12 +1143,12 @@ def raw_chunks(
     for i, rg, start in chunks:
         if current is None or current[0] != i:
             pf = src.parquet_file(i)
-            current = (i, pf, _rows_per_batch(pf, cols[0], batch_tokens))
+            current = (i, pf, _rows_per_read(pf, cols[0], batch_tokens))
         _, pf, rows = current
         p = src.paths[i]
         it = pf.iter_batches(batch_size=rows, row_groups=[rg], columns=cols, use_threads=False)
         try:
-            for rb in _read(p, it, cols):
+            for rb in _joined(_read(p, it, cols), cols[0], batch_tokens):
                 raw = _raw_record_batch(
                     rb, wanted, names, mname, start, str(p), answer, src.first_row(i)
                 )

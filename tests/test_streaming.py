@@ -499,3 +499,32 @@ def test_group_scope_of_files(cli: Cli, tmp_path: Path) -> None:
     size = next(x for x in scoped_check["results"] if x["rule"] == "group-size")
     assert size["status"] == "pass"
     assert scoped_check["objective"]["objective"] == scoped["objective"]
+
+
+def test_a_run_of_long_answers_makes_batches_of_few_rows(tmp_path: Path) -> None:
+    """Batches are cut by tokens, not by the file's average row: 300 answers of 5,000
+    tokens next to each other among 4,000 of 20 made batches of ~1.9M tokens (many times
+    ``batch_tokens``); read small and joined, none exceeds it, and the numbers are those
+    of one batch of everything."""
+    from grpo_cli._io import open_source
+
+    rng = np.random.default_rng(5)
+    lens = np.concatenate([np.full(2000, 20), np.full(300, 5000), np.full(2000, 20)])
+    off = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    vals = pa.array(-rng.exponential(1.0, int(off[-1])))
+    lst = pa.LargeListArray.from_arrays(pa.array(off), vals)
+    n = len(lens)
+    f = tmp_path / "clustered.parquet"
+    pq.write_table(
+        pa.table({"group": np.arange(n) // 4, "reward": rng.integers(0, 2, n) * 1.0,
+                  "logp": lst, "old_logp": lst}),
+        f, row_group_size=n,
+    )  # fmt: skip
+    src = open_source([str(f)])
+    cap = 100_000
+    batches = list(iter_batches(src, ["logp", "old_logp"], batch_tokens=cap, threaded=False))
+    sizes = [int(b.offsets[-1]) for b in batches]
+    assert sum(sizes) == int(off[-1]) and sum(b.n for b in batches) == n
+    assert max(sizes) <= cap
+    rows = [b.n for b in batches]
+    assert min(rows) < 30 and max(rows) > 300  # few long rows, many short ones
