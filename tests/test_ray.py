@@ -418,3 +418,17 @@ def test_a_lost_worker_is_one_error_naming_the_input(in_process_ray: None, datas
     s = resolve_settings(None)
     with pytest.raises(InputError, match=r"^.* \(3 files\): a Ray worker failed \("):
         fold_blocks(src, ["logp"], lambda: TokenPartial(s), _die, engine=EngineOptions(name="ray"))
+
+
+def test_progress_on_the_driver_counts_every_answer(in_process_ray: None, dataset: Path) -> None:
+    from grpo_cli import _io
+    from grpo_cli._report import kl_report
+    from grpo_cli._settings import resolve_settings
+
+    src = _io.open_source([str(dataset)])
+    seen: list[int] = []
+    r = kl_report(
+        src, resolve_settings(None), engine=EngineOptions(batch_tokens=500, name="ray"),
+        progress=seen.append,
+    )  # fmt: skip
+    assert sum(seen) == r.answers == src.n_rows() and len(seen) >= 6  # a tick a block
