@@ -154,13 +154,18 @@ class Suite:
     def __init__(self, workdir: Path) -> None:
         self.rows: list[Row] = []
         self.workdir = workdir
-        self.files: dict[int, Path] = {}
+        # by id, holding the data too: an id is only unique while its object lives, and a
+        # freed Rollouts' id reused by a new one made grpo-cli read the older file (a flaky
+        # openrlhf mismatch in CI)
+        self.files: dict[int, tuple[Rollouts, Path]] = {}
 
     def grpo_cli(self, command: str, data: Rollouts, flags: str) -> dict[str, Any]:
-        path = self.files.get(id(data))
-        if path is None:
+        known = self.files.get(id(data))
+        if known is not None and known[0] is data:
+            path = known[1]
+        else:
             path = data.write(self.workdir / f"rollouts{len(self.files)}.parquet")
-            self.files[id(data)] = path
+            self.files[id(data)] = (data, path)
         cmd = [sys.executable, "-m", "grpo_cli", command, str(path), *flags.split(), "--json"]
         out = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if out.returncode != 0:
