@@ -493,6 +493,11 @@ def _engine(
         raise UsageError(f"--engine: expected local or ray, got {name!r}")
     if ray_address is not None and name != "ray":
         raise UsageError("--ray-address: only with --engine ray")
+    if workers is not None and name == "ray":
+        raise UsageError(
+            "--workers: the local engine's threads; with --engine ray the cluster's CPUs fold "
+            "the blocks (engine.workers in JSON says how many)"
+        )
     address = None
     if name == "ray":
         address = ray_address or os.environ.get("RAY_ADDRESS", "").strip() or None

@@ -34,7 +34,7 @@ import pytest
 from grpo_cli._engine import EngineOptions
 from grpo_cli._ray import reload_auth_config
 
-from .conftest import Cli
+from .conftest import SAMPLE, Cli
 
 if os.environ.get("GRPO_CLI_REQUIRE_EXTRAS"):  # CI: a missing Ray must fail, not skip
     import ray
@@ -207,6 +207,18 @@ def test_empty_directory_and_usage_errors(
     cli.error(
         ["kl", str(dataset), "--ray-address", "127.0.0.1:1"], "--ray-address: only with --engine"
     )
+    cli.error(["kl", str(dataset), "--engine", "ray", "--workers", "4"], "--workers: the local")
+
+
+@pytest.mark.parametrize("cmd", ["objective", "check", "advantages"])
+def test_an_npz_is_one_block(in_process_ray: None, cli: Cli, cmd: str) -> None:
+    f = SAMPLE / ("rewards.npz" if cmd == "advantages" else "batch.npz")
+    args = [cmd, str(f)] + (["--format", "json"] if cmd == "check" else ["--json"])
+    local, on_ray = cli(*args), cli(*args, "--engine", "ray")
+    assert local.exit_code == on_ray.exit_code == 0, on_ray.stderr
+    doc = json.loads(on_ray.stdout)
+    assert same(json.loads(local.stdout), doc) == []
+    assert doc["engine"]["blocks"] == (0 if cmd == "advantages" else 1)  # npz: read here
 
 
 def test_unreadable_file_is_the_same_error(
