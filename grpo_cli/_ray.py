@@ -333,6 +333,14 @@ def _with_starts(src: Source, block: Block) -> list[tuple[int, int, int]]:
     return out
 
 
+def _where(src: Source, b: Block) -> str:
+    """A block as errors name it: its file and its rows within the file."""
+    if src.kind == "npz":
+        return src.label
+    first = b.start - src.first_row(b.file)
+    return f"{src.paths[b.file]} (rows {first}-{first + b.rows - 1})"
+
+
 def _merge(*parts: Any) -> Any:
     """The partials merged in the order given. They come from Ray's object store, whose
     arrays are read-only: merged into writable copies."""
@@ -394,8 +402,8 @@ def _collect(
         interrupts.check()
         done, pending = ray.wait(pending, num_returns=1, timeout=0.2)
         for ref in done:
-            got = _get(ray, ref, src)
             k = index[ref]
+            got = _get(ray, ref, _where(src, blocks[k]))
             if got is not None:
                 failures.append(got)
                 # blocks after the bad row need not be waited for (they are left to
