@@ -141,7 +141,7 @@ def block_costs(d: Path) -> dict[str, float]:
     from grpo_cli._engine import EngineOptions
     from grpo_cli._io import chunk_batches, load_answers, open_source
     from grpo_cli._partials import TokenPartial
-    from grpo_cli._ray import BLOCK_BATCHES, _with_starts, blocks_of
+    from grpo_cli._ray import BLOCK_BATCHES, block_chunks, blocks_of
     from grpo_cli._report import TOKEN_FIELDS, objective_pass1
     from grpo_cli._settings import resolve_settings
 
@@ -163,7 +163,7 @@ def block_costs(d: Path) -> dict[str, float]:
     for b in sample:
         part = TokenPartial(settings, backend=engine.backend)
         t0 = time.perf_counter()
-        for batch in chunk_batches(src, _with_starts(src, b), wanted, engine.batch_tokens):
+        for batch in chunk_batches(src, block_chunks(src, b), wanted, engine.batch_tokens):
             fold(part, batch)
         times.append(time.perf_counter() - t0)
         tokens.append(part.tokens)

@@ -6,7 +6,9 @@ per block streams its row groups in batches of ``batch_tokens`` (memory bounded 
 batch, as locally) and folds them with the very ``fold`` the local engine uses into the
 very partial (``TokenPartial``, the check's scan, ``TopAnswers``). What a fold needs from
 pass 1 (the group table, the settings) travels inside ``fold``: put in the object store
-once, read by every task.
+once, read by every task. Pass 1 itself reads each file's answer columns in a task
+(:func:`read_columns`) and computes the group table on the driver from them, exactly as
+the local engine does (its reward and advantage distributions have exact quantiles).
 
 Partials are merged in the workers, eight at a time in block order (a tree whose shape
 depends only on the number of blocks), and the last few on the driver, in block order:
@@ -58,7 +60,18 @@ from ._io import (
 )
 from .errors import InputError, UsageError
 
-__all__ = ["BLOCK_BATCHES", "Block", "blocks_of", "close", "fold_blocks"]
+__all__ = [
+    "BLOCK_BATCHES",
+    "Block",
+    "block_chunks",
+    "blocks_of",
+    "close",
+    "connect",
+    "fold_blocks",
+    "map_calls",
+    "read_columns",
+    "reload_auth_config",
+]
 
 M = TypeVar("M")
 T = TypeVar("T")
@@ -310,7 +323,7 @@ def _fold_block(
                 else iter_batches(src, fields, batch_tokens=batch_tokens, threaded=False)
             )
         else:
-            chunks = _with_starts(src, block)
+            chunks = block_chunks(src, block)
             read = raw_chunks if raw else chunk_batches
             batches = read(src, chunks, wanted, batch_tokens)
         for b in batches:
@@ -323,7 +336,7 @@ def _fold_block(
     return None, part
 
 
-def _with_starts(src: Source, block: Block) -> list[tuple[int, int, int]]:
+def block_chunks(src: Source, block: Block) -> list[tuple[int, int, int]]:
     """The block's (file, row group, dataset row of its first answer)."""
     md = src.footers[block.file]
     out, start = [], block.start
