@@ -299,8 +299,9 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
-    """``ray start --head`` on localhost with token authentication (the token in a file
-    of its own), stopped at the end: (address, token file)."""
+    """``ray start --head`` (2 CPUs) and a second node (1 CPU) on localhost, with token
+    authentication (the token in a file of its own), stopped at the end: (address, token
+    file)."""
     home = tmp_path_factory.mktemp("head-home")
     token = home / "token"
     token.write_text(secrets.token_hex(32))
@@ -315,6 +316,7 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]
         start_new_session=True,
     )  # fmt: skip
     address = f"127.0.0.1:{port}"
+    procs = [proc]
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -324,13 +326,35 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]
             time.sleep(0.3)
         else:
             pytest.fail("ray start --head did not listen within 60 s")
+        # a second node (a raylet and object store of its own): blocks and partials travel
+        # between nodes as on a cluster of machines
+        node = subprocess.Popen(
+            [str(ray_bin), "start", "--address", address, "--block", "--num-cpus", "1",
+             "--node-ip-address", "127.0.0.1", "--disable-usage-stats"],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # fmt: skip
+        procs.append(node)
+        wait = (
+            "import ray, time\n"
+            f"ray.init(address={address!r}, log_to_driver=False)\n"
+            "t = time.monotonic()\n"
+            "while ray.cluster_resources().get('CPU', 0) < 3 and time.monotonic() - t < 60:\n"
+            "    time.sleep(0.3)\n"
+            "print(int(ray.cluster_resources().get('CPU', 0)))\n"
+        )
+        r = subprocess.run(
+            [sys.executable, "-c", wait], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert r.stdout.strip() == "3", r.stderr[-2000:]  # both nodes are in
         yield address, token
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        for p in reversed(procs):
+            os.killpg(p.pid, signal.SIGTERM)
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
 
 
 def test_cli_joins_a_token_authenticated_cluster(
@@ -346,7 +370,8 @@ def test_cli_joins_a_token_authenticated_cluster(
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert doc["engine"]["address"] == address and doc["engine"]["workers"] == 2
+    assert doc["engine"]["address"] == address and doc["engine"]["workers"] == 3  # 2 nodes
+    assert doc["engine"]["blocks"] >= 6
     assert same(json.loads(local.stdout), doc) == []
     # RAY_ADDRESS is the default address
     r = subprocess.run(
