@@ -94,6 +94,22 @@ def write_parquet(path: Path, batch: dict[str, Any], **extra: Any) -> Path:
     return path
 
 
+def sample_steps(d: Path, steps: int, *args: str) -> Path:
+    """``steps`` files ``step_{i}.parquet`` in ``d`` written by ``grpo-cli sample`` (seed i,
+    the other options ``args``): a multi-file dataset, one step a file."""
+    import subprocess
+    import sys
+
+    for i in range(steps):
+        r = subprocess.run(
+            [sys.executable, "-m", "grpo_cli", "sample", str(d / f"step_{i}.parquet"),
+             "--seed", str(i), *args],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+    return d
+
+
 class Cli:
     """Runs the app in-process and gives exit code, stdout and stderr apart."""
 

@@ -34,7 +34,7 @@ import pytest
 from grpo_cli._engine import EngineOptions
 from grpo_cli._ray import reload_auth_config
 
-from .conftest import SAMPLE, Cli
+from .conftest import SAMPLE, Cli, sample_steps
 
 if os.environ.get("GRPO_CLI_REQUIRE_EXTRAS"):  # CI: a missing Ray must fail, not skip
     import ray
@@ -67,15 +67,10 @@ def in_process_ray() -> Iterator[None]:
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Three steps, ragged, several row groups each, with every optional column."""
-    d = tmp_path_factory.mktemp("ray-data")
-    for i in range(3):
-        r = subprocess.run(
-            [*GRPO, "sample", str(d / f"step_{i}.parquet"), "--groups", "24", "--group-size",
-             "8", "--mean-len", "60", "--seed", str(i), "--row-group-rows", "40", "--extras"],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        assert r.returncode == 0, r.stderr
-    return d
+    return sample_steps(
+        tmp_path_factory.mktemp("ray-data"), 3, "--groups", "24", "--group-size", "8",
+        "--mean-len", "60", "--row-group-rows", "40", "--extras",
+    )  # fmt: skip
 
 
 def same(local: Any, other: Any, path: str = "") -> list[str]:

@@ -17,22 +17,17 @@ from typing import Any
 
 import pytest
 
-from .conftest import SAMPLE, Cli
+from .conftest import SAMPLE, Cli, sample_steps
 
 GRPO = [sys.executable, "-m", "grpo_cli"]
 
 
 @pytest.fixture(scope="module")
 def steps(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("steps")
-    for i in range(3):
-        r = subprocess.run(
-            [*GRPO, "sample", str(d / f"step_{i}.parquet"), "--groups", "16", "--group-size",
-             "8", "--mean-len", "50", "--seed", str(i), "--row-group-rows", "32"],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        assert r.returncode == 0, r.stderr
-    return d
+    return sample_steps(
+        tmp_path_factory.mktemp("steps"), 3, "--groups", "16", "--group-size", "8",
+        "--mean-len", "50", "--row-group-rows", "32",
+    )  # fmt: skip
 
 
 def _sourceless(doc: Any) -> Any:
