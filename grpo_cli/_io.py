@@ -12,6 +12,7 @@ Two passes, as the design says: :func:`load_answers` reads the answer-level colu
 from __future__ import annotations
 
 import dataclasses
+import functools
 import glob as globlib
 import math
 import queue
@@ -141,9 +142,14 @@ class Source:
         that file's first row (an npz is one file)."""
         if len(self.paths) == 1 or not self.footers:
             return 0, 0
-        starts = np.cumsum([0, *self.rows_per_file()])
+        starts = self._file_starts
         k = min(int(np.searchsorted(starts, row, side="right") - 1), len(self.paths) - 1)
         return k, int(starts[k])
+
+    @functools.cached_property
+    def _file_starts(self) -> I64:
+        """The input row of each file's first row, and the total: once, from the footers."""
+        return np.cumsum([0, *self.rows_per_file()], dtype=np.int64)
 
     def npz_path(self) -> Path:
         """The npz file (always local: open_source refuses a remote one)."""
@@ -153,7 +159,7 @@ class Source:
 
     def first_row(self, i: int) -> int:
         """The input row of file ``i``'s first row (0 for an npz)."""
-        return sum(self.rows_per_file()[:i])
+        return int(self._file_starts[i]) if self.footers else 0
 
     def parquet_file(self, i: int) -> pq.ParquetFile:
         """A reader of file ``i`` that does not parse its footer again."""

@@ -102,8 +102,8 @@ def blocks_of(src: Source, block_tokens: int) -> list[Block]:
         return [Block(0, (), 0, -1)]
     out: list[Block] = []
     start = 0
+    first_col = src.name("logp") if src.has("logp") else None
     for i, md in enumerate(src.footers):
-        first_col = src.name("logp") if src.has("logp") else None
         run: list[int] = []
         run_start, run_rows, run_tokens = start, 0, 0
         for rg in range(md.num_row_groups):

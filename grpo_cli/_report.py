@@ -153,7 +153,7 @@ def columns_reader(engine: EngineOptions | None) -> Any:
         return None
     from ._ray import connect, read_columns
 
-    connect(engine)
+    connect(engine)  # an npz is read here, never by read_columns: the engine still records Ray
     return lambda src, cols: read_columns(src, cols, engine)
 
 

@@ -147,9 +147,16 @@ def trend_report(
 
 
 def _step_report(
-    p: InputPath, column_map: dict[str, str] | None, settings: Settings, engine: EngineOptions
+    p: InputPath,
+    column_map: dict[str, str] | None,
+    settings: Settings,
+    engine: EngineOptions,
+    progress: Callable[[int], None] | None = None,
 ) -> ObjectiveReport:
-    return objective_report(open_source([p], column_map), settings, engine=engine)
+    """One step's objective, from its file alone (on Ray: inside a task)."""
+    return objective_report(
+        open_source([p], column_map), settings, engine=engine, progress=progress
+    )
 
 
 def _trend(
@@ -170,11 +177,7 @@ def _trend(
         calls = [partial(_step_report, p, column_map, settings, inner) for _, p in numbered]
         reports = map_calls(engine, calls, [str(p) for _, p in numbered])
     else:
-        reports = [
-            objective_report(open_source([p], column_map), settings, engine=engine,
-                             progress=progress)
-            for _, p in numbered
-        ]  # fmt: skip
+        reports = [_step_report(p, column_map, settings, engine, progress) for _, p in numbered]
     for (step, p), r in zip(numbered, reports, strict=True):
         steps.append(_row(step, p if named else None, r))
         warnings += [f"step {step}: {w}" for w in r.warnings]

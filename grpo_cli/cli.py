@@ -489,8 +489,6 @@ def _engine(
     environment: ``GRPO_CLI_WORKERS`` (0: the default), ``GRPO_CLI_BATCH_TOKENS``,
     ``GRPO_CLI_NO_PREFETCH`` (any value: decode in the computing threads),
     ``GRPO_CLI_KERNEL`` and ``RAY_ADDRESS``. The only place the environment is read."""
-    if name not in ("local", "ray"):
-        raise UsageError(f"--engine: expected local or ray, got {name!r}")
     if ray_address is not None and name != "ray":
         raise UsageError("--ray-address: only with --engine ray")
     if workers is not None and name == "ray":
