@@ -99,6 +99,56 @@ def parse_column_map(items: Sequence[str] | None) -> dict[str, str]:
     return out
 
 
+# ---------------------------------------------------------------------------- arrow -> numpy
+def numpy_of(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """The values of a numeric or boolean Arrow array without nulls, as numpy (a view when
+    the layout allows). Not ``Array.to_numpy``: that goes through pyarrow's pandas
+    conversion, which imports pandas whenever it is installed (0.3 s a run)."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    t = arr.type
+    if arr.null_count:
+        raise ValueError("numpy_of: the array has nulls")
+    if pa.types.is_boolean(t):
+        return numpy_of(pc.cast(arr, pa.uint8())).view(np.bool_)
+    if pa.types.is_integer(t) or pa.types.is_floating(t):
+        kind = "f" if pa.types.is_floating(t) else "iu"[pa.types.is_unsigned_integer(t)]
+        dtype = np.dtype(f"{kind}{t.bit_width // 8}")
+        buf = arr.buffers()[1]
+        if buf is None or len(arr) == 0:
+            return np.zeros(0, dtype=dtype)
+        return np.frombuffer(buf, dtype=dtype, count=len(arr), offset=arr.offset * dtype.itemsize)
+    return arr.to_numpy(zero_copy_only=False)
+
+
+def arrow_of(values: np.ndarray | Sequence[Any]) -> pa.Array:
+    """numpy numbers or strings (or a list of ints or strs) as an Arrow array. Numbers and
+    strings are built from their buffers: ``pa.array`` imports pandas whenever it is
+    installed; anything else (objects, mixed lists) falls back to it."""
+    x = np.asarray(values)
+    if x.dtype.kind in "iuf" and x.ndim == 1:
+        x = np.ascontiguousarray(x, dtype=x.dtype.newbyteorder("="))
+        t = pa.from_numpy_dtype(x.dtype)
+        return pa.Array.from_buffers(t, len(x), [None, pa.py_buffer(x)])
+    if x.dtype.kind in "U" and x.ndim == 1:
+        data = [v.encode("utf-8", "surrogatepass") for v in x.tolist()]
+        ends = np.cumsum([len(d) for d in data], dtype=np.int64)
+        offsets = np.concatenate([np.zeros(1, np.int64), ends])
+        if offsets[-1] < 2**31:
+            t, offsets = pa.string(), offsets.astype(np.int32)
+        else:
+            t = pa.large_string()
+        return pa.Array.from_buffers(
+            t, len(data), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(data))]
+        )
+    return pa.array(values)
+
+
+def null_rows(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """The indices of the nulls of ``arr``."""
+    return np.flatnonzero(numpy_of(arr.is_null()))
+
+
 # ----------------------------------------------------------------------------- source
 @dataclass(frozen=True)
 class Source:
@@ -446,12 +496,12 @@ def _encode_groups(
         if values.dtype.byteorder not in ("=", "|"):  # big-endian ids: valid, stored swapped
             values = values.astype(values.dtype.newbyteorder("="))
     try:
-        arr = values if isinstance(values, pa.Array | pa.ChunkedArray) else pa.array(values)
+        arr = values if isinstance(values, pa.Array | pa.ChunkedArray) else arrow_of(values)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
         raise InputError(f"{label}: {what} cannot be read as group ids ({exc})") from None
     arr = group_ids(arr)
     if arr.null_count:
-        row = int(np.flatnonzero(np.asarray(arr.is_null()))[0])
+        row = int(null_rows(arr)[0])
         raise InputError(f"{label}: {what} is null at row {row}")
     t = arr.type
     if not (pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t)):
@@ -459,7 +509,7 @@ def _encode_groups(
     enc = arr.dictionary_encode()
     if isinstance(enc, pa.ChunkedArray):
         enc = enc.unify_dictionaries().combine_chunks()
-    codes = np.asarray(enc.indices, dtype=np.int64)
+    codes = numpy_of(enc.indices).astype(np.int64)
     return codes, enc.dictionary.to_pylist(), enc.dictionary
 
 
@@ -527,6 +577,7 @@ def _npz_answers(src: Source, need_rewards: bool, allow_nonfinite: bool = False)
     rname, gname, aname = src.name("reward"), src.name("group"), src.name("advantage")
     shape: tuple[int, int] | None = None
     codes = labels = r = None
+    ids: pa.Array | None = None
     if reward is not None:
         r2 = _real(f"{path}", f"array {rname!r}", reward)
         if r2.ndim == 2:
@@ -551,7 +602,9 @@ def _npz_answers(src: Source, need_rewards: bool, allow_nonfinite: bool = False)
                     f"{path}: array {gname!r} has shape {group.shape}, expected ({r.shape[0]},) "
                     f"like {rname!r}"
                 )
-            codes, labels, _ = _encode_groups(group, str(path), f"array {gname!r}")
+            codes, labels, ids = _encode_groups(group, str(path), f"array {gname!r}")
+            if pa.types.is_integer(ids.type) and ids.type != pa.uint64():
+                ids = ids.cast(pa.int64())  # one id type whatever the array's width
         else:
             raise InputError(
                 f"{path}: array {rname!r} has shape {reward.shape}, expected (P, G) or (N,)"
@@ -586,7 +639,8 @@ def _npz_answers(src: Source, need_rewards: bool, allow_nonfinite: bool = False)
         raise InputError(
             f"{path}: array {src.name('logp')!r} has {n_tokens} rows but there are {n} answers"
         )
-    ids = None if labels is None else pa.array(labels)  # as _npz_answer_columns writes them
+    if labels is not None and ids is None:  # rewards (P, G): the groups are 0 .. P-1
+        ids = arrow_of(np.arange(len(labels), dtype=np.int64))
     return Answers(
         n=n, codes=codes, labels=labels, reward=r, advantage=a, shape=shape, group_ids=ids
     )
@@ -744,11 +798,10 @@ def _float_column(
     if not (pa.types.is_floating(t) or pa.types.is_integer(t) or pa.types.is_boolean(t)):
         raise InputError(f"{label}: column {name!r} has type {t}, expected numbers")
     if col.null_count:
-        row = int(np.flatnonzero(np.asarray(col.is_null()))[0])
+        row = int(null_rows(col)[0])
         raise InputError(f"{label}: column {name!r} is null at row {row}")
     flat = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-    # Array.to_numpy, not ChunkedArray.to_numpy: the latter imports pandas when installed
-    x = np.asarray(flat.to_numpy(zero_copy_only=False), dtype=np.float64)
+    x = np.asarray(numpy_of(flat), dtype=np.float64)
     bad = np.flatnonzero(~np.isfinite(x))
     if bad.size and not allow_nonfinite:
         raise InputError(
@@ -851,11 +904,11 @@ def _npz_answer_columns(src: Source) -> dict[str, pa.Array]:
     a = _npz_answers(src, need_rewards=False, allow_nonfinite=True)
     out: dict[str, pa.Array] = {}
     if a.codes is not None and a.group_ids is not None:
-        out["group"] = a.group_ids.take(pa.array(a.codes))
+        out["group"] = a.group_ids.take(arrow_of(a.codes))
     if a.reward is not None:
-        out["reward"] = pa.array(a.reward)
+        out["reward"] = arrow_of(a.reward)
     if a.advantage is not None:
-        out["advantage"] = pa.array(a.advantage)
+        out["advantage"] = arrow_of(a.advantage)
     return out
 
 
@@ -1307,25 +1360,21 @@ def _list_column(
     if not boolean and pa.types.is_boolean(vt):
         raise InputError(f"{label}: column {name!r} holds booleans, expected log-probs")
     if arr.null_count:
-        row = int(np.flatnonzero(np.asarray(arr.is_null()))[0])
+        row = int(null_rows(arr)[0])
         raise InputError(f"{label}: column {name!r} is null at row {row0 + row}")
-    off = np.asarray(arr.offsets, dtype=np.int64)
+    off = numpy_of(arr.offsets).astype(np.int64)
     values = arr.values.slice(int(off[0]), int(off[-1] - off[0]))
     if values.null_count and masked and not boolean and pa.types.is_floating(vt):
         values = values.fill_null(float("nan"))  # padding; inside the mask: a non-finite value
     if values.null_count:
-        k = int(np.flatnonzero(np.asarray(values.is_null()))[0])
+        k = int(null_rows(values)[0])
         i = int(np.searchsorted(off - off[0], k, side="right") - 1)
         raise InputError(
             f"{label}: column {name!r} has a null value at row {row0 + i}, "
             f"token {k - int(off[i] - off[0])}"
         )
     off = off - off[0]
-    if pa.types.is_boolean(vt):
-        vals = np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.bool_)
-    else:
-        vals = values.to_numpy()
-    return off, vals
+    return off, numpy_of(values)
 
 
 def _record_batch(raw: RawBatch, wanted: list[str], names: list[str], mname: str | None) -> Batch:

@@ -41,6 +41,8 @@ from ._io import (
     Answers,
     Batch,
     group_ids,
+    null_rows,
+    numpy_of,
 )
 from ._records import QUANTILE_LEVELS, QUANTILES, Distribution, RolloutReport
 from ._settings import Settings
@@ -787,9 +789,9 @@ class GroupTable:
         groups = group_ids(groups)
         idx = pc.index_in(groups, value_set=self.ids)
         if idx.null_count:
-            k = int(np.flatnonzero(np.asarray(idx.is_null()))[0])
+            k = int(null_rows(idx)[0])
             raise InputError(f"{where}: group id {groups[k].as_py()!r} is not in pass 1's table")
-        return np.asarray(idx, dtype=np.int64)
+        return numpy_of(idx).astype(np.int64)
 
 
 def group_table(answers: Answers, settings: Settings) -> GroupTable | None:
@@ -826,7 +828,7 @@ class GroupPartial:
         if len(groups) == 0:
             return self
         enc = groups.dictionary_encode()
-        codes = np.asarray(enc.indices, dtype=np.int64)
+        codes = numpy_of(enc.indices).astype(np.int64)
         s = group_stats(rewards, codes, n_groups=len(enc.dictionary), ddof=0)
         other = GroupPartial()
         other.ids = enc.dictionary
@@ -843,8 +845,8 @@ class GroupPartial:
             self.lo, self.hi, self.all = o.lo, o.hi, Moments().merge(o.all)
             return self
         ids = pa.concat_arrays([self.ids, o.ids]).unique()
-        a = np.asarray(pc.index_in(self.ids, value_set=ids), dtype=np.int64)
-        b = np.asarray(pc.index_in(o.ids, value_set=ids), dtype=np.int64)
+        a = numpy_of(pc.index_in(self.ids, value_set=ids)).astype(np.int64)
+        b = numpy_of(pc.index_in(o.ids, value_set=ids)).astype(np.int64)
         P = len(ids)
         na, nb = np.zeros(P, dtype=np.int64), np.zeros(P, dtype=np.int64)
         na[a], nb[b] = self.count, o.count

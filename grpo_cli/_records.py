@@ -17,7 +17,7 @@ from ._core import (
 from ._engine import EngineOptions
 from ._logged import LoggedReport
 from ._settings import Settings
-from ._stats import IntCounts, Moments, Sketch
+from ._stats import IntCounts, Moments, Sketch, quantiles_linear
 
 F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
@@ -99,7 +99,7 @@ def values_distribution(x: F64) -> Distribution:
     m = Moments().update(x)
     qs: dict[str, float] = {}
     if x.size:
-        levels = np.quantile(x, QUANTILE_LEVELS)
+        levels = quantiles_linear(x, QUANTILE_LEVELS)
         qs = {k: float(v) for k, v in zip(QUANTILES, levels, strict=True)}
     return Distribution(count=m.n, mean=m.mean, std=m.std, min=m.min, max=m.max, quantiles=qs)
 

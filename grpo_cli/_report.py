@@ -38,6 +38,7 @@ from ._io import (
     iter_batch_streams,
     iter_batches,
     load_answers,
+    numpy_of,
 )
 from ._local import fold_source
 from ._partials import (
@@ -357,7 +358,7 @@ def _answer_floats(b: Batch, field: str, where: str) -> F64:
     col = b.answer.get(field)
     if col is None:
         raise InputError(f"{where}: the batch carries no {field} column")
-    return np.asarray(col.to_numpy(zero_copy_only=False), dtype=np.float64)
+    return np.asarray(numpy_of(col), dtype=np.float64)
 
 
 def objective_pass1(

@@ -139,6 +139,35 @@ class Moments:
         return self.hi if self.n else None
 
 
+def quantiles_linear(x: F64, qs: F64) -> F64:
+    """``np.quantile(x, qs)`` (method "linear", Hyndman & Fan's 7th) of a 1-D float array,
+    bit for bit: the same virtual index, neighbours and two-sided interpolation as numpy 2.
+    Not numpy's own: its ``np.unique`` imports ``numpy.ma`` (7 ms of a 20-row run)."""
+    y = np.sort(np.asarray(x, dtype=np.float64))
+    n = y.shape[0]
+    q = np.asarray(qs, dtype=np.float64)
+    if n == 0:
+        raise ValueError("quantiles_linear: no values")
+    if np.isnan(y[-1]):  # NaN sorts last; numpy's answer is NaN throughout
+        return np.full(q.shape, np.nan)
+    virtual = (n - 1) * q
+    prev = np.floor(virtual)
+    nxt = prev + 1
+    above = virtual >= n - 1
+    prev[above], nxt[above] = -1, -1
+    below = virtual < 0
+    prev[below], nxt[below] = 0, 0
+    i0, i1 = prev.astype(np.intp), nxt.astype(np.intp)
+    t = virtual - prev
+    a, b = y[i0], y[i1]
+    with np.errstate(invalid="ignore"):  # inf − inf: NaN, as numpy gives
+        d = b - a
+        out = a + d * t
+        hi = t >= 0.5
+        out[hi] = (b - d * (1 - t))[hi]
+    return out
+
+
 def quantiles_from_counts(values: F64, counts: NDArray[np.int64], qs: F64) -> F64:
     """Quantiles of a multiset given as sorted distinct ``values`` with ``counts``.
 
@@ -204,7 +233,12 @@ class Histogram:
     def merge(self, o: Histogram) -> Histogram:
         if o.layout() != self.layout():
             raise MergeError(f"histograms of bins {self.layout()} and {o.layout()}")
-        self.counts += o.counts
+        if o.vmin > o.vmax:  # empty: nothing to add (and no pass over 400,000 bins)
+            return self
+        if self.vmin > self.vmax:
+            self.counts = o.counts.copy()
+        else:
+            self.counts += o.counts
         self.vmin = min(self.vmin, o.vmin)
         self.vmax = max(self.vmax, o.vmax)
         return self
@@ -304,7 +338,7 @@ class Sketch:
             x = np.concatenate(self.exact)
             with np.errstate(over="ignore", invalid="ignore"):
                 y = x if f is None else f(x)
-                q = np.quantile(y, qs)
+                q = quantiles_linear(y, qs)
             if np.isnan(q).any() and not np.isnan(y).any():
                 # interpolating towards an overflowed (inf) value: the quantile is inf
                 q = np.where(np.isnan(q), np.quantile(y, qs, method="higher"), q)

@@ -4,6 +4,7 @@ options and help."""
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -306,3 +307,53 @@ def test_json_runs_start_without_rich() -> None:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert '"objective"' in r.stdout
     assert r.stderr.strip().splitlines()[-1] == "[]"
+
+
+CLIENTS = ("pandas", "polars", "duckdb", "datasets")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["objective", "batch.parquet", "--json"],
+        ["objective", "batch.npz", "--json"],
+        ["advantages", "rewards.npz", "--json"],
+        ["advantages", "batch.parquet", "--json"],
+        ["kl", "batch.parquet", "--json"],
+        ["check", "batch.parquet", "--format", "json"],
+        ["check", "batch.npz"],
+        ["answers", "batch.parquet", "--json"],
+        ["trend", "batch.parquet", "--json"],
+    ],
+)
+def test_no_client_library_is_imported(args: list[str]) -> None:
+    # pyarrow's Array.to_numpy and pa.array import pandas whenever it is installed (0.3 s of
+    # start-up): the readers build numpy views and Arrow arrays from buffers instead
+    import subprocess
+    import sys
+
+    if not os.environ.get("GRPO_CLI_REQUIRE_EXTRAS"):
+        pytest.importorskip("pandas")  # without it the test cannot fail
+    argv = [args[0], str(SAMPLE / args[1]), *args[2:]]
+    code = (
+        "import sys\n"
+        "from grpo_cli.cli import app\n"
+        f"sys.argv = ['grpo-cli', *{argv!r}]\n"
+        "try:\n"
+        "    app()\n"
+        "except SystemExit as e:\n"
+        "    print('exit', e.code, file=sys.stderr)\n"
+        f"print([m for m in sys.modules if m.split('.')[0] in {CLIENTS!r}], file=sys.stderr)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert r.stdout.strip(), r.stderr
+    assert r.stderr.strip().splitlines()[-1] == "[]", r.stderr
+
+
+def test_only_the_command_asked_for_is_built() -> None:
+    from grpo_cli.cli import _asked_for
+
+    cmds = app.registered_commands
+    assert [c.callback.__name__ for c in _asked_for(["kl"], cmds) if c.callback] == ["kl"]
+    for first in ([], ["--help"], ["--version"], ["objectiv"], ["kl "]):
+        assert _asked_for(first, cmds) == cmds

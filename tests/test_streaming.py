@@ -528,3 +528,45 @@ def test_a_run_of_long_answers_makes_batches_of_few_rows(tmp_path: Path) -> None
     assert max(sizes) <= cap
     rows = [b.n for b in batches]
     assert min(rows) < 30 and max(rows) > 300  # few long rows, many short ones
+
+
+def test_numpy_of_and_arrow_of_round_trip_without_pa_array() -> None:
+    # the readers' own converters (pa.array and Array.to_numpy import pandas): values,
+    # slices (an offset into the buffer), booleans, big-endian input, non-ASCII strings
+    from grpo_cli._io import arrow_of, numpy_of
+
+    rng = np.random.default_rng(0)
+    for dtype in ("<f4", ">f8", "<i2", ">i8", "<u4", "<u8"):
+        x = (rng.normal(size=50) * 100).astype(dtype)
+        a = arrow_of(x)
+        assert a.to_pylist() == x.tolist()
+        assert np.array_equal(numpy_of(a), x) and np.array_equal(numpy_of(a.slice(7, 20)), x[7:27])
+    b = pa.array([True, False, True, True, False] * 3).slice(3)
+    assert numpy_of(b).dtype == np.bool_ and numpy_of(b).tolist() == b.to_pylist()
+    assert numpy_of(pa.chunked_array([pa.array([1.5]), pa.array([2.5, 3.5])])).tolist() == [
+        1.5, 2.5, 3.5,
+    ]  # fmt: skip
+    assert numpy_of(pa.array([], pa.float32())).shape == (0,)
+    s = np.array(["q1", "", "préfixe [INST]", "日本"])
+    assert arrow_of(s).type == pa.string() and arrow_of(s).to_pylist() == s.tolist()
+    assert arrow_of([3, 1, 2]).to_pylist() == [3, 1, 2]
+    with pytest.raises(ValueError):
+        numpy_of(pa.array([1.0, None]))
+
+
+def test_quantiles_linear_is_numpys_bit_for_bit() -> None:
+    from grpo_cli._records import QUANTILE_LEVELS
+    from grpo_cli._stats import quantiles_linear
+
+    rng = np.random.default_rng(5)
+    qs = np.concatenate([QUANTILE_LEVELS, [0.0, 1.0, 0.5, 1 / 3], rng.random(20)])
+    cases = [np.array([2.5]), np.array([1.0, -1.0]), rng.integers(0, 3, 40).astype(float)]
+    cases += [rng.normal(size=n) * 10.0 ** rng.integers(-300, 300) for n in (3, 17, 1000)]
+    cases += [np.array([1.0, np.inf, 3.0]), np.array([-np.inf, 0.0, np.inf, np.inf])]
+    cases += [np.array([1.0, np.nan, 0.0])]
+    for x in cases:
+        with np.errstate(invalid="ignore"):
+            want = np.quantile(x, qs)
+        got = quantiles_linear(x, qs)
+        assert np.array_equal(got, want, equal_nan=True), x
+        assert got.tobytes() == want.tobytes() or np.isnan(want).any()
