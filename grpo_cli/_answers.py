@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from . import _partials
 from ._core import (
     answer_clip_counts,
     difference,
@@ -24,7 +25,7 @@ from ._core import (
     token_terms,
 )
 from ._engine import EngineOptions
-from ._io import Batch, Source, iter_batches
+from ._io import Batch, Source, answer_runs, iter_batches, token_ranges
 from ._local import Mergeable, fold_batches
 from ._partials import agg_factor
 from ._report import TOKEN_FIELDS, Pass1, objective_pass1, objective_report
@@ -124,8 +125,113 @@ def answer_rows(
     k: int,
     grad: GradientScale | None = None,
 ) -> list[dict[str, Any]]:
-    """The ``k`` answers of a batch ranking highest by ``key``, with their statistics
-    (the core's definitions: :func:`token_terms`, :func:`answer_clip_counts`)."""
+    """The ``k`` answers of a batch ranking highest by ``key`` (or more: :class:`TopAnswers`
+    keeps the ``k`` best), with their statistics (the core's definitions:
+    :func:`token_terms`, :func:`answer_clip_counts`). An answer longer than a slice is
+    computed a slice of its tokens at a time (:func:`_long_row`)."""
+    per_token = adv.shape != (b.n,)
+    rows: list[dict[str, Any]] = []
+    for i, j, is_long in answer_runs(b, _partials.SLICE_TOKENS):
+        sub = b if (i, j) == (0, b.n) else b.answers(i, j)
+        a = adv[b.offsets[i] : b.offsets[j]] if per_token else adv[i:j]
+        if is_long:
+            rows.append(_long_row(sub, a, per_token, settings, src, grad))
+        elif sub.n:
+            rows += _run_rows(sub, a, settings, src, key=key, k=k, grad=grad)
+    return rows
+
+
+def _long_row(
+    b: Batch,
+    adv: np.ndarray,
+    per_token: bool,
+    settings: Settings,
+    src: Source,
+    grad: GradientScale | None,
+) -> dict[str, Any]:
+    """The row of a one-answer batch, a slice of its tokens at a time: sums, maxima and
+    where they are carried from slice to slice."""
+    f, n = b.fields, int(b.offsets[-1])
+    seq = means = None
+    if settings.ratio_level == "sequence":
+        seq = _partials.seq_mean(b)
+        if grad is not None:  # the gradient takes answer means: a first pass
+            means = _partials.sequence_means(b, adv, per_token, settings, seq)
+    kl_sum = rollout_sum = g2 = adv_best = 0.0
+    kl_at = lr_at = clipped = 0
+    kl_max = lr_max = adv_abs = -np.inf
+    has_kl = "ref_logp" in f
+    rollout = f.get("rollout_logp")
+    for lo, hi in token_ranges(n, _partials.SLICE_TOKENS):
+        p = b.tokens(lo, hi)
+        pf = p.fields
+        a = adv[lo:hi] if per_token else adv
+        terms = token_terms(
+            pf["logp"], pf.get("old_logp"), pf.get("ref_logp"), a, p.offsets,
+            seq_mean=seq, **settings.term_kwargs(),
+        )  # fmt: skip
+        if terms.kl is not None:
+            kl_sum += float(np.sum(terms.kl))
+            t = int(np.argmax(terms.kl))
+            if terms.kl[t] > kl_max or lo == 0:  # the first largest, as np.argmax
+                kl_max, kl_at = float(terms.kl[t]), lo + t
+        absd = np.abs(terms.delta)
+        t = int(np.argmax(absd))
+        if absd[t] > lr_max or lo == 0:
+            lr_max, lr_at = float(absd[t]), lo + t
+        low, high = answer_clip_counts(
+            terms.ratio, a, p.offsets, clip_eps=settings.clip_eps,
+            clip_eps_high=settings.clip_eps_high,
+        )  # fmt: skip
+        clipped += int(low[0] + high[0])
+        if rollout is not None:
+            dr = difference(pf.get("old_logp", pf["logp"]), pf["rollout_logp"])
+            rollout_sum += float(np.sum(kl_from_log_ratio(dr, estimator="k3")))
+        if grad is not None:
+            gp, gk = token_gradients(
+                terms, offsets=p.offsets, answer_means=means, **settings.term_kwargs()
+            )
+            with np.errstate(over="ignore", invalid="ignore"):
+                g = grad.cp * (gp / n if grad.up else gp)
+                if gk is not None and grad.beta:
+                    g = g - grad.beta * grad.ck * (gk / n if grad.uk else gk)
+                g2 += float(np.dot(g, g))
+        if per_token:
+            t = int(np.argmax(np.abs(a)))
+            if abs(a[t]) > adv_abs or lo == 0:
+                adv_abs, adv_best = abs(float(a[t])), float(a[t])
+    k_file, first = src.file_of(b.start)
+    groups, rewards = b.answer.get("group"), b.answer.get("reward")
+    return {
+        "source": src.paths[k_file].name,
+        "row": b.start - first,
+        "group": None if groups is None else _plain(groups[0].as_py()),
+        "reward": None if rewards is None else float(rewards[0].as_py()),
+        "length": n,
+        "_index": b.start,
+        "kl_max_token": kl_at if has_kl else None,
+        "log_ratio_max_token": lr_at,
+        "advantage": adv_best if per_token else float(adv[0]),
+        "kl_mean": kl_sum / n if has_kl else None,
+        "kl_max": kl_max if has_kl else None,
+        "log_ratio_max_abs": lr_max,
+        "clip_share": clipped / n,
+        "gradient_share": None if grad is None else g2 / grad.norm2,
+        "rollout_kl_mean": None if rollout is None else rollout_sum / n,
+    }
+
+
+def _run_rows(
+    b: Batch,
+    adv: np.ndarray,
+    settings: Settings,
+    src: Source,
+    *,
+    key: str,
+    k: int,
+    grad: GradientScale | None = None,
+) -> list[dict[str, Any]]:
+    """The ``k`` answers of a run of whole answers ranking highest by ``key``."""
     f = b.fields
     terms = token_terms(
         f["logp"], f.get("old_logp"), f.get("ref_logp"), adv, b.offsets, **settings.term_kwargs()

@@ -753,15 +753,25 @@ def _location(answers: Answers, file: str, row: int, **extra: Any) -> dict[str, 
 
 
 def _flagged(
-    flags: NDArray[np.bool_], offsets: NDArray[np.int64], room: int
+    flags: NDArray[np.bool_], offsets: NDArray[np.int64], room: int, base: int = 0
 ) -> tuple[int, list[tuple[int, int, int]]]:
-    """How many flags are set, and (flat index, answer in batch, token) of the first ``room``."""
+    """How many flags are set, and (flat index, answer in batch, token) of the first
+    ``room``; ``flags`` cover the batch's tokens from ``base`` on."""
     idx = np.flatnonzero(flags)
     places = []
-    for k in idx[: max(0, room)]:
+    for k in idx[: max(0, room)] + base:
         i = int(np.searchsorted(offsets, k, side="right") - 1)
         places.append((int(k), i, int(k - offsets[i])))
     return int(idx.size), places
+
+
+# token values are scanned this many at a time, so that one answer of millions of tokens
+# costs a few float64 temporaries of this size, not of its length
+SCAN_SLICE = 1 << 21
+
+
+def _slices(n: int) -> Iterator[tuple[int, int]]:
+    return ((lo, min(n, lo + SCAN_SLICE)) for lo in range(0, max(n, 1), SCAN_SLICE))
 
 
 def _scan_batch(s: Scan, rb: RawBatch, src: Source, cfg: CheckConfig) -> None:
@@ -785,7 +795,11 @@ def _scan_batch(s: Scan, rb: RawBatch, src: Source, cfg: CheckConfig) -> None:
     off0 = rb.offsets[first]
     lengths0 = np.diff(off0)
     s.rows += rb.n
-    m = rb.mask if rb.mask is not None else np.ones(int(off0[-1]), dtype=np.bool_)
+    m = rb.mask  # None: every token valid
+
+    def where_token(k: int, i: int, t: int, **extra: Any) -> dict[str, Any]:
+        return where(rb.label, rb.start + i, token=t, **extra)
+
     if "mask" in rb.offsets:  # mask lists of another length
         bad = np.flatnonzero(np.diff(rb.offsets["mask"]) != lengths0)
         s.mismatch += int(bad.size)
@@ -799,7 +813,8 @@ def _scan_batch(s: Scan, rb: RawBatch, src: Source, cfg: CheckConfig) -> None:
                     expected=int(lengths0[i]),
                 )
             )
-    valid_per_row = segment_count(m, off0)  # an empty last answer included
+    # an empty last answer included
+    valid_per_row = lengths0.copy() if m is None else segment_count(m, off0)
     valid_per_row[lengths0 == 0] = 0
     s.tokens += int(valid_per_row.sum())
     empty = np.flatnonzero(valid_per_row == 0)
@@ -822,38 +837,67 @@ def _scan_batch(s: Scan, rb: RawBatch, src: Source, cfg: CheckConfig) -> None:
                     )
                 )
             continue  # values of a misaligned field cannot be matched to the mask
-        vf = v.astype(np.float64, copy=False)
-        n, places = _flagged(~np.isfinite(vf) & m, off0, MAX_EXAMPLES - len(s.nonfinite_ex))
-        s.nonfinite += n
-        s.nonfinite_ex += [
-            where(rb.label, rb.start + i, field=src.name(f), token=t, value=str(vf[k]))
-            for k, i, t in places
-        ]
-        if f == "entropy":  # an entropy is >= 0 by nature: only its finiteness is checked
-            continue
-        with np.errstate(invalid="ignore"):
-            pos = (vf > 0) & m
-        n, places = _flagged(pos, off0, MAX_EXAMPLES - len(s.positive_ex))
-        s.positive += n
-        s.positive_ex += [
-            where(rb.label, rb.start + i, field=src.name(f), token=t, value=float(vf[k]))
-            for k, i, t in places
-        ]
-        if f == "logp":
-            s.zero += int(np.count_nonzero((vf == 0) & m))
+        for lo, hi in _slices(v.shape[0]):
+            ms = None if m is None else m[lo:hi]
+            _scan_values(s, f, src.name(f), v[lo:hi], ms, lo, off0, where_token)
     if cfg.on_policy and "old_logp" in fields and np.array_equal(rb.offsets["old_logp"], off0):
-        a = rb.values["logp"].astype(np.float64, copy=False)
-        b = rb.values["old_logp"].astype(np.float64, copy=False)
-        with np.errstate(invalid="ignore"):
-            diff = (a != b) & m & np.isfinite(a) & np.isfinite(b)
-        n, places = _flagged(diff, off0, MAX_EXAMPLES - len(s.offpolicy_ex))
-        if n:
-            s.offpolicy += n
-            s.offpolicy_max = max(s.offpolicy_max, float(np.max(np.abs(a[diff] - b[diff]))))
-            s.offpolicy_ex += [
-                where(rb.label, rb.start + i, token=t, logp=float(a[k]), old_logp=float(b[k]))
-                for k, i, t in places
-            ]
+        for lo, hi in _slices(int(off0[-1])):
+            ms = None if m is None else m[lo:hi]
+            a = rb.values["logp"][lo:hi].astype(np.float64, copy=False)
+            b = rb.values["old_logp"][lo:hi].astype(np.float64, copy=False)
+            with np.errstate(invalid="ignore"):
+                diff = (a != b) & np.isfinite(a) & np.isfinite(b)
+            if ms is not None:
+                diff &= ms
+            n, places = _flagged(diff, off0, MAX_EXAMPLES - len(s.offpolicy_ex), lo)
+            if n:
+                s.offpolicy += n
+                s.offpolicy_max = max(s.offpolicy_max, float(np.max(np.abs(a[diff] - b[diff]))))
+                s.offpolicy_ex += [
+                    where_token(k, i, t, logp=float(a[k - lo]), old_logp=float(b[k - lo]))
+                    for k, i, t in places
+                ]
+
+
+def _scan_values(
+    s: Scan,
+    f: str,
+    name: str,
+    v: np.ndarray,
+    m: NDArray[np.bool_] | None,
+    lo: int,
+    offsets: NDArray[np.int64],
+    where_token: Callable[..., dict[str, Any]],
+) -> None:
+    """The token checks of field ``f`` (named ``name`` in the file) over the tokens
+    ``lo ..`` of a batch of answers at ``offsets`` (``m``: their mask, None when every token
+    is valid); ``where_token(k, i, t, **extra)`` places token ``k`` (answer ``i``, token
+    ``t``)."""
+    vf = v.astype(np.float64, copy=False)
+    bad = ~np.isfinite(vf)
+    if m is not None:
+        bad &= m
+    n, places = _flagged(bad, offsets, MAX_EXAMPLES - len(s.nonfinite_ex), lo)
+    s.nonfinite += n
+    s.nonfinite_ex += [
+        where_token(k, i, t, field=name, value=str(vf[k - lo])) for k, i, t in places
+    ]
+    if f == "entropy":  # an entropy is >= 0 by nature: only its finiteness is checked
+        return
+    with np.errstate(invalid="ignore"):
+        pos = vf > 0
+    if m is not None:
+        pos &= m
+    n, places = _flagged(pos, offsets, MAX_EXAMPLES - len(s.positive_ex), lo)
+    s.positive += n
+    s.positive_ex += [
+        where_token(k, i, t, field=name, value=float(vf[k - lo])) for k, i, t in places
+    ]
+    if f == "logp":
+        zero = vf == 0
+        if m is not None:
+            zero &= m
+        s.zero += int(np.count_nonzero(zero))
 
 
 def _fields(src: Source) -> list[str]:

@@ -44,8 +44,10 @@ __all__ = [
     "aggregate",
     "aggregation_weights",
     "answer_clip_counts",
+    "answer_clip_tokens",
     "check_offsets",
     "clip_counts",
+    "clip_counts_of",
     "clipped_surrogate",
     "difference",
     "flatten_padded",
@@ -621,17 +623,21 @@ def log_ratio(logp: FloatArray, old_logp: FloatArray, *, clamp: float | None = N
     return d
 
 
-def sequence_log_ratio(delta: F64, offsets: I64, *, upper: float | None = None) -> F64:
+def sequence_log_ratio(
+    delta: F64, offsets: I64, *, upper: float | None = None, mean: F64 | None = None
+) -> F64:
     """GSPO sequence-level log-ratio, broadcast to tokens: ``log s_i = mean_t Δ_{i,t}``.
 
     See Zheng et al. 2025, "Group Sequence Policy Optimization", eq. 7: the ratio of an
     answer is the geometric mean of its token ratios, applied to each of its tokens.
     ``upper`` bounds ``log s_i`` from above, after the mean (verl 0.9.1 clamps at 10).
+    ``mean``: the answers' mean ``Δ`` when known beyond ``delta`` (an answer folded a slice
+    of its tokens at a time).
 
     Returns:
         ``(T,)``: answer ``i``'s mean log-ratio repeated over its tokens.
     """
-    seq = segment_mean(delta, offsets)
+    seq = segment_mean(delta, offsets) if mean is None else np.array(mean, dtype=np.float64)
     if upper is not None:
         np.minimum(seq, upper, out=seq)
     return np.repeat(seq, np.diff(offsets))
@@ -757,30 +763,58 @@ def clip_counts(
         >>> clip_counts(np.array([0.5, 1.0, 1.5]), np.array([-1.0, 1.0]), np.array([0, 2, 3]))
         ClipCounts(low=1, high=1, region=2, outside=2, dual=0)
     """
+    counts = answer_clip_tokens(
+        ratio, adv, offsets, clip_eps=clip_eps, clip_eps_high=clip_eps_high, dual_clip=dual_clip
+    )
+    return clip_counts_of(*counts, unit=unit)
+
+
+def answer_clip_tokens(
+    ratio: F64,
+    adv: F64,
+    offsets: I64,
+    *,
+    clip_eps: float = 0.2,
+    clip_eps_high: float | None = None,
+    dual_clip: float | None = None,
+) -> tuple[I64, I64, I64, I64]:
+    """Per answer, its tokens of each clip class of :class:`ClipCounts`: ``(low, high,
+    outside, dual)``, ``(N,)`` counts each (counts of a token range add up, so an answer
+    can be counted a slice at a time); :func:`clip_counts` sums them in its unit."""
     offsets = check_offsets(offsets, ratio.shape[0])
     hi = clip_eps if clip_eps_high is None else clip_eps_high
-
-    def per_answer(flags: NDArray[np.bool_]) -> I64:
-        counts = segment_count(flags, offsets)
-        return np.minimum(counts, 1) if unit == "sequences" else counts
-
     is_below, is_above = ratio < 1.0 - clip_eps, ratio > 1.0 + hi
-    outside = int(per_answer(is_below | is_above).sum())
-    if adv.shape == ratio.shape and adv.shape != (offsets.shape[0] - 1,):
-        neg_t, pos_t = adv < 0, adv > 0
-        low = int(per_answer(is_below & neg_t).sum())
-        high = int(per_answer(is_above & pos_t).sum())
-        dual = 0 if dual_clip is None else int(per_answer((ratio > dual_clip) & neg_t).sum())
-        return ClipCounts(low, high, low + high, outside, dual)
+    outside = segment_count(is_below | is_above, offsets)
+    no_dual = np.zeros(offsets.shape[0] - 1, dtype=np.int64)
+    if adv.shape == ratio.shape and adv.shape != (offsets.shape[0] - 1,):  # per token
+        neg_t = adv < 0
+        low = segment_count(is_below & neg_t, offsets)
+        high = segment_count(is_above & (adv > 0), offsets)
+        dual = no_dual if dual_clip is None else segment_count((ratio > dual_clip) & neg_t, offsets)
+        return low, high, outside, dual
     if adv.shape != (offsets.shape[0] - 1,):
         raise InputError(f"adv: expected shape ({offsets.shape[0] - 1},), got {adv.shape}")
-    below, above = per_answer(is_below), per_answer(is_above)
-    neg, pos = adv < 0, adv > 0
-    low, high = int(below[neg].sum()), int(above[pos].sum())
-    dual = 0
+    neg = adv < 0
+    low, high = segment_count(is_below, offsets), segment_count(is_above, offsets)
+    low[~neg] = 0
+    high[adv <= 0] = 0
+    dual = no_dual
     if dual_clip is not None:
-        dual = int(per_answer(ratio > dual_clip)[neg].sum())
-    return ClipCounts(low, high, low + high, outside, dual)
+        dual = segment_count(ratio > dual_clip, offsets)
+        dual[~neg] = 0
+    return low, high, outside, dual
+
+
+def clip_counts_of(
+    low: I64, high: I64, outside: I64, dual: I64, unit: ClipUnit = "tokens"
+) -> ClipCounts:
+    """:class:`ClipCounts` from :func:`answer_clip_tokens`' per-answer counts: their sums
+    (``unit="tokens"``), or the answers with any such token (``"sequences"``)."""
+    if unit == "sequences":
+        low, high = np.minimum(low, 1), np.minimum(high, 1)
+        outside, dual = np.minimum(outside, 1), np.minimum(dual, 1)
+    lo, hi = int(low.sum()), int(high.sum())
+    return ClipCounts(lo, hi, lo + hi, int(outside.sum()), int(dual.sum()))
 
 
 def answer_clip_counts(
@@ -976,6 +1010,7 @@ def used_log_ratio(
     ratio_level: RatioLevel = "token",
     log_ratio_clamp: float | None = None,
     seq_ratio_clamp: float | None = None,
+    seq_mean: F64 | None = None,
 ) -> F64:
     """The log of the ratio the surrogate uses, per token, from the raw ``Δ = logp − old_logp``.
 
@@ -994,7 +1029,7 @@ def used_log_ratio(
         array([10., 10.])
     """
     if ratio_level == "sequence":
-        return sequence_log_ratio(delta, offsets, upper=seq_ratio_clamp)
+        return sequence_log_ratio(delta, offsets, upper=seq_ratio_clamp, mean=seq_mean)
     if log_ratio_clamp is None:
         return delta
     return np.clip(delta, -log_ratio_clamp, log_ratio_clamp)
@@ -1017,6 +1052,7 @@ def token_terms(
     kl_estimator: KLEstimator = "k3",
     kl_clamp: float | None = None,
     kl_bias_correction: bool = False,
+    seq_mean: F64 | None = None,
 ) -> TokenTerms:
     """Per-token GRPO terms of ragged data: ``policy − β · KL`` (DeepSeekMath eq. 3).
 
@@ -1031,6 +1067,8 @@ def token_terms(
         ref_logp: ``(T,)`` log π_ref, or None (then ``beta`` must be 0).
         adv: ``(N,)`` one advantage per answer, or ``(T,)`` one per token.
         offsets: ``(N+1,)``.
+        seq_mean: ``(N,)`` the answers' mean ``Δ`` for the sequence-level ratio, when the
+            batch holds a slice of an answer's tokens (else computed from ``offsets``).
 
     Returns:
         :class:`TokenTerms`.
@@ -1060,6 +1098,7 @@ def token_terms(
         ratio_level=ratio_level,
         log_ratio_clamp=log_ratio_clamp,
         seq_ratio_clamp=seq_ratio_clamp,
+        seq_mean=seq_mean,
     )
     with np.errstate(over="ignore"):
         ratio = np.exp(used)
@@ -1096,6 +1135,45 @@ def token_terms(
     )
 
 
+@dataclass(frozen=True)
+class SequenceMeans:
+    """Per answer, the means over its tokens that every token's sequence-level gradient
+    takes (:func:`token_gradients`): ``Δ``, the active ``ρA``, and the KL (or None)."""
+
+    delta: F64
+    policy: F64
+    kl: F64 | None
+
+
+def _unclipped(
+    terms: TokenTerms, clip_eps: float, clip_eps_high: float | None, dual_clip: float | None
+) -> NDArray[np.bool_]:
+    """Tokens where ``min`` takes the unclipped branch and no dual clip binds."""
+    high = clip_eps if clip_eps_high is None else clip_eps_high
+    rho, a = terms.ratio, terms.adv
+    active = ((a > 0) & (rho <= 1.0 + high)) | ((a < 0) & (rho >= 1.0 - clip_eps))
+    if dual_clip is not None:
+        active &= ~((a < 0) & (rho > dual_clip))
+    return active
+
+
+def sequence_sums(
+    terms: TokenTerms,
+    offsets: I64,
+    *,
+    clip_eps: float = 0.2,
+    clip_eps_high: float | None = None,
+    dual_clip: float | None = None,
+) -> tuple[F64, F64, F64 | None]:
+    """Per answer, the sums behind :class:`SequenceMeans` (``Δ``, active ``ρA``, KL) over
+    the tokens of ``terms``: sums of an answer's slices add up to the answer's."""
+    active = _unclipped(terms, clip_eps, clip_eps_high, dual_clip)
+    with np.errstate(over="ignore", invalid="ignore"):
+        per = np.where(active, terms.ratio * terms.adv, 0.0)
+    kl = None if terms.kl is None else segment_sum(terms.kl, offsets)
+    return segment_sum(terms.delta, offsets), segment_sum(per, offsets), kl
+
+
 def token_gradients(
     terms: TokenTerms,
     *,
@@ -1110,6 +1188,7 @@ def token_gradients(
     kl_estimator: KLEstimator = "k3",
     kl_clamp: float | None = None,
     kl_bias_correction: bool = False,
+    answer_means: SequenceMeans | None = None,
 ) -> tuple[F64, F64 | None]:
     """Each token's ``∂policy/∂logp_t`` and ``∂kl_loss/∂logp_t`` for the terms of
     :func:`token_terms`, before the aggregation weights (which are constant within an
@@ -1132,23 +1211,25 @@ def token_gradients(
     ``kl·ρ`` (TRL 1.16.0 multiplies by the undetached ratio): ``g_k = kl'·ρ + kl·ρ`` per
     token (token level, where ``Δ`` is free), ``kl'·s_i + s_i·mean_i(kl)`` (sequence level).
     The KL in the reward enters through the advantages, which the trainers detach: no term.
+    ``answer_means`` gives the answer means of the sequence level when ``terms`` hold a
+    slice of an answer (:func:`sequence_sums` over its slices, divided by its length).
     """
     del beta
-    high = clip_eps if clip_eps_high is None else clip_eps_high
     rho, a = terms.ratio, terms.adv
-    active = ((a > 0) & (rho <= 1.0 + high)) | ((a < 0) & (rho >= 1.0 - clip_eps))
-    if dual_clip is not None:
-        active &= ~((a < 0) & (rho > dual_clip))
+    active = _unclipped(terms, clip_eps, clip_eps_high, dual_clip)
     if ratio_level == "sequence":
         if offsets is None:
             raise UsageError("the sequence-level gradient needs the answers' offsets")
         lengths = np.diff(offsets)
+        m = answer_means
         free: NDArray[np.bool_] = np.ones(rho.shape, dtype=bool)
         if seq_ratio_clamp is not None:
-            free = np.repeat(segment_mean(terms.delta, offsets) <= seq_ratio_clamp, lengths)
+            mean_delta = segment_mean(terms.delta, offsets) if m is None else m.delta
+            free = np.repeat(mean_delta <= seq_ratio_clamp, lengths)
         with np.errstate(over="ignore", invalid="ignore"):
             per = np.where(active, rho * a, 0.0)
-            gp = np.where(free, np.repeat(segment_mean(per, offsets), lengths), 0.0)
+            mean_per = segment_mean(per, offsets) if m is None else m.policy
+            gp = np.where(free, np.repeat(mean_per, lengths), 0.0)
     else:
         free = np.ones(rho.shape, dtype=bool)  # ∂Δ'/∂logp = 1: no log-ratio clamp binds
         if log_ratio_clamp is not None:
@@ -1174,7 +1255,10 @@ def token_gradients(
         with np.errstate(over="ignore", invalid="ignore"):
             if ratio_level == "sequence":
                 assert offsets is not None
-                mean_kl = np.repeat(segment_mean(terms.kl, offsets), np.diff(offsets))
+                kl_means = segment_mean(terms.kl, offsets)
+                if answer_means is not None and answer_means.kl is not None:
+                    kl_means = answer_means.kl
+                mean_kl = np.repeat(kl_means, np.diff(offsets))
                 gk = gk * rho + np.where(free, rho * mean_kl, 0.0)
             else:
                 gk = gk * rho + np.where(free, terms.kl * rho, 0.0)

@@ -42,6 +42,7 @@ __all__ = [
     "BatchError",
     "RawBatch",
     "Source",
+    "answer_runs",
     "iter_batch_streams",
     "iter_batches",
     "iter_raw",
@@ -51,6 +52,7 @@ __all__ = [
     "parse_column_map",
     "raw_from_arrow",
     "raw_to_batch",
+    "token_ranges",
     "validate_raw",
     "write_advantages",
 ]
@@ -834,6 +836,47 @@ class Batch:
     @property
     def lengths(self) -> I64:
         return np.diff(self.offsets)
+
+    def answers(self, i: int, j: int) -> Batch:
+        """Answers ``i .. j-1`` of the batch (views, no copy)."""
+        lo, hi = int(self.offsets[i]), int(self.offsets[j])
+        return Batch(
+            start=self.start + i,
+            offsets=self.offsets[i : j + 1] - lo,
+            fields={k: v[lo:hi] for k, v in self.fields.items()},
+            width=self.width[i:j],
+            answer={k: v.slice(i, j - i) for k, v in self.answer.items()},
+        )
+
+    def tokens(self, lo: int, hi: int) -> Batch:
+        """Tokens ``lo .. hi-1`` of a one-answer batch, as a batch of one answer (a slice
+        of a long answer: its sums add up with the other slices')."""
+        return Batch(
+            start=self.start,
+            offsets=np.array([0, hi - lo], dtype=np.int64),
+            fields={k: v[lo:hi] for k, v in self.fields.items()},
+            width=np.array([hi - lo], dtype=np.int64),
+            answer=self.answer,
+        )
+
+
+def answer_runs(b: Batch, long: int) -> Iterator[tuple[int, int, bool]]:
+    """``(i, j, is_long)``: the batch cut into runs of answers of at most ``long`` tokens,
+    each answer longer than that a run of its own."""
+    big = np.flatnonzero(np.diff(b.offsets) > long)
+    i = 0
+    for k in big.tolist():
+        if k > i:
+            yield i, k, False
+        yield k, k + 1, True
+        i = k + 1
+    if i < b.n or b.n == 0:
+        yield i, b.n, False
+
+
+def token_ranges(n: int, size: int) -> Iterator[tuple[int, int]]:
+    """``[lo, hi)`` ranges of at most ``size`` that cover ``0 .. n-1``."""
+    return ((lo, min(n, lo + size)) for lo in range(0, n, size))
 
 
 def iter_batches(

@@ -9,8 +9,8 @@ whatever order they were folded. :class:`GroupPartial` is pass 1 as a partial, a
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -24,25 +24,30 @@ from ._core import (
     ClipCounts,
     FloatArray,
     GroupStats,
+    SequenceMeans,
     aggregation_weights,
-    answer_clip_counts,
-    clip_counts,
+    answer_clip_tokens,
+    clip_counts_of,
     difference,
     group_stats,
     kl_from_log_ratio,
     log_ratio,
     overall_std,
     ratio_moments,
+    segment_count,
     segment_sum,
+    sequence_sums,
     token_gradients,
     token_terms,
 )
 from ._io import (
     Answers,
     Batch,
+    answer_runs,
     group_ids,
     null_rows,
     numpy_of,
+    token_ranges,
 )
 from ._records import QUANTILE_LEVELS, QUANTILES, Distribution, RolloutReport
 from ._settings import Settings
@@ -81,10 +86,14 @@ class RolloutPartial:
         self.s2 = 0.0
 
     def update(self, delta: F64, old: FloatArray, rollout: FloatArray, offsets: I64) -> None:
+        self.update_answers(self.update_tokens(delta, old, rollout, offsets))
+
+    def update_tokens(self, delta: F64, old: FloatArray, rollout: FloatArray, offsets: I64) -> F64:
+        """Fold in the tokens; returns each answer's ``Σ_t δ`` (its log weight, or the part
+        of it these tokens hold), for :meth:`update_answers`."""
         if delta.shape[0] == 0:
-            return
+            return np.zeros(offsets.shape[0] - 1)
         self.tokens += int(delta.shape[0])
-        self.answers += int(offsets.shape[0] - 1)
         a = np.abs(delta)
         self.abs_sum += float(np.sum(a))
         self.abs_max = max(self.abs_max, float(np.max(a)))
@@ -102,7 +111,13 @@ class RolloutPartial:
             self.p_sum += float(np.sum(np.abs(p_old - p_rollout)))
         self.r_min = min(self.r_min, float(np.min(r)))
         self.r_max = max(self.r_max, float(np.max(r)))
-        s = segment_sum(delta, offsets)
+        return segment_sum(delta, offsets)
+
+    def update_answers(self, s: F64) -> None:
+        """Fold in whole answers by their log weights ``s_i = Σ_t δ``."""
+        if s.shape[0] == 0:
+            return
+        self.answers += int(s.shape[0])
         top = float(np.max(s))
         self._merge_weights(
             top, float(np.sum(np.exp(s - top))), float(np.sum(np.exp(2.0 * (s - top))))
@@ -283,9 +298,13 @@ class GradientSums:
     tokens_policy: int = 0
     answers_policy: int = 0
 
-    def add(self, gp: F64, gk: F64 | None, offsets: I64) -> None:
-        lengths = np.diff(offsets)
-        inv = np.repeat(1.0 / lengths, lengths)
+    def add(self, gp: F64, gk: F64 | None, offsets: I64, lengths: I64 | None = None) -> I64:
+        """Fold in the tokens of answers at ``offsets`` whose whole lengths are ``lengths``
+        (default: as ``offsets`` gives; a slice of an answer passes the whole answer's);
+        returns each answer's tokens of nonzero policy gradient (:meth:`count_answers`)."""
+        if lengths is None:
+            lengths = np.diff(offsets)
+        inv = np.repeat(1.0 / lengths, np.diff(offsets))
         with np.errstate(over="ignore", invalid="ignore"):
             p = (gp, gp * inv)
             for i in (0, 1):
@@ -298,7 +317,11 @@ class GradientSums:
                         self.pk[i][j] += float(np.dot(p[i], k[j]))
         nz = gp != 0.0
         self.tokens_policy += int(np.count_nonzero(nz))
-        self.answers_policy += int(np.count_nonzero(np.add.reduceat(nz, offsets[:-1])))
+        return segment_count(nz, offsets)
+
+    def count_answers(self, nonzero: I64) -> None:
+        """Answers with a nonzero policy gradient, from :meth:`add`'s counts."""
+        self.answers_policy += int(np.count_nonzero(nonzero))
 
     def merge(self, o: GradientSums) -> GradientSums:
         for i in (0, 1):
@@ -327,9 +350,8 @@ class LengthAdvantage:
         default_factory=lambda: np.zeros((LENGTH_EDGES.shape[0], ADV_EDGES.shape[0] - 1), np.int64)
     )
 
-    def update(self, b: Batch, adv: F64) -> None:
-        lengths = b.lengths
-        a = adv if adv.shape == (b.n,) else segment_sum(adv, b.offsets) / lengths
+    def update(self, lengths: I64, a: F64) -> None:
+        """Count answers of ``lengths`` with (mean) advantages ``a``."""
         ok = np.isfinite(a)
         i = np.searchsorted(LENGTH_EDGES, lengths[ok], side="right") - 1
         j = np.searchsorted(ADV_EDGES, a[ok], side="right") - 1
@@ -359,6 +381,87 @@ class PositiveLogp:
         for f, n in o.counts.items():
             self.counts[f] = self.counts.get(f, 0) + n
         return self
+
+
+# An answer longer than this folds a slice of this many tokens at a time (TokenPartial):
+# a few float64 temporaries of 8 MiB, whatever the answer's length.
+SLICE_TOKENS = 1 << 20
+
+
+def _plus(a: Any, b: Any) -> Any:
+    return None if a is None or b is None else a + b
+
+
+@dataclass
+class AnswerSums:
+    """Per answer, what the answer-level parts of :class:`TokenPartial` take from its
+    tokens: sums of token values and counts of flagged tokens, ``(n,)`` each or None when
+    they do not apply. The sums over the slices of an answer add up to the whole answer's."""
+
+    term: F64 | None = None
+    policy: F64 | None = None
+    kl: F64 | None = None  # the KL the loss takes
+    kl_raw: F64 | None = None  # the KL estimate, when the loss takes another (bias-corrected)
+    low: I64 | None = None  # clipped tokens by class (answer_clip_tokens)
+    high: I64 | None = None
+    outside: I64 | None = None  # with dual: given when the clip counts are made per answer
+    dual: I64 | None = None
+    rollout: F64 | None = None  # Σ (old_logp − rollout_logp)
+    reward_kl: F64 | None = None
+    old_ref: F64 | None = None
+    adv: F64 | None = None  # Σ of per-token advantages (None: one advantage per answer)
+    grad_nz: I64 | None = None  # tokens of nonzero policy gradient
+
+    def __add__(self, o: AnswerSums) -> AnswerSums:
+        return AnswerSums(
+            **{f.name: _plus(getattr(self, f.name), getattr(o, f.name)) for f in fields(self)}
+        )
+
+
+@dataclass(frozen=True)
+class Whole:
+    """What a fold of some tokens knows of their answers as wholes: their lengths, whether
+    the advantages are per token, and (when the tokens are a slice of one answer and the
+    ratio is per sequence) the answer's mean ``Δ`` and the means its gradient takes."""
+
+    lengths: I64
+    per_token: bool
+    seq_mean: F64 | None = None
+    grad_means: SequenceMeans | None = None  # the sequence-level gradient's answer means
+
+
+def seq_mean(b: Batch) -> F64:
+    """A one-answer batch's mean ``Δ = logp − old_logp``, a slice at a time."""
+    logp, old = b.fields["logp"], b.fields.get("old_logp")
+    total = 0.0
+    if old is not None:
+        for lo, hi in token_ranges(logp.shape[0], SLICE_TOKENS):
+            total += float(np.sum(log_ratio(logp[lo:hi], old[lo:hi])))
+    return np.array([total / logp.shape[0]])
+
+
+def sequence_means(b: Batch, adv: F64, per_token: bool, s: Settings, seq: F64) -> SequenceMeans:
+    """The answer means the sequence-level gradient of a one-answer batch takes, from a
+    first pass over its slices (:func:`grpo_cli._core.sequence_sums`)."""
+    n = int(b.offsets[-1])
+    d = p = 0.0
+    kl: float | None = None
+    for lo, hi in token_ranges(n, SLICE_TOKENS):
+        piece = b.tokens(lo, hi)
+        f = piece.fields
+        terms = token_terms(
+            f["logp"], f.get("old_logp"), f.get("ref_logp"), adv[lo:hi] if per_token else adv,
+            piece.offsets, seq_mean=seq, **s.term_kwargs(),
+        )  # fmt: skip
+        sd, sp, sk = sequence_sums(
+            terms, piece.offsets, clip_eps=s.clip_eps, clip_eps_high=s.clip_eps_high,
+            dual_clip=s.dual_clip,
+        )  # fmt: skip
+        d, p = d + float(sd[0]), p + float(sp[0])
+        kl = None if sk is None else (kl or 0.0) + float(sk[0])
+    return SequenceMeans(
+        np.array([d / n]), np.array([p / n]), None if kl is None else np.array([kl / n])
+    )
 
 
 class TokenPartial:
@@ -462,33 +565,106 @@ class TokenPartial:
         self.kl_answer.update(per_answer)
         self.kl_answer_q.update(per_answer)
 
+    # ---- the fold: token parts from the tokens, answer parts from per-answer sums
+    #
+    # Every batch folds in two steps: ``_tokens`` folds the parts that count tokens and
+    # returns per-answer sums (:class:`AnswerSums`); ``_answers`` folds the parts that count
+    # answers from those sums. An answer longer than SLICE_TOKENS goes through ``_tokens`` a
+    # slice at a time and its sums add up, so that no per-token array is ever longer than a
+    # slice: the answer-level results are those of the whole answer.
+
+    def _runs(
+        self, b: Batch, adv: F64 | None, step: Callable[[Batch, F64 | None, Whole], AnswerSums]
+    ) -> Iterator[tuple[Batch, F64 | None, AnswerSums]]:
+        per_token = adv is not None and adv.shape != (b.n,)
+        for i, j, is_long in answer_runs(b, SLICE_TOKENS):
+            sub = b if (i, j) == (0, b.n) else b.answers(i, j)
+            a = adv
+            if adv is not None and sub is not b:
+                a = adv[b.offsets[i] : b.offsets[j]] if per_token else adv[i:j]
+            if not is_long:
+                sums = step(sub, a, Whole(sub.lengths, per_token))
+                if per_token:
+                    assert a is not None
+                    sums.adv = segment_sum(a, sub.offsets)
+                yield sub, a, sums
+                continue
+            seq = grad = None
+            if self.settings.ratio_level == "sequence":
+                seq = seq_mean(sub)
+                if self.gradient_wanted and a is not None:
+                    grad = sequence_means(sub, a, per_token, self.settings, seq)
+            whole = Whole(sub.lengths, per_token, seq, grad)
+            total = AnswerSums()
+            for k, (lo, hi) in enumerate(token_ranges(int(sub.offsets[-1]), SLICE_TOKENS)):
+                pa = a if a is None or not per_token else a[lo:hi]
+                got = step(sub.tokens(lo, hi), pa, whole)
+                if per_token:
+                    assert pa is not None
+                    got.adv = np.array([np.sum(pa)])
+                total = got if k == 0 else total + got
+            yield sub, a, total
+
     def update_kl(self, b: Batch) -> None:
         """Statistics of the KL estimate alone (``grpo-cli kl``)."""
         with np.errstate(over="ignore"):  # sums beyond float64 are inf, reported as such
-            self._update_kl(b)
+            for sub, _, sums in self._runs(b, None, self._kl_tokens):
+                self.counts.update(sub)
+                assert sums.kl is not None
+                self._kl_answers(self.kl.add(sums.kl, sub.lengths))
 
-    def _update_kl(self, b: Batch) -> None:
-        self.counts.update(b)
+    def _kl_tokens(self, b: Batch, adv: F64 | None, whole: Whole) -> AnswerSums:
         d = difference(b.fields["ref_logp"], b.fields["logp"])
         k = self.kl_function()(d)
         self.kl_values.update(k)
         self.kl_d.update(d)
-        self._kl_answers(self.kl.add(segment_sum(k, b.offsets), b.lengths))
+        return AnswerSums(kl=segment_sum(k, b.offsets))
 
     def update(self, b: Batch, adv: F64) -> None:
         """Fold in a batch of answers with their advantages: ``(b.n,)``, or one per token
         (the kernel takes one per answer: per-token advantages fold in numpy)."""
         with np.errstate(over="ignore"):  # sums beyond float64 are inf, reported as such
-            if self.compiled and adv.shape == (b.n,):
-                self._update_compiled(b, adv)
-            else:
-                self._update_numpy(b, adv)
-            self._update_extras(b)
-            self.positive.update(b)
-            self.length_adv.update(b, adv)
+            for sub, a, sums in self._runs(b, adv, self._tokens):
+                assert a is not None
+                self._answers(sub, a, sums)
 
-    def _update_compiled(self, b: Batch, adv: F64) -> None:
-        """The same statistics as :meth:`_update_numpy`, from one pass of the kernel (which
+    def _tokens(self, b: Batch, adv: F64 | None, whole: Whole) -> AnswerSums:
+        assert adv is not None
+        if self.compiled and not whole.per_token:
+            sums = self._tokens_compiled(b, adv)
+        else:
+            sums = self._tokens_numpy(b, adv, whole)
+        self._extras_tokens(b, sums)
+        self.positive.update(b)
+        return sums
+
+    def _answers(self, b: Batch, adv: F64, sums: AnswerSums) -> None:
+        """The answer-level parts, from the per-answer sums of :meth:`_tokens`."""
+        s, lengths = self.settings, b.lengths
+        assert sums.term is not None and sums.policy is not None
+        assert sums.low is not None and sums.high is not None
+        self.counts.update(b)
+        self.term.add(sums.term, lengths)
+        self.policy.add(sums.policy, lengths)
+        if sums.kl is not None:
+            means = self.kl.add(sums.kl, lengths)
+            self._kl_answers(means if sums.kl_raw is None else sums.kl_raw / lengths)
+        if sums.outside is not None and sums.dual is not None:  # numpy: counted per answer
+            self.clip = self.clip.merge(
+                clip_counts_of(sums.low, sums.high, sums.outside, sums.dual, s.clip_unit)
+            )
+        self.clip_shares.add(sums.low, sums.high, lengths, s.clip_unit)
+        if sums.grad_nz is not None:
+            self.grad.count_answers(sums.grad_nz)
+        if sums.reward_kl is not None and sums.old_ref is not None:
+            self.reward_kl.add(sums.reward_kl, lengths)
+            self.old_ref.add(sums.old_ref, lengths)
+        if sums.rollout is not None:
+            self.rollout.update_answers(sums.rollout)
+        self.length_adv.update(lengths, adv if sums.adv is None else sums.adv / lengths)
+
+    def _tokens_compiled(self, b: Batch, adv: F64) -> AnswerSums:
+        """The same statistics as :meth:`_tokens_numpy`, from one pass of the kernel (which
         bins Δ and d into the two sketches' histograms in place, for speed)."""
         f = b.fields
         logp, old, ref = f["logp"], f.get("old_logp"), f.get("ref_logp")
@@ -504,10 +680,7 @@ class TokenPartial:
             vector=self.vector,
             **self.settings.term_kwargs(),
         )
-        self.counts.update(b)
         t, n = out.totals, int(b.offsets[-1])
-        self.term.add(out.term, b.lengths)
-        self.policy.add(out.policy, b.lengths)
         if out.kl is not None:
             assert ref is not None
             self.kl_values.merge(
@@ -516,68 +689,63 @@ class TokenPartial:
                 )
             )
             self.kl_d.counted(n, t.x_min, t.x_max, lambda: difference(ref, logp))
-            self._kl_answers(self.kl.add(out.kl, b.lengths))
+        # the kernel counts clipped tokens (its ratio is per token)
         self.clip = self.clip.merge(
             ClipCounts(t.n_low, t.n_high, t.n_low + t.n_high, t.n_outside, t.n_dual)
         )
         self.ratio.add(t.r_sum, t.r2_sum, t.r_inf)
         self.log_ratios.add(t.d_sum, t.d20_sum, t.x_sum)
-        self.clip_shares.add(out.low, out.high, b.lengths, self.settings.clip_unit)
 
         def delta() -> F64:
             return np.zeros(n) if old is None else log_ratio(logp, old)
 
         self.delta.counted(n, t.d_min, t.d_max, delta)
+        return AnswerSums(term=out.term, policy=out.policy, kl=out.kl, low=out.low, high=out.high)
 
-    def _update_numpy(self, b: Batch, adv: F64) -> None:
+    def _tokens_numpy(self, b: Batch, adv: F64, whole: Whole) -> AnswerSums:
         s = self.settings
-        self.counts.update(b)
         terms = token_terms(
             b.fields["logp"],
             b.fields.get("old_logp"),
             b.fields.get("ref_logp"),
             adv,
             b.offsets,
+            seq_mean=whole.seq_mean,
             **s.term_kwargs(),
         )
-        self.term.add(segment_sum(terms.term, b.offsets), b.lengths)
-        self.policy.add(segment_sum(terms.policy, b.offsets), b.lengths)
+        sums = AnswerSums(
+            term=segment_sum(terms.term, b.offsets), policy=segment_sum(terms.policy, b.offsets)
+        )
         if terms.kl is not None and terms.ref_delta is not None:
             self.kl_values.update(terms.kl)
             self.kl_d.update(terms.ref_delta)
-            raw = segment_sum(terms.kl, b.offsets)
-            if terms.kl_loss is terms.kl:
-                self._kl_answers(self.kl.add(raw, b.lengths))
-            else:  # the loss's KL (bias-corrected) is summed; the statistics describe the KL
-                assert terms.kl_loss is not None
-                self.kl.add(segment_sum(terms.kl_loss, b.offsets), b.lengths)
-                self._kl_answers(raw / b.lengths)
+            sums.kl = segment_sum(terms.kl, b.offsets)
+            if terms.kl_loss is not terms.kl:  # the loss's KL (bias-corrected) is summed; the
+                assert terms.kl_loss is not None  # statistics describe the KL itself
+                sums.kl_raw, sums.kl = sums.kl, segment_sum(terms.kl_loss, b.offsets)
         # clip counts on the ratio the surrogate used; the ratio's moments from the raw Δ
-        self.clip = self.clip.merge(
-            clip_counts(
-                terms.ratio,
-                adv,
-                b.offsets,
-                clip_eps=s.clip_eps,
-                clip_eps_high=s.clip_eps_high,
-                dual_clip=s.dual_clip,
-                unit=s.clip_unit,
-            )
+        sums.low, sums.high, sums.outside, sums.dual = answer_clip_tokens(
+            terms.ratio,
+            adv,
+            b.offsets,
+            clip_eps=s.clip_eps,
+            clip_eps_high=s.clip_eps_high,
+            dual_clip=s.dual_clip,
         )
-        low, high = answer_clip_counts(
-            terms.ratio, adv, b.offsets, clip_eps=s.clip_eps, clip_eps_high=s.clip_eps_high
-        )
-        self.clip_shares.add(low, high, b.lengths, s.clip_unit)
         self.ratio.add(*ratio_moments(terms.delta))
         d = terms.delta
         ref = 0.0 if terms.ref_delta is None else float(np.sum(terms.ref_delta))
         self.log_ratios.add(float(np.sum(d)), float(np.sum(np.clip(d, -20.0, 20.0))), ref)
         self.delta.update(terms.delta)
         if self.gradient_wanted:
-            gp, gk = token_gradients(terms, offsets=b.offsets, **s.term_kwargs())
-            self.grad.add(gp, gk if s.beta and s.kl_mode == "loss" else None, b.offsets)
+            gp, gk = token_gradients(
+                terms, offsets=b.offsets, answer_means=whole.grad_means, **s.term_kwargs()
+            )
+            gk = gk if s.beta and s.kl_mode == "loss" else None
+            sums.grad_nz = self.grad.add(gp, gk, b.offsets, whole.lengths)
+        return sums
 
-    def _update_extras(self, b: Batch) -> None:
+    def _extras_tokens(self, b: Batch, sums: AnswerSums) -> None:
         """Entropy, sampler-vs-trainer and reward-KL statistics, when they apply."""
         s = self.settings
         if s.kl_mode == "reward" and "ref_logp" in b.fields:
@@ -589,8 +757,8 @@ class TokenPartial:
                 clamp=s.kl_clamp,
                 log_ratio_clamp=s.log_ratio_clamp,
             )
-            self.reward_kl.add(segment_sum(k, b.offsets), b.lengths)
-            self.old_ref.add(segment_sum(raw, b.offsets), b.lengths)
+            sums.reward_kl = segment_sum(k, b.offsets)
+            sums.old_ref = segment_sum(raw, b.offsets)
         entropy = b.fields.get("entropy")
         if entropy is not None:
             e = np.asarray(entropy, dtype=np.float64)
@@ -600,7 +768,7 @@ class TokenPartial:
         if rollout is not None:  # the trainer's old policy is logp itself when on-policy
             old = b.fields.get("old_logp", b.fields["logp"])
             delta_r = difference(old, rollout)
-            self.rollout.update(delta_r, old, rollout, b.offsets)
+            sums.rollout = self.rollout.update_tokens(delta_r, old, rollout, b.offsets)
 
     def merge(self, o: TokenPartial) -> TokenPartial:
         """Every part merges with its own; partials of other settings are refused."""

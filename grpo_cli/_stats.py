@@ -352,20 +352,34 @@ class Sketch:
 
 
 class IntCounts:
-    """Exact counts of small non-negative integers (answer lengths): a growing bincount."""
+    """Exact counts of non-negative integers (answer lengths): a growing bincount below
+    :attr:`DENSE`, and the rare larger values (an answer of millions of tokens) by value,
+    so that memory follows the distinct values, not the largest one."""
 
-    __slots__ = ("counts",)
+    DENSE = 1 << 16
+
+    __slots__ = ("counts", "large")
 
     def __init__(self) -> None:
         self.counts = np.zeros(0, dtype=np.int64)
+        self.large: dict[int, int] = {}
 
     def update(self, x: NDArray[np.int64]) -> IntCounts:
+        if x.shape[0] == 0:
+            return self
+        big = x >= self.DENSE
+        if big.any():
+            for v in x[big].tolist():  # rare: answers longer than 65,536 tokens
+                self.large[v] = self.large.get(v, 0) + 1
+            x = x[~big]
         if x.shape[0]:
             self._add(np.bincount(x))
         return self
 
     def merge(self, o: IntCounts) -> IntCounts:
         self._add(o.counts)
+        for v, c in o.large.items():
+            self.large[v] = self.large.get(v, 0) + c
         return self
 
     def _add(self, c: NDArray[np.int64]) -> None:
@@ -376,22 +390,29 @@ class IntCounts:
         else:
             self.counts[: c.shape[0]] += c
 
+    def values(self) -> tuple[F64, NDArray[np.int64]]:
+        """The distinct counted integers, ascending, and their counts."""
+        nz = np.flatnonzero(self.counts)
+        v, c = nz.astype(np.float64), self.counts[nz]
+        if self.large:
+            keys = sorted(self.large)
+            v = np.concatenate([v, np.array(keys, dtype=np.float64)])
+            c = np.concatenate([c, np.array([self.large[k] for k in keys], dtype=np.int64)])
+        return v, c
+
     @property
     def n(self) -> int:
-        return int(self.counts.sum())
+        return int(self.counts.sum()) + sum(self.large.values())
 
     def quantiles(self, qs: F64) -> F64 | None:
         if self.n == 0:
             return None
-        return quantiles_from_counts(
-            np.arange(self.counts.shape[0], dtype=np.float64), self.counts, qs
-        )
+        return quantiles_from_counts(*self.values(), qs)
 
     def moments(self) -> tuple[float, float, int, int]:
         """(mean, population std, min, max) of the counted integers."""
-        v = np.arange(self.counts.shape[0], dtype=np.float64)
-        n = self.n
-        mean = float(np.sum(v * self.counts) / n)
-        var = float(np.sum((v - mean) ** 2 * self.counts) / n)
-        nz = np.flatnonzero(self.counts)
-        return mean, float(np.sqrt(var)), int(nz[0]), int(nz[-1])
+        v, c = self.values()
+        n = int(c.sum())
+        mean = float(np.sum(v * c) / n)
+        var = float(np.sum((v - mean) ** 2 * c) / n)
+        return mean, float(np.sqrt(var)), int(v[0]), int(v[-1])

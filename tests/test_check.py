@@ -353,3 +353,16 @@ def test_required_rules_fail_when_skipped(cli: Cli, tmp_path: Path) -> None:
     cfg.write_text('require = ["kl-mean"]\n')  # evaluated: no change
     r = cli("check", SAMPLE / "batch.parquet", "--config", str(cfg), "--format", "json")
     assert r.exit_code == 0
+
+
+@pytest.mark.parametrize("name", sorted(BROKEN))
+def test_scan_in_token_slices_finds_the_same(
+    cli: Cli, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # an answer of millions of tokens is scanned a slice at a time: slices of 3 tokens
+    # (cutting answers anywhere) count and place every problem as one pass does
+    extra = ["--on-policy"] if "on-policy-exact" in BROKEN[name] else []
+    whole = check_json(cli, BROKEN_DIR / name, *extra)
+    monkeypatch.setattr("grpo_cli._check.SCAN_SLICE", 3)
+    sliced = check_json(cli, BROKEN_DIR / name, *extra)
+    assert sliced["results"] == whole["results"]

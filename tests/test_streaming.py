@@ -87,6 +87,21 @@ def test_int_counts_merge_and_quantiles() -> None:
     assert (lo, hi) == (1, 9) and math.isclose(mean, x.mean()) and math.isclose(std, x.std())
 
 
+def test_int_counts_of_huge_lengths_stay_small() -> None:
+    # one answer of 60M tokens must not allocate a 60M-entry bincount (480 MB)
+    a = np.array([3, 60_000_000, 1, 70_000, 70_000])
+    b = np.array([2, 60_000_000, 5])
+    c = IntCounts().update(a).merge(pickle.loads(pickle.dumps(IntCounts().update(b))))
+    assert c.counts.shape[0] <= IntCounts.DENSE
+    x = np.concatenate([a, b]).astype(float)
+    q = c.quantiles(_Q)
+    assert q is not None and c.n == 8
+    np.testing.assert_allclose(q, np.quantile(x, _Q), rtol=1e-15)
+    mean, std, lo, hi = c.moments()
+    assert (lo, hi) == (1, 60_000_000)
+    assert math.isclose(mean, x.mean(), rel_tol=1e-15) and math.isclose(std, x.std(), rel_tol=1e-12)
+
+
 def test_histogram_bins_and_open_ends() -> None:
     h = Histogram(-1.0, 1.0, 4).update(np.array([-5.0, -1.0, -0.49, 0.0, 0.5, 0.99, 1.0, 7.0]))
     # bins: under | [-1,-.5) | [-.5,0) | [0,.5) | [.5,1) | over (>= 1)

@@ -1,0 +1,126 @@
+"""An answer longer than a slice (millions of tokens in a real log) folds a slice of its
+tokens at a time, its per-answer sums carried from slice to slice: every number is the one
+the whole answer gives. Here slices of a few tokens cut every answer many times."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import Cli, sample_steps
+
+PRESETS = ("deepseekmath", "trl", "verl", "openrlhf", "dr-grpo", "dapo", "gspo")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = sample_steps(
+        tmp_path_factory.mktemp("long"), 1, "--groups", "6", "--group-size", "4",
+        "--mean-len", "40", "--extras",
+    )  # fmt: skip
+    return d / "step_0.parquet"
+
+
+def close(a: Any, b: Any, path: str = "") -> None:
+    """Equal, floats to 1e-12 relative (the sums of slices add in another order)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        assert a.keys() == b.keys(), path
+        for k in a:
+            if k != "engine":
+                close(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, list) and isinstance(b, list):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            close(x, y, f"{path}[{i}]")
+    elif isinstance(a, float) and isinstance(b, float):
+        assert math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-14), (path, a, b)
+    else:
+        assert a == b, (path, a, b)
+
+
+def both(cli: Cli, monkeypatch: pytest.MonkeyPatch, *args: str | Path) -> tuple[Any, Any]:
+    whole = cli.json(*args)
+    monkeypatch.setattr("grpo_cli._partials.SLICE_TOKENS", 7)
+    sliced = cli.json(*args)
+    monkeypatch.undo()
+    return whole, sliced
+
+
+@pytest.mark.parametrize("kernel", ["c", "numpy"])
+@pytest.mark.parametrize("preset", PRESETS)
+def test_objective_of_sliced_answers_is_the_whole_answers(
+    cli: Cli, data: Path, monkeypatch: pytest.MonkeyPatch, preset: str, kernel: str
+) -> None:
+    if kernel == "numpy":
+        monkeypatch.setenv("GRPO_CLI_KERNEL", "numpy")
+    whole, sliced = both(cli, monkeypatch, "objective", data, "--preset", preset)
+    close(whole, sliced)
+    assert whole["counts"]["answers"] == 24  # each answer counted once, not once a slice
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_gradient_of_sliced_answers(
+    cli: Cli, data: Path, monkeypatch: pytest.MonkeyPatch, preset: str
+) -> None:
+    # at sequence level every token's gradient takes answer means: a first pass over the
+    # slices gives them; TRL's bias-corrected KL takes the answer's mean KL too
+    args = ("objective", data, "--preset", preset, "--gradient", "--beta", "0.04")
+    close(*both(cli, monkeypatch, *args))
+    close(*both(cli, monkeypatch, *args, "--kl-bias-correction"))
+    if preset == "gspo":  # the clamp of the sequence ratio binds on some answers
+        close(*both(cli, monkeypatch, *args, "--seq-ratio-clamp", "0.001"))
+    if preset == "openrlhf":  # per-token advantages (KL in the reward) at sequence level:
+        # the active ρA varies within an answer
+        seq = ("--ratio-level", "sequence", "--kl-mode", "reward")
+        close(*both(cli, monkeypatch, *args, *seq))
+    close(*both(cli, monkeypatch, *args, "--dual-clip", "1.5"))
+
+
+def test_kl_in_the_reward_per_token_advantages(
+    cli: Cli, data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # OpenRLHF's KL in the reward: advantages per token, carried per slice
+    args = (
+        "objective",
+        data,
+        "--preset",
+        "openrlhf",
+        "--kl-mode",
+        "reward",
+        "--trainer",
+        "openrlhf",
+    )
+    close(*both(cli, monkeypatch, *args))
+
+
+SORTS = ("kl", "kl-max", "ratio", "clip", "length", "advantage", "gradient", "rollout")
+
+
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        ["kl"],
+        *(["answers", "--top", "30", "--sort", k] for k in SORTS),
+        ["answers", "--top", "30", "--preset", "gspo"],
+        ["answers", "--top", "30", "--preset", "gspo", "--sort", "gradient"],
+        ["answers", "--top", "30", "--preset", "gspo", "--beta", "0.04", "--sort", "gradient"],
+        [
+            "answers",
+            "--top",
+            "30",
+            "--preset",
+            "openrlhf",
+            "--kl-mode",
+            "reward",
+            "--sort",
+            "advantage",
+        ],
+    ],
+)
+def test_other_commands_of_sliced_answers(
+    cli: Cli, data: Path, monkeypatch: pytest.MonkeyPatch, cmd: list[str]
+) -> None:
+    close(*both(cli, monkeypatch, cmd[0], data, *cmd[1:]))
