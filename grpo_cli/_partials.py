@@ -37,6 +37,7 @@ from ._core import (
     segment_count,
     segment_sum,
     sequence_sums,
+    suffix_sum,
     token_gradients,
     token_terms,
 )
@@ -428,6 +429,42 @@ class Whole:
     per_token: bool
     seq_mean: F64 | None = None
     grad_means: SequenceMeans | None = None  # the sequence-level gradient's answer means
+
+
+def answer_sums(b: Batch, per_token: Callable[[Batch], F64]) -> F64:
+    """Each answer's ``Σ_t per_token(batch)[t]``, a slice at a time in an answer longer
+    than :data:`SLICE_TOKENS`."""
+    out = np.empty(b.n)
+    for i, j, is_long in answer_runs(b, SLICE_TOKENS):
+        sub = b if (i, j) == (0, b.n) else b.answers(i, j)
+        if is_long:
+            n = int(sub.offsets[-1])
+            out[i] = sum(
+                float(np.sum(per_token(sub.tokens(lo, hi))))
+                for lo, hi in token_ranges(n, SLICE_TOKENS)
+            )
+        elif sub.n:
+            out[i:j] = segment_sum(per_token(sub), sub.offsets)
+    return out
+
+
+def suffix_sums(b: Batch, per_token: Callable[[Batch], F64], out: F64, scale: float) -> None:
+    """``out[t] -= scale · Σ_{t' ≥ t} per_token(batch)[t']`` within each answer (OpenRLHF's
+    returns), a slice at a time from the end in an answer longer than :data:`SLICE_TOKENS`."""
+    for i, j, is_long in answer_runs(b, SLICE_TOKENS):
+        sub = b if (i, j) == (0, b.n) else b.answers(i, j)
+        base = int(b.offsets[i])
+        if not is_long:
+            if sub.n:
+                out[base : base + int(sub.offsets[-1])] -= scale * suffix_sum(
+                    per_token(sub), sub.offsets
+                )
+            continue
+        later = 0.0  # the sum over the slices after this one
+        for lo, hi in reversed(list(token_ranges(int(sub.offsets[-1]), SLICE_TOKENS))):
+            tail = np.cumsum(per_token(sub.tokens(lo, hi))[::-1])[::-1] + later
+            out[base + lo : base + hi] -= scale * tail
+            later = float(tail[0])
 
 
 def seq_mean(b: Batch) -> F64:

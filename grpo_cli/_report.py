@@ -25,8 +25,6 @@ from ._core import (
     difference,
     group_stats,
     kl_from_log_ratio,
-    segment_sum,
-    suffix_sum,
 )
 from ._engine import EngineOptions
 from ._io import (
@@ -48,8 +46,10 @@ from ._partials import (
     GroupPartial,
     GroupTable,
     TokenPartial,
+    answer_sums,
     group_table,
     length_weights,
+    suffix_sums,
 )
 from ._records import (
     QUANTILES,
@@ -293,7 +293,7 @@ class Pass1:
         reward = _answer_floats(b, "reward", where)
         reward_mode = s.kl_mode == "reward" and s.beta != 0.0
         if reward_mode and s.trainer == "verl":  # the KL joins the score before the groups
-            reward = reward - s.beta * segment_sum(reward_kl(b, s), b.offsets)
+            reward = reward - s.beta * answer_sums(b, lambda p: reward_kl(p, s))
         adv = advantages_from_stats(
             reward,
             self.table.codes(b.answer["group"], where),
@@ -307,7 +307,7 @@ class Pass1:
         )
         if reward_mode and s.trainer == "openrlhf":  # the KL per token, summed to the end
             adv_tok = np.repeat(adv, b.lengths)
-            adv_tok -= s.beta * suffix_sum(reward_kl(b, s), b.offsets)
+            suffix_sums(b, lambda p: reward_kl(p, s), adv_tok, s.beta)
             return adv_tok
         return adv
 
@@ -348,7 +348,7 @@ def reward_kl_sums(src: Source, settings: Settings, engine: EngineOptions) -> F6
     out = np.zeros(0)
     parts: list[tuple[int, F64]] = []
     for b in iter_batches(src, fields, batch_tokens=engine.batch_tokens, threaded=engine.prefetch):
-        parts.append((b.start, segment_sum(reward_kl(b, settings), b.offsets)))
+        parts.append((b.start, answer_sums(b, lambda p: reward_kl(p, settings))))
     if parts:
         out = np.concatenate([p for _, p in sorted(parts, key=lambda x: x[0])])
     return out

@@ -79,21 +79,17 @@ def test_gradient_of_sliced_answers(
     close(*both(cli, monkeypatch, *args, "--dual-clip", "1.5"))
 
 
-def test_kl_in_the_reward_per_token_advantages(
-    cli: Cli, data: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("trainer", ["openrlhf", "verl"])
+def test_kl_in_the_reward(
+    cli: Cli, data: Path, monkeypatch: pytest.MonkeyPatch, trainer: str
 ) -> None:
-    # OpenRLHF's KL in the reward: advantages per token, carried per slice
-    args = (
-        "objective",
-        data,
-        "--preset",
-        "openrlhf",
-        "--kl-mode",
-        "reward",
-        "--trainer",
-        "openrlhf",
-    )
+    # verl sums the KL into the score before the groups (a sum per answer, by slices);
+    # OpenRLHF adds it per token and sums it to the end of the answer (suffix sums carried
+    # from the last slice back): advantages per token, sliced with the answer
+    args = ("objective", data, "--preset", trainer, "--kl-mode", "reward", "--trainer", trainer)
     close(*both(cli, monkeypatch, *args))
+    close(*both(cli, monkeypatch, "answers", data, "--top", "30", "--preset", trainer,
+                "--kl-mode", "reward", "--sort", "advantage"))  # fmt: skip
 
 
 SORTS = ("kl", "kl-max", "ratio", "clip", "length", "advantage", "gradient", "rollout")
