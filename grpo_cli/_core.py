@@ -872,10 +872,22 @@ def segment_count(flags: NDArray[np.bool_], offsets: I64) -> I64:
         [1, 1, 0]
     """
     counts = np.zeros(offsets.shape[0] - 1, dtype=np.int64)
-    nonempty = offsets[1:] > offsets[:-1]
-    if flags.shape[0]:
-        counts[nonempty] = np.add.reduceat(flags, offsets[:-1][nonempty], dtype=np.int64)
+    T = flags.shape[0]
+    # reduceat casts its whole input to int64 first: 8 bytes a flag, so long runs of flags
+    # are counted a chunk at a time
+    for lo in range(0, T, COUNT_CHUNK):
+        hi = min(T, lo + COUNT_CHUNK)
+        a0 = int(np.searchsorted(offsets, lo, side="right")) - 1  # the answer holding lo
+        a1 = int(np.searchsorted(offsets, hi, side="left"))  # the first starting at hi or after
+        local = np.clip(offsets[a0 : a1 + 1], lo, hi) - lo
+        nonempty = local[1:] > local[:-1]
+        counts[a0:a1][nonempty] += np.add.reduceat(
+            flags[lo:hi], local[:-1][nonempty], dtype=np.int64
+        )
     return counts
+
+
+COUNT_CHUNK = 1 << 20
 
 
 def ratio_moments(delta: F64) -> tuple[float, float, int]:

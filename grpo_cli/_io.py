@@ -975,12 +975,13 @@ def _npz_batch(
     np.cumsum(lengths, out=offsets[1:])
     flat: dict[str, F64] = {}
     padded_offsets = np.arange(N + 1, dtype=np.int64) * L  # token = column of the padded array
+    full = bool(offsets[-1] == N * L)  # no padding: the rows are the tokens (a view, no copy)
     for f, arr in raw.items():
         what = f"array {src.name(f)!r}"
         _check_finite(
             arr.reshape(-1), mask.reshape(-1), padded_offsets, 0, str(path), what, unit="answer"
         )
-        flat[f] = _floating(arr[mask])
+        flat[f] = _floating(np.ascontiguousarray(arr).reshape(-1) if full else arr[mask])
     width = np.full(N, L, dtype=np.int64)
     return Batch(start=0, offsets=offsets, fields=flat, width=width, answer=answer)
 

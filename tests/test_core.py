@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from typing import Any
@@ -407,3 +408,19 @@ def test_ratio_moments_by_hand() -> None:
     assert ratio_moments(np.log(np.array([0.5, 1.0, 4.0]))) == (5.5, 17.25, 0)
     total, _, n_inf = ratio_moments(np.array([0.0, 800.0, 900.0]))
     assert total == math.inf and n_inf == 2
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 7, 1 << 20])
+def test_segment_count_in_chunks(chunk: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # counted a chunk of flags at a time (reduceat casts its input to int64 whole): every
+    # chunking, empty answers anywhere included, gives each answer's own count
+    from grpo_cli import _core
+
+    monkeypatch.setattr(_core, "COUNT_CHUNK", chunk)
+    rng = np.random.default_rng(chunk)
+    for _ in range(20):
+        lengths = rng.integers(0, 6, size=rng.integers(1, 9))
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        flags = rng.random(int(offsets[-1])) < 0.5
+        want = [int(flags[a:b].sum()) for a, b in itertools.pairwise(offsets)]
+        assert _core.segment_count(flags, offsets).tolist() == want
