@@ -874,25 +874,21 @@ def _scan_values(
     is valid); ``where_token(k, i, t, **extra)`` places token ``k`` (answer ``i``, token
     ``t``)."""
     vf = v.astype(np.float64, copy=False)
-    bad = ~np.isfinite(vf)
-    if m is not None:
-        bad &= m
-    n, places = _flagged(bad, offsets, MAX_EXAMPLES - len(s.nonfinite_ex), lo)
-    s.nonfinite += n
-    s.nonfinite_ex += [
-        where_token(k, i, t, field=name, value=str(vf[k - lo])) for k, i, t in places
-    ]
+
+    def count(attr: str, flags: NDArray[np.bool_], value: Callable[[int], Any]) -> None:
+        """Count the flagged valid tokens into ``s.<attr>``, a few places into ``<attr>_ex``."""
+        if m is not None:
+            flags &= m
+        ex: list[dict[str, Any]] = getattr(s, f"{attr}_ex")
+        n, places = _flagged(flags, offsets, MAX_EXAMPLES - len(ex), lo)
+        setattr(s, attr, getattr(s, attr) + n)
+        ex += [where_token(k, i, t, field=name, value=value(k - lo)) for k, i, t in places]
+
+    count("nonfinite", ~np.isfinite(vf), lambda j: str(vf[j]))
     if f == "entropy":  # an entropy is >= 0 by nature: only its finiteness is checked
         return
     with np.errstate(invalid="ignore"):
-        pos = vf > 0
-    if m is not None:
-        pos &= m
-    n, places = _flagged(pos, offsets, MAX_EXAMPLES - len(s.positive_ex), lo)
-    s.positive += n
-    s.positive_ex += [
-        where_token(k, i, t, field=name, value=float(vf[k - lo])) for k, i, t in places
-    ]
+        count("positive", vf > 0, lambda j: float(vf[j]))
     if f == "logp":
         zero = vf == 0
         if m is not None:

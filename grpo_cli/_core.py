@@ -797,7 +797,7 @@ def answer_clip_tokens(
     neg = adv < 0
     low, high = segment_count(is_below, offsets), segment_count(is_above, offsets)
     low[~neg] = 0
-    high[adv <= 0] = 0
+    high[~(adv > 0)] = 0  # NaN advantages clip neither way (as the kernel counts)
     dual = no_dual
     if dual_clip is not None:
         dual = segment_count(ratio > dual_clip, offsets)
@@ -834,16 +834,9 @@ def answer_clip_counts(
         ...                    np.array([0, 2, 3]))
         (array([2, 0]), array([0, 1]))
     """
-    offsets = check_offsets(offsets, ratio.shape[0])
-    hi = clip_eps if clip_eps_high is None else clip_eps_high
-    if adv.shape == ratio.shape and adv.shape != (offsets.shape[0] - 1,):  # per token
-        low = segment_count((ratio < 1.0 - clip_eps) & (adv < 0), offsets)
-        high = segment_count((ratio > 1.0 + hi) & (adv > 0), offsets)
-        return low, high
-    low = segment_count(ratio < 1.0 - clip_eps, offsets)
-    high = segment_count(ratio > 1.0 + hi, offsets)
-    low[adv >= 0] = 0
-    high[adv <= 0] = 0
+    low, high, _, _ = answer_clip_tokens(
+        ratio, adv, offsets, clip_eps=clip_eps, clip_eps_high=clip_eps_high
+    )
     return low, high
 
 
