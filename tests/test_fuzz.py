@@ -38,6 +38,10 @@ def _nulls(vals: list[Any], flags: list[bool]) -> list[Any]:
     return [None if f else v for v, f in zip(vals, flags, strict=True)]
 
 
+# moderate log-probs: sums in any order agree to rounding (no overflow to tell apart)
+MODERATE = st.floats(-30.0, 0.0, allow_nan=False)
+
+
 @st.composite
 def parquet_tables(draw: st.DrawFn) -> pa.Table:
     n = draw(st.integers(0, 6))
@@ -106,6 +110,69 @@ def _nulls_have_warnings(doc: dict[str, Any], args: list[str]) -> None:
             assert doc.get("warnings"), (args, key)
         else:
             assert isinstance(v, float | int) and math.isfinite(v), (key, v)
+
+
+@st.composite
+def valid_tables(draw: st.DrawFn) -> pa.Table:
+    """Rollouts every command computes on: 1-8 answers of 1-9 tokens in 1-3 groups,
+    moderate log-probs, each optional field present or not, a mask or not."""
+    n = draw(st.integers(1, 8))
+    lengths = draw(st.lists(st.integers(1, 9), min_size=n, max_size=n))
+    cols: dict[str, Any] = {
+        "group": draw(st.lists(st.sampled_from(["a", "b", "c"]), min_size=n, max_size=n)),
+        "reward": draw(st.lists(st.floats(-2.0, 2.0), min_size=n, max_size=n)),
+    }
+    for field in ("logp", "old_logp", "ref_logp", "rollout_logp", "entropy"):
+        if field == "logp" or draw(st.booleans()):
+            cols[field] = [draw(st.lists(MODERATE, min_size=k, max_size=k)) for k in lengths]
+    if draw(st.booleans()):
+        cols["mask"] = [
+            [True, *draw(st.lists(st.booleans(), min_size=k - 1, max_size=k - 1))] for k in lengths
+        ]
+    return pa.table(cols)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a if k != "engine")
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+    return bool(a == b)
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(table=valid_tables(), cmd=st.sampled_from(["objective", "kl", "check", "answers"]),
+       preset=st.sampled_from([None, "verl", "trl", "openrlhf", "gspo"]))  # fmt: skip
+def test_random_answers_folded_in_slices_give_the_same(
+    cli: Cli, tmp_path_factory: pytest.TempPathFactory, table: pa.Table, cmd: str,
+    preset: str | None,
+) -> None:  # fmt: skip
+    # every answer cut into slices of 2 tokens (and the scans and counts likewise): the
+    # same exit code, the same error line or the same document as whole answers
+    path = tmp_path_factory.mktemp("fuzz") / "f.parquet"
+    pq.write_table(table, path)
+    args = [cmd, str(path), *(["--format", "json"] if cmd == "check" else ["--json"])]
+    if preset and cmd != "kl":
+        args += ["--preset", preset]
+    if cmd == "objective" and "ref_logp" not in table.column_names:
+        args += ["--beta", "0"]
+    whole = cli(*args)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("grpo_cli._partials.SLICE_TOKENS", 2)
+        mp.setattr("grpo_cli._check.SCAN_SLICE", 2)
+        mp.setattr("grpo_cli._core.COUNT_CHUNK", 2)
+        sliced = cli(*args)
+    assert sliced.exit_code == whole.exit_code, (whole.stderr, sliced.stderr)
+    if whole.exit_code == 2:
+        assert sliced.stderr == whole.stderr
+    else:
+        assert _same(json.loads(whole.stdout), json.loads(sliced.stdout))
 
 
 @settings(
