@@ -133,7 +133,7 @@ def arrow_of(values: np.ndarray | Sequence[Any]) -> pa.Array:
         t = pa.from_numpy_dtype(x.dtype)
         return pa.Array.from_buffers(t, len(x), [None, pa.py_buffer(x)])
     if x.dtype.kind in "U" and x.ndim == 1:
-        data = [v.encode("utf-8", "surrogatepass") for v in x.tolist()]
+        data = [v.encode("utf-8") for v in x.tolist()]  # a lone surrogate: UnicodeEncodeError
         ends = np.cumsum([len(d) for d in data], dtype=np.int64)
         offsets = np.concatenate([np.zeros(1, np.int64), ends])
         if offsets[-1] < 2**31:
@@ -499,7 +499,12 @@ def _encode_groups(
             values = values.astype(values.dtype.newbyteorder("="))
     try:
         arr = values if isinstance(values, pa.Array | pa.ChunkedArray) else arrow_of(values)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+    except (
+        pa.ArrowInvalid,
+        pa.ArrowTypeError,
+        pa.ArrowNotImplementedError,
+        UnicodeEncodeError,
+    ) as exc:
         raise InputError(f"{label}: {what} cannot be read as group ids ({exc})") from None
     arr = group_ids(arr)
     if arr.null_count:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -15,9 +15,11 @@ from ._core import (
     GroupStats,
 )
 from ._engine import EngineOptions
-from ._logged import LoggedReport
 from ._settings import Settings
 from ._stats import IntCounts, Moments, Sketch, quantiles_linear
+
+if TYPE_CHECKING:  # a field's type only: --logged loads it when asked
+    from ._logged import LoggedReport
 
 F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]

@@ -27,7 +27,6 @@ from ._engine import DEFAULT_BATCH_TOKENS, DEFAULT_WORKERS, MAX_WORKERS, EngineO
 from ._io import open_source, parse_column_map, write_advantages
 from ._json import advantages_json, dumps, kl_json, objective_json
 from ._report import ObjectiveReport, advantages_report, kl_report, objective_report
-from ._sample import SampleSpec, write_sample
 from ._settings import OFF, PRESETS, SettingError, Settings, resolve_settings
 from .errors import GrpoCliError, UsageError
 
@@ -1130,6 +1129,8 @@ def sample(
     with _errors():
         if rewards_only and out.suffix.lower() != ".npz":
             raise UsageError("--rewards-only writes .npz files only")
+        from ._sample import SampleSpec, write_sample  # only this command needs it
+
         spec = SampleSpec(
             extras=extras,
             groups=groups,

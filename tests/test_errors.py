@@ -270,6 +270,7 @@ def test_junit_stays_valid_xml_with_control_characters(cli: Cli, tmp_path: Path)
     [
         ("dup", "column(s) 'logp' appear more than once"),
         ("complex", "has dtype complex128, expected integers or strings"),
+        ("surrogate", "array 'group' cannot be read as group ids ('utf-8' codec can't encode"),
     ],
 )
 def test_unreadable_columns_are_named(cli: Cli, tmp_path: Path, make: str, message: str) -> None:
@@ -279,6 +280,9 @@ def test_unreadable_columns_are_named(cli: Cli, tmp_path: Path, make: str, messa
             [pa.array(["a", "a"]), pa.array([1.0, 0.0]), pa.array([[-1.0], [-2.0]]),
              pa.array([[-1.0], [-2.0]])], names=["group", "reward", "logp", "logp"])  # fmt: skip
         pq.write_table(t, path)
+    elif make == "surrogate":  # a lone surrogate in a numpy string: no UTF-8 for it
+        path = tmp_path / "s.npz"
+        np.savez(path, rewards=np.array([1.0, 0.0]), group=np.array(["a\ud800", "b"]))
     else:
         path = tmp_path / "c.npz"
         np.savez(path, rewards=np.array([1.0, 0.0]), group=np.array([1 + 1j, 1 + 1j]),
