@@ -66,3 +66,19 @@ def test_ray_bench_runs_end_to_end_at_tiny_scale(tmp_path: Path) -> None:
     assert [int(r[1]) for r in rows] == [1, 4, 16, 64]
     times = [float(r[4]) for r in rows]
     assert times == sorted(times, reverse=True) and times[0] > times[-1]
+
+
+@pytest.mark.slow
+def test_long_answer_bench_runs_end_to_end_at_tiny_scale(tmp_path: Path) -> None:
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "long_answer.py"), "--tokens", "50000",
+         "--data", str(tmp_path)],
+        capture_output=True, text=True, check=False, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = r.stdout
+    names = ("read", "read-logp", "objective", "kl", "check", "answers", "explain")
+    for name in names:
+        assert f"\n{name} " in out
+    assert "criterion: peak RSS <= 1.25x the read's: " in out
+    assert len(list(tmp_path.glob("long_50000_*.parquet"))) == 2
