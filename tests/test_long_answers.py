@@ -166,7 +166,8 @@ def test_memory_of_an_answer_does_not_grow_with_its_length(
     # the numpy memory a command takes (tracemalloc sees numpy's buffers) on two answers
     # of 1M, then of 3M tokens: the same to within 4 MiB once an answer is folded in slices
     # of 16k tokens (whole answers took tens of MiB more). OpenRLHF's KL in the reward keeps
-    # its per-token advantages (8 bytes a token, both answers in flight), allowed for.
+    # its per-token advantages (8 bytes a token, both answers in flight), allowed for. One
+    # worker: with two, which partials coexist at the peak varies by ±4 MiB from run to run.
     import tracemalloc
 
     monkeypatch.setattr("grpo_cli._partials.SLICE_TOKENS", 1 << 14)
@@ -176,7 +177,7 @@ def test_memory_of_an_answer_does_not_grow_with_its_length(
     for path in long_files:
         tracemalloc.start()
         try:
-            r = cli(cmd[0], path, *cmd[1:])
+            r = cli(cmd[0], path, *cmd[1:], "--workers", "1")
             peaks.append(tracemalloc.get_traced_memory()[1] / 2**20)
         finally:
             tracemalloc.stop()
