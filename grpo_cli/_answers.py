@@ -8,7 +8,7 @@ then row in the input), so the ranking is the same however the input was cut.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -121,14 +121,15 @@ def answer_rows(
     settings: Settings,
     src: Source,
     *,
-    key: str,
+    keys: Sequence[str],
     k: int,
     grad: GradientScale | None = None,
 ) -> list[dict[str, Any]]:
-    """The ``k`` answers of a batch ranking highest by ``key`` (or more: :class:`TopAnswers`
-    keeps the ``k`` best), with their statistics (the core's definitions:
-    :func:`token_terms`, :func:`answer_clip_counts`). An answer longer than a slice is
-    computed a slice of its tokens at a time (:func:`_long_row`)."""
+    """The ``k`` answers of a batch ranking highest by each of ``keys`` (or more:
+    :class:`TopAnswers` keeps the ``k`` best of its key), with their statistics (the core's
+    definitions: :func:`token_terms`, :func:`answer_clip_counts`), computed once for all
+    keys. An answer longer than a slice is computed a slice of its tokens at a time
+    (:func:`_long_row`)."""
     per_token = adv.shape != (b.n,)
     rows: list[dict[str, Any]] = []
     for i, j, is_long in answer_runs(b, _partials.SLICE_TOKENS):
@@ -137,7 +138,7 @@ def answer_rows(
         if is_long:
             rows.append(_long_row(sub, a, per_token, settings, src, grad))
         elif sub.n:
-            rows += _run_rows(sub, a, settings, src, key=key, k=k, grad=grad)
+            rows += _run_rows(sub, a, settings, src, keys=keys, k=k, grad=grad)
     return rows
 
 
@@ -200,15 +201,8 @@ def _long_row(
             t = int(np.argmax(np.abs(a)))
             if abs(a[t]) > adv_abs or lo == 0:
                 adv_abs, adv_best = abs(float(a[t])), float(a[t])
-    k_file, first = src.file_of(b.start)
-    groups, rewards = b.answer.get("group"), b.answer.get("reward")
     return {
-        "source": src.paths[k_file].name,
-        "row": b.start - first,
-        "group": None if groups is None else _plain(groups[0].as_py()),
-        "reward": None if rewards is None else float(rewards[0].as_py()),
-        "length": n,
-        "_index": b.start,
+        **_identity(b, 0, src),
         "kl_max_token": kl_at if has_kl else None,
         "log_ratio_max_token": lr_at,
         "advantage": adv_best if per_token else float(adv[0]),
@@ -227,11 +221,11 @@ def _run_rows(
     settings: Settings,
     src: Source,
     *,
-    key: str,
+    keys: Sequence[str],
     k: int,
     grad: GradientScale | None = None,
 ) -> list[dict[str, Any]]:
-    """The ``k`` answers of a run of whole answers ranking highest by ``key``."""
+    """The ``k`` answers of a run of whole answers ranking highest by each of ``keys``."""
     f = b.fields
     terms = token_terms(
         f["logp"], f.get("old_logp"), f.get("ref_logp"), adv, b.offsets, **settings.term_kwargs()
@@ -275,29 +269,19 @@ def _run_rows(
             dtype=np.int64,
         )
         stats["advantage"] = adv[idx] if b.n else adv[:0]
-    ranked = stats[key]
-    if ranked is None:
-        chosen = np.arange(min(k, b.n))
-    else:
+    chosen: set[int] = set()
+    for key in keys:
+        ranked = stats[key]
+        if ranked is None:
+            chosen.update(range(min(k, b.n)))
+            continue
         score = np.abs(ranked) if key == "advantage" else ranked
         score = np.where(np.isnan(score), -np.inf, score)
         # descending by score, ties by row: lexsort's last key is the primary one
-        chosen = np.lexsort((np.arange(b.n), -score))[:k]
-    groups = b.answer.get("group")
-    rewards = b.answer.get("reward")
-    k_file, first = src.file_of(b.start)
-    file = src.paths[k_file].name
+        chosen.update(np.lexsort((np.arange(b.n), -score))[:k].tolist())
     out = []
-    for i in chosen.tolist():
-        row = b.start + i
-        rec: dict[str, Any] = {
-            "source": file,
-            "row": row - first,
-            "group": None if groups is None else _plain(groups[i].as_py()),
-            "reward": None if rewards is None else float(rewards[i].as_py()),
-            "length": int(lengths[i]),
-            "_index": row,
-        }
+    for i in sorted(chosen):
+        rec = _identity(b, i, src)
         s0, s1 = int(b.offsets[i]), int(b.offsets[i + 1])  # the worst token, in the answer
         rec["kl_max_token"] = None if terms.kl is None else int(np.argmax(terms.kl[s0:s1]))
         rec["log_ratio_max_token"] = int(np.argmax(np.abs(terms.delta[s0:s1])))
@@ -322,6 +306,22 @@ def _gradient_scale(
     kl_on = settings.beta != 0.0 and settings.kl_mode == "loss"
     ck, uk = agg_factor(settings, settings.kl_aggregation, r.answers, r.tokens, r.max_len)
     return GradientScale(cp, up, ck, uk, settings.beta if kl_on else 0.0, norm2)
+
+
+def _identity(b: Batch, i: int, src: Source) -> dict[str, Any]:
+    """Where answer ``i`` of the batch is and what it is: file, row within the file, group,
+    reward, length and its row in the whole input (``_index``, the ranking's tie-break)."""
+    groups, rewards = b.answer.get("group"), b.answer.get("reward")
+    k_file, first = src.file_of(b.start)
+    row = b.start + i
+    return {
+        "source": src.paths[k_file].name,
+        "row": row - first,
+        "group": None if groups is None else _plain(groups[i].as_py()),
+        "reward": None if rewards is None else float(rewards[i].as_py()),
+        "length": int(b.offsets[i + 1] - b.offsets[i]),
+        "_index": row,
+    }
 
 
 def _plain(v: Any) -> Any:
@@ -365,7 +365,7 @@ def answers_report(
 
     def fold(acc: TopAnswers, b: Batch) -> None:
         adv = p1.advantages(b, src.label)
-        acc.add(answer_rows(b, adv, settings, src, key=key, k=top, grad=grad))
+        acc.add(answer_rows(b, adv, settings, src, keys=[key], k=top, grad=grad))
 
     best = fold_answers(src, lambda: TopAnswers(key, top), fold, engine, progress)
     notes = list(p1.warnings) + notes
@@ -443,8 +443,9 @@ def worst_answers(
     def fold(acc: TopByKey, b: Batch) -> None:
         assert p1 is not None
         adv = p1.advantages(b, src.label)
-        for key, t in acc.tops.items():
-            t.add(answer_rows(b, adv, settings, src, key=key, k=top))
+        rows = answer_rows(b, adv, settings, src, keys=list(acc.tops), k=top)
+        for t in acc.tops.values():
+            t.add(rows)
 
     best = fold_answers(
         src, lambda: TopByKey({k: TopAnswers(k, top) for k in keys}), fold, engine, None

@@ -33,6 +33,7 @@ from ._io import (
     load_answers,
     prefetch,
     raw_to_batch,
+    token_ranges,
 )
 from ._local import fold_source
 from ._logged import compare_logged
@@ -770,10 +771,6 @@ def _flagged(
 SCAN_SLICE = 1 << 21
 
 
-def _slices(n: int) -> Iterator[tuple[int, int]]:
-    return ((lo, min(n, lo + SCAN_SLICE)) for lo in range(0, max(n, 1), SCAN_SLICE))
-
-
 def _scan_batch(s: Scan, rb: RawBatch, src: Source, cfg: CheckConfig) -> None:
     """Fold one raw batch into the integrity scan: count every problem, keep a few places."""
     fields = list(rb.values)
@@ -837,11 +834,11 @@ def _scan_batch(s: Scan, rb: RawBatch, src: Source, cfg: CheckConfig) -> None:
                     )
                 )
             continue  # values of a misaligned field cannot be matched to the mask
-        for lo, hi in _slices(v.shape[0]):
+        for lo, hi in token_ranges(v.shape[0], SCAN_SLICE):
             ms = None if m is None else m[lo:hi]
             _scan_values(s, f, src.name(f), v[lo:hi], ms, lo, off0, where_token)
     if cfg.on_policy and "old_logp" in fields and np.array_equal(rb.offsets["old_logp"], off0):
-        for lo, hi in _slices(int(off0[-1])):
+        for lo, hi in token_ranges(int(off0[-1]), SCAN_SLICE):
             ms = None if m is None else m[lo:hi]
             a = rb.values["logp"][lo:hi].astype(np.float64, copy=False)
             b = rb.values["old_logp"][lo:hi].astype(np.float64, copy=False)

@@ -1169,14 +1169,15 @@ def sequence_sums(
     clip_eps: float = 0.2,
     clip_eps_high: float | None = None,
     dual_clip: float | None = None,
-) -> tuple[F64, F64, F64 | None]:
-    """Per answer, the sums behind :class:`SequenceMeans` (``Δ``, active ``ρA``, KL) over
-    the tokens of ``terms``: sums of an answer's slices add up to the answer's."""
+) -> tuple[F64, F64 | None]:
+    """Per answer, the sums behind :class:`SequenceMeans` (active ``ρA``, KL; the mean
+    ``Δ`` is the ratio's own, known before) over the tokens of ``terms``: sums of an
+    answer's slices add up to the answer's."""
     active = _unclipped(terms, clip_eps, clip_eps_high, dual_clip)
     with np.errstate(over="ignore", invalid="ignore"):
         per = np.where(active, terms.ratio * terms.adv, 0.0)
     kl = None if terms.kl is None else segment_sum(terms.kl, offsets)
-    return segment_sum(terms.delta, offsets), segment_sum(per, offsets), kl
+    return segment_sum(per, offsets), kl
 
 
 def token_gradients(
@@ -1260,9 +1261,9 @@ def token_gradients(
         with np.errstate(over="ignore", invalid="ignore"):
             if ratio_level == "sequence":
                 assert offsets is not None
-                kl_means = segment_mean(terms.kl, offsets)
-                if answer_means is not None and answer_means.kl is not None:
-                    kl_means = answer_means.kl
+                kl_means = answer_means.kl if answer_means is not None else None
+                if kl_means is None:
+                    kl_means = segment_mean(terms.kl, offsets)
                 mean_kl = np.repeat(kl_means, np.diff(offsets))
                 gk = gk * rho + np.where(free, rho * mean_kl, 0.0)
             else:

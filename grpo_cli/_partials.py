@@ -478,10 +478,11 @@ def seq_mean(b: Batch) -> F64:
 
 
 def sequence_means(b: Batch, adv: F64, per_token: bool, s: Settings, seq: F64) -> SequenceMeans:
-    """The answer means the sequence-level gradient of a one-answer batch takes, from a
-    first pass over its slices (:func:`grpo_cli._core.sequence_sums`)."""
+    """The answer means the sequence-level gradient of a one-answer batch takes: its mean
+    ``Δ`` ``seq`` (:func:`seq_mean`), and the rest from a first pass over its slices
+    (:func:`grpo_cli._core.sequence_sums`)."""
     n = int(b.offsets[-1])
-    d = p = 0.0
+    p = 0.0
     kl: float | None = None
     for lo, hi in token_ranges(n, SLICE_TOKENS):
         piece = b.tokens(lo, hi)
@@ -490,15 +491,13 @@ def sequence_means(b: Batch, adv: F64, per_token: bool, s: Settings, seq: F64) -
             f["logp"], f.get("old_logp"), f.get("ref_logp"), adv[lo:hi] if per_token else adv,
             piece.offsets, seq_mean=seq, **s.term_kwargs(),
         )  # fmt: skip
-        sd, sp, sk = sequence_sums(
+        sp, sk = sequence_sums(
             terms, piece.offsets, clip_eps=s.clip_eps, clip_eps_high=s.clip_eps_high,
             dual_clip=s.dual_clip,
         )  # fmt: skip
-        d, p = d + float(sd[0]), p + float(sp[0])
+        p += float(sp[0])
         kl = None if sk is None else (kl or 0.0) + float(sk[0])
-    return SequenceMeans(
-        np.array([d / n]), np.array([p / n]), None if kl is None else np.array([kl / n])
-    )
+    return SequenceMeans(seq, np.array([p / n]), None if kl is None else np.array([kl / n]))
 
 
 class TokenPartial:
