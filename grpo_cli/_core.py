@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -86,13 +86,7 @@ Aggregation = Literal[
     "seq-mean-token-sum-norm",
     "token-sum",
 ]
-AGGREGATIONS: tuple[Aggregation, ...] = (
-    "seq-mean-token-mean",
-    "token-mean",
-    "seq-mean-token-sum",
-    "seq-mean-token-sum-norm",
-    "token-sum",
-)
+AGGREGATIONS: tuple[Aggregation, ...] = get_args(Aggregation)
 NormScale = Literal["n-lmax", "lmax"]
 ClipUnit = Literal["tokens", "sequences"]
 

@@ -67,6 +67,7 @@ from ._records import (
 )
 from ._settings import Settings
 from .errors import InputError, UsageError
+from .trainers import MetricInputs, RewardKL, trainer_of
 
 __all__ = [
     "ANSWER_BINS",
@@ -291,8 +292,8 @@ class Pass1:
             raise InputError(f"{where}: the batch carries no group ids")
         s = self.settings
         reward = _answer_floats(b, "reward", where)
-        reward_mode = s.kl_mode == "reward" and s.beta != 0.0
-        if reward_mode and s.trainer == "verl":  # the KL joins the score before the groups
+        way = _reward_kl_way(s)
+        if way == "score":  # the KL joins the score before the groups
             reward = reward - s.beta * answer_sums(b, lambda p: reward_kl(p, s))
         adv = advantages_from_stats(
             reward,
@@ -305,7 +306,7 @@ class Pass1:
             batch_std=self.table.batch_std,
             clip=s.adv_clip,
         )
-        if reward_mode and s.trainer == "openrlhf":  # the KL per token, summed to the end
+        if way == "returns":  # the KL per token, summed to the end
             adv_tok = np.repeat(adv, b.lengths)
             suffix_sums(b, lambda p: reward_kl(p, s), adv_tok, s.beta)
             return adv_tok
@@ -318,6 +319,14 @@ class Pass1:
             acc.update(b, self.advantages(b, label))
 
         return fold
+
+
+def _reward_kl_way(s: Settings) -> RewardKL | None:
+    """How the settings' trainer puts the KL into the reward, when it is there (β ≠ 0)."""
+    t = trainer_of(s.trainer)
+    if s.kl_mode != "reward" or s.beta == 0.0 or t is None:
+        return None
+    return t.reward_kl
 
 
 def reward_kl(b: Batch, s: Settings) -> F64:
@@ -389,9 +398,7 @@ def objective_pass1(
     warnings += answers.notes
     task_reward = answers.reward
     if (
-        settings.kl_mode == "reward"
-        and settings.trainer == "verl"
-        and settings.beta != 0.0
+        _reward_kl_way(settings) == "score"
         and answers.reward is not None
         and (answers.advantage is None or recompute_advantages)
     ):  # verl: the score is the reward minus β × the answer's summed KL, then the groups
@@ -559,30 +566,6 @@ def objective_record(
     return replace(out, warnings=warnings)
 
 
-# The names each trainer logs (checked against their code: conformance/oracle.py).
-TRAINER_METRICS: dict[str, tuple[str, ...]] = {
-    "trl": (
-        "kl",
-        "clip_ratio/low_mean",
-        "clip_ratio/low_min",
-        "clip_ratio/high_mean",
-        "clip_ratio/high_max",
-        "clip_ratio/region_mean",
-        "frac_reward_zero_std",
-    ),
-    "verl": (
-        "actor/pg_loss",
-        "actor/pg_clipfrac",
-        "actor/pg_clipfrac_lower",
-        "actor/ppo_kl",
-        "actor/kl_loss",
-        "actor/reward_kl_penalty",
-        "actor/reward_kl_penalty_coeff",
-    ),
-    "openrlhf": ("policy_loss", "ppo_clip_ratio", "ppo_kl", "kl", "logprobs_diff"),
-}
-
-
 def trainer_metrics(
     settings: Settings,
     acc: TokenPartial,
@@ -592,59 +575,12 @@ def trainer_metrics(
     warnings: list[str],
 ) -> dict[str, float]:
     """The metrics ``settings.trainer`` logs, each computed the way that trainer computes
-    it; a metric the input cannot give is left out, with a warning.
-
-    - TRL 1.16.0 (``GRPOTrainer._compute_loss``): ``kl`` is the token mean of the KL as the
-      loss takes it (bias-corrected when ``use_bias_correction_kl``), logged only when
-      β ≠ 0; ``clip_ratio/*`` count tokens, or sequences under GSPO; ``low_min`` and
-      ``high_max`` are the extremes over answers of their clipped shares;
-      ``frac_reward_zero_std`` the share of answers whose group std is zero.
-    - verl 0.9.1 (``compute_policy_loss_vanilla`` / ``_gspo``, ``agg_loss``):
-      ``actor/pg_loss`` is the aggregated policy loss, ``actor/ppo_kl`` the token mean of
-      ``old_logp − logp`` (clamped to ±20 first by the vanilla loss, not by GSPO's),
-      ``actor/pg_clipfrac_lower`` the dual-clip share (0 under GSPO), ``actor/kl_loss``
-      the aggregated KL (with ``use_kl_loss``, i.e. β ≠ 0).
-    - OpenRLHF 0.11.2 (``PolicyLoss``, ``--algo.kl.use_loss``): ``ppo_kl`` is the token
-      mean of the raw ``old_logp − logp``, ``kl`` the token mean of the KL estimate,
-      ``logprobs_diff`` the token mean of ``logp − ref_logp``.
-    """
-    trainer = settings.trainer
+    it (its module in :mod:`grpo_cli.trainers`); a metric the input cannot give is left
+    out, with a warning."""
+    trainer = trainer_of(settings.trainer)
     if trainer is None:
         return {}
-    t = max(acc.tokens, 1)
-    lr = acc.log_ratios
-    out: dict[str, float | None] = {}
-    if trainer == "trl":
-        if settings.beta != 0.0:
-            out["kl"] = acc.kl.token / t
-        out["clip_ratio/low_mean"] = clip.low
-        out["clip_ratio/low_min"] = acc.clip_shares.low_min
-        out["clip_ratio/high_mean"] = clip.high
-        out["clip_ratio/high_max"] = acc.clip_shares.high_max
-        out["clip_ratio/region_mean"] = clip.region
-        out["frac_reward_zero_std"] = None if groups is None else groups.frac_zero_std_answers
-    elif trainer == "verl":
-        gspo = settings.ratio_level == "sequence"
-        out["actor/pg_loss"] = -policy_term
-        out["actor/pg_clipfrac"] = clip.region
-        out["actor/pg_clipfrac_lower"] = 0.0 if gspo else clip.dual_clip_lower
-        out["actor/ppo_kl"] = -(lr.delta if gspo else lr.delta20) / t
-        if settings.kl_mode == "reward":  # apply_kl_penalty's metrics
-            out["actor/reward_kl_penalty"] = acc.reward_kl.answer_means / max(acc.answers, 1)
-            out["actor/reward_kl_penalty_coeff"] = settings.beta
-        elif settings.beta != 0.0:
-            out["actor/kl_loss"] = acc.aggregate("kl", settings.kl_aggregation)
-    else:
-        out["policy_loss"] = -policy_term
-        out["ppo_clip_ratio"] = clip.region
-        out["ppo_kl"] = -lr.delta / t
-        if settings.kl_mode == "reward":  # per-answer means of old vs ref, over answers
-            n = max(acc.answers, 1)
-            out["kl"] = acc.reward_kl.answer_means / n if settings.beta != 0.0 else 0.0
-            out["logprobs_diff"] = acc.old_ref.answer_means / n if settings.beta != 0.0 else 0.0
-        else:
-            out["kl"] = acc.kl.token / t if settings.beta != 0.0 else 0.0
-            out["logprobs_diff"] = -lr.ref / t if settings.beta != 0.0 else 0.0
+    out = trainer.metrics(MetricInputs(settings, acc, policy_term, clip, groups))
     missing = [k for k, v in out.items() if v is None]
     for k in missing:
         warnings.append(f"trainer metric {k!r} left out: the input does not give it")

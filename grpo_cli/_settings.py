@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from ._core import (
     AGGREGATIONS,
@@ -23,11 +23,11 @@ from ._core import (
     Singleton,
 )
 from .errors import UsageError
+from .trainers import TRAINERS as _TRAINERS
 
 __all__ = ["OFF", "PRESETS", "TRAINERS", "SettingError", "Settings", "resolve_settings"]
 
 
-Trainer = Literal["trl", "verl", "openrlhf"]
 KLMode = Literal["loss", "reward"]
 
 OFF = object()
@@ -54,7 +54,7 @@ class Settings:
     """
 
     preset: str | None = None
-    trainer: Trainer | None = None
+    trainer: str | None = None  # a registered trainer (grpo_cli.trainers)
     mirrors: str | None = None
     scale: Scale = "group"
     ddof: int = 0
@@ -127,17 +127,17 @@ class Settings:
     def _check_fields(self) -> None:
         """Each field on its own; a problem is a :class:`SettingError` naming the field."""
         choices: dict[str, tuple[Any, ...]] = {
-            "scale": ("group", "batch", "none"),
-            "estimator": ("grpo", "rloo"),
-            "singleton": ("zero", "raw"),
-            "ratio_level": ("token", "sequence"),
-            "clip_unit": ("tokens", "sequences"),
-            "kl_mode": ("loss", "reward"),
-            "kl_estimator": ("k1", "k2", "k3"),
+            "scale": get_args(Scale),
+            "estimator": get_args(AdvantageEstimator),
+            "singleton": get_args(Singleton),
+            "ratio_level": get_args(RatioLevel),
+            "clip_unit": get_args(ClipUnit),
+            "kl_mode": get_args(KLMode),
+            "kl_estimator": get_args(KLEstimator),
             "agg": AGGREGATIONS,
             "kl_agg": (None, *AGGREGATIONS),
             "norm_scale": NORM_SCALES,
-            "trainer": (None, *TRAINERS),
+            "trainer": (None, *_TRAINERS),
         }
         if self.norm_scale in _OLD_NORM_SCALES:
             raise SettingError(
@@ -175,11 +175,13 @@ class Settings:
 
     def _check_combination(self) -> None:
         """Fields that only make sense together."""
-        if self.kl_mode == "reward" and self.trainer not in ("verl", "openrlhf"):
+        able = [t.name for t in _TRAINERS.values() if t.reward_kl is not None]
+        named = _TRAINERS.get(self.trainer) if self.trainer is not None else None
+        if self.kl_mode == "reward" and (named is None or named.reward_kl is None):
             raise SettingError(
                 "kl_mode",
-                "reward needs trainer verl or openrlhf: they put the KL into the reward in "
-                "different ways (name one with --trainer or a preset)",
+                f"reward needs trainer {' or '.join(able)}: they put the KL into the reward "
+                "in different ways (name one with --trainer or a preset)",
             )
         if self.ratio_level == "token":
             if self.clip_unit == "sequences":
@@ -200,114 +202,23 @@ class SettingError(UsageError):
         self.field, self.problem = field, problem
 
 
-TRAINERS = ("trl", "verl", "openrlhf")
-NORM_SCALES = ("n-lmax", "lmax")
+NORM_SCALES: tuple[NormScale, ...] = get_args(NormScale)
 _OLD_NORM_SCALES = ("trl", "verl")
+TRAINERS = tuple(_TRAINERS)
 
-# The trainer versions the presets were checked against, function by function, by the
-# conformance suite (conformance/): the trainers' own code on the same tensors.
-TRL_VERSION = "trl 1.16.0"
-VERL_VERSION = "verl 0.9.1"
-OPENRLHF_VERSION = "openrlhf 0.11.2"
 
-# Each preset: the trainer's defaults for every convention (README "Presets" maps them to
-# the trainers' config keys). _preset_rules below adjusts the fields that, in the trainer's
-# code, depend on another choice (the KL estimator, the ratio level).
-PRESETS: dict[str, Settings] = {
-    # DeepSeekMath (Shao et al. 2024): population std, eps 1e-8, seq-mean-token-mean, k3, beta 0.04.
-    "deepseekmath": Settings(preset="deepseekmath"),
-    # TRL GRPOTrainer (GRPOConfig defaults): sample std, eps 1e-4, loss_type "dapo"
-    # (token-mean), beta 0.0, no clamps, use_bias_correction_kl=True.
-    "trl": Settings(
-        preset="trl",
-        trainer="trl",
-        mirrors=TRL_VERSION,
-        ddof=1,
-        eps=1e-4,
-        beta=0.0,
-        agg="token-mean",
-        kl_bias_correction=True,
-    ),
-    # verl (adv_estimator=grpo, compute_policy_loss_vanilla, use_kl_loss with low_var_kl):
-    # sample std, eps 1e-6, a singleton gets mean 0 std 1, token-mean, dual clip 3 (always on),
-    # Δ clamp 20, low_var_kl (k3, exponent clamp 20, value clamp 10), kl_loss_coef 0.001.
-    "verl": Settings(
-        preset="verl",
-        trainer="verl",
-        mirrors=VERL_VERSION,
-        ddof=1,
-        eps=1e-6,
-        singleton="raw",
-        agg="token-mean",
-        dual_clip=3.0,
-        log_ratio_clamp=20.0,
-        kl_clamp=10.0,
-        beta=0.001,
-    ),
-    # OpenRLHF (--advantage_estimator group_norm, PolicyLoss "ppo"), its default KL in the
-    # reward: sample std, eps 1e-9, advantages clipped to ±10 (--reward.clip_range), then
-    # −β·k1(old_logp, ref_logp) clamped to ±10 per token, summed from each token to the end;
-    # init_kl_coef 0.01; token-mean, Δ clamp 20. --kl-mode loss is --algo.kl.use_loss (the
-    # KL loss aggregated per token whatever the policy loss).
-    "openrlhf": Settings(
-        preset="openrlhf",
-        trainer="openrlhf",
-        mirrors=OPENRLHF_VERSION,
-        ddof=1,
-        eps=1e-9,
-        adv_clip=10.0,
-        agg="token-mean",
-        kl_agg="token-mean",
-        log_ratio_clamp=20.0,
-        kl_estimator="k1",
-        kl_clamp=10.0,
-        kl_mode="reward",
-        beta=0.01,
-    ),
-    # Dr. GRPO as TRL runs it (loss_type="dr_grpo", scale_rewards="none"): no std division,
-    # Σ/(N·L) with L = max_completion_length (512 by default), no KL.
-    "dr-grpo": Settings(
-        preset="dr-grpo",
-        trainer="trl",
-        mirrors=TRL_VERSION,
-        scale="none",
-        agg="seq-mean-token-sum-norm",
-        max_len=512,
-        beta=0.0,
-        kl_bias_correction=True,
-    ),
-    # DAPO as verl's recipe runs it: clip-higher 0.2/0.28, token-mean, no KL, on verl's
-    # vanilla loss (sample std, eps 1e-6, singleton mean 0 std 1, dual clip 3, Δ clamp 20).
-    "dapo": Settings(
-        preset="dapo",
-        trainer="verl",
-        mirrors=VERL_VERSION,
-        ddof=1,
-        eps=1e-6,
-        singleton="raw",
-        clip_eps=0.2,
-        clip_eps_high=0.28,
-        dual_clip=3.0,
-        log_ratio_clamp=20.0,
-        agg="token-mean",
-        beta=0.0,
-    ),
-    # GSPO as TRL runs it (importance_sampling_level="sequence"): sequence ratio, clip
-    # 3e-4/4e-4, no KL, seq-mean-token-mean (loss_type "grpo"), clip metrics per sequence.
-    "gspo": Settings(
-        preset="gspo",
-        trainer="trl",
-        mirrors=TRL_VERSION,
-        ddof=1,
-        eps=1e-4,
-        ratio_level="sequence",
-        clip_eps=3e-4,
-        clip_eps_high=4e-4,
-        clip_unit="sequences",
-        beta=0.0,
-        kl_bias_correction=True,
-    ),
-}
+def _presets() -> dict[str, Settings]:
+    """DeepSeekMath's (the defaults), then every registered trainer's presets, each as the
+    trainer's defaults for every convention (README "Presets" maps them to the trainers'
+    config keys); :func:`_preset_rules` then adjusts the fields that, in the trainer's
+    code, depend on another choice."""
+    # DeepSeekMath (Shao et al. 2024): population std, eps 1e-8, seq-mean-token-mean, k3,
+    # beta 0.04.
+    out = {"deepseekmath": Settings(preset="deepseekmath")}
+    for t in _TRAINERS.values():
+        for name, values in t.presets.items():
+            out[name] = Settings(preset=name, trainer=t.name, mirrors=t.version, **values)
+    return out
 
 
 def _preset_rules(s: dict[str, Any], given: set[str]) -> dict[str, Any]:
@@ -315,37 +226,26 @@ def _preset_rules(s: dict[str, Any], given: set[str]) -> dict[str, Any]:
     the user did not give are changed.
 
     - Any preset at token level: clip fractions count tokens, no sequence-ratio clamp.
-    - verl (verl 0.9.1 ``kl_penalty_forward``): only ``low_var_kl`` (k3) is clamped; k1
-      (``kl``) and k2 (``mse``) are not. Its GSPO loss (``compute_policy_loss_gspo``) has no
-      dual clip and clamps the sequence log-ratio from above at 10. With the KL in the
-      reward (``use_kl_in_reward``) the estimator is ``algorithm.kl_penalty``, ``kl`` (k1).
-    - OpenRLHF (``PolicyLoss``, ``policy_loss_type="gspo"``): per-sample aggregation
-      (``token_level_loss=False``); the KL loss stays per token.
+    - The trainer's own rules (:attr:`grpo_cli.trainers.Trainer.dependent`).
     """
     out: dict[str, Any] = {}
 
-    def default(name: str, value: Any) -> None:
+    def default(name: str, value: Any) -> Any:
         if name not in given:
             out[name] = value
+        return out.get(name, s[name])
 
-    level = s["ratio_level"]
-    if level == "token":
+    if s["ratio_level"] == "token":
         default("clip_unit", "tokens")
         default("seq_ratio_clamp", None)
-    if s["trainer"] == "verl":
-        if s["kl_mode"] == "reward":  # algorithm.kl_penalty: "kl" (k1) by default
-            default("kl_estimator", "k1")
-        if out.get("kl_estimator", s["kl_estimator"]) != "k3":
-            default("kl_clamp", None)
-        if level == "sequence":
-            default("dual_clip", None)
-            default("seq_ratio_clamp", 10.0)
-    if s["trainer"] == "openrlhf" and level == "sequence":
-        default("agg", "seq-mean-token-mean")
+    t = _TRAINERS.get(s["trainer"]) if s["trainer"] is not None else None
+    if t is not None:
+        t.dependent(s, default)
     return out
 
 
 _FIELDS = {f.name for f in fields(Settings)}
+PRESETS: dict[str, Settings] = _presets()
 
 
 def resolve_settings(preset: str | None = None, **overrides: Any) -> Settings:

@@ -27,7 +27,7 @@ from ._engine import DEFAULT_BATCH_TOKENS, DEFAULT_WORKERS, MAX_WORKERS, EngineO
 from ._io import open_source, parse_column_map, write_advantages
 from ._json import advantages_json, dumps, kl_json, objective_json
 from ._report import ObjectiveReport, advantages_report, kl_report, objective_report
-from ._settings import OFF, PRESETS, SettingError, Settings, resolve_settings
+from ._settings import OFF, PRESETS, TRAINERS, SettingError, Settings, resolve_settings
 from .errors import GrpoCliError, UsageError
 
 if TYPE_CHECKING:
@@ -177,6 +177,11 @@ def _progress(
 
 
 # ------------------------------------------------------------------------ options
+def _trainer_presets() -> str:
+    named = [name for name, p in PRESETS.items() if p.trainer is not None]
+    return ", ".join(named[:-1]) + " and " + named[-1]
+
+
 Files = Annotated[
     list[str],
     typer.Argument(
@@ -324,8 +329,8 @@ TrainerOpt = Annotated[
     str | None,
     typer.Option(
         rich_help_panel="Conventions",
-        help="Also report the metrics this trainer logs (trl, verl, openrlhf), under its names; "
-        "the trl, gspo, dr-grpo, verl, dapo and openrlhf presets name theirs.",
+        help=f"Also report the metrics this trainer logs ({', '.join(TRAINERS)}), under its "
+        f"names; the {_trainer_presets()} presets name theirs.",
         show_default=False,
     ),
 ]

@@ -1,0 +1,20 @@
+"""The trainers grpo-cli reproduces, one module each, registered here.
+
+Adding a trainer: a module defining ``TRAINER`` (:class:`~grpo_cli.trainers.base.Trainer`:
+its presets, dependent settings, KL-in-the-reward way, logged metrics), one line below,
+and its rows in the conformance suite (conformance/oracle.py).
+"""
+
+from __future__ import annotations
+
+from . import openrlhf, trl, verl
+from .base import MetricInputs, RewardKL, Trainer
+
+__all__ = ["TRAINERS", "MetricInputs", "RewardKL", "Trainer", "trainer_of"]
+
+TRAINERS: dict[str, Trainer] = {t.name: t for t in (trl.TRAINER, verl.TRAINER, openrlhf.TRAINER)}
+
+
+def trainer_of(name: str | None) -> Trainer | None:
+    """The registered trainer called ``name`` (None for None)."""
+    return None if name is None else TRAINERS[name]
