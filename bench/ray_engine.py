@@ -138,12 +138,12 @@ def block_costs(d: Path) -> dict[str, float]:
     pass 1 on the driver: the quantities the projection scales."""
     import copy
 
-    from grpo_cli._engine import EngineOptions
-    from grpo_cli._io import chunk_batches, load_answers, open_source
     from grpo_cli._partials import TokenPartial
-    from grpo_cli._ray import BLOCK_BATCHES, block_chunks, blocks_of
     from grpo_cli._report import TOKEN_FIELDS, objective_pass1
     from grpo_cli._settings import resolve_settings
+    from grpo_cli.engine.options import EngineOptions
+    from grpo_cli.io import load_answers, open_source
+    from grpo_cli.plan import batches, plan
 
     engine = EngineOptions().resolved()
     src = open_source([str(d)])
@@ -156,14 +156,13 @@ def block_costs(d: Path) -> dict[str, float]:
     pass1_s = min(pass1)
     p1 = objective_pass1(src, settings, engine=engine)
     fold = p1.fold(src.label)
-    blocks = blocks_of(src, BLOCK_BATCHES * engine.batch_tokens)
+    blocks = plan(src, TOKEN_FIELDS, EngineOptions(name="ray")).blocks
     sample = blocks[:: max(1, len(blocks) // 6)][:6]
     times, tokens, parts = [], [], []
-    wanted = [f for f in TOKEN_FIELDS if src.has(f)]
     for b in sample:
         part = TokenPartial(settings, backend=engine.backend)
         t0 = time.perf_counter()
-        for batch in chunk_batches(src, block_chunks(src, b), wanted, engine.batch_tokens):
+        for batch in batches(src, b.units, TOKEN_FIELDS, engine.batch_tokens):
             fold(part, batch)
         times.append(time.perf_counter() - t0)
         tokens.append(part.tokens)

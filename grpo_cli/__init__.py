@@ -35,18 +35,6 @@ from ._core import (
     token_terms,
     used_log_ratio,
 )
-from ._engine import EngineOptions
-from ._io import (
-    Answers,
-    Batch,
-    RawBatch,
-    Source,
-    iter_batches,
-    load_answers,
-    open_source,
-    raw_from_arrow,
-    validate_raw,
-)
 from ._json import advantages_json, check_json, kl_json, objective_json
 from ._report import (
     AdvantagesReport,
@@ -69,12 +57,23 @@ from ._report import (
     objective_report,
 )
 from ._settings import PRESETS, SettingError, Settings, resolve_settings
+from .batch import Batch, RawBatch, validate
+from .engine.options import EngineOptions, Ran
 from .errors import GrpoCliError, InputError, MergeError, UsageError
+from .io import Answers, Source, load_answers, open_source, raw_from_arrow
+from .plan import iter_batches
 
 __version__ = "0.1.0"
 
 # check's names: its rules are imported when used, so a --json run never loads them
 _LAZY = {"CheckConfig", "CheckReport", "Result", "RuleConfig", "load_config", "run_check"}
+
+
+def validate_raw(raw: RawBatch, columns: object = None) -> Batch:
+    """:func:`validate` (kept for callers of the earlier name; ``columns`` is not needed:
+    a raw batch carries its columns' names)."""
+    del columns
+    return validate(raw)
 
 
 def __getattr__(name: str) -> object:
@@ -108,6 +107,7 @@ __all__ = [
     "MergeError",
     "ObjectiveReport",
     "Pass1",
+    "Ran",
     "RawBatch",
     "Result",
     "RolloutReport",
@@ -157,5 +157,6 @@ __all__ = [
     "sequence_log_ratio",
     "token_terms",
     "used_log_ratio",
+    "validate",
     "validate_raw",
 ]

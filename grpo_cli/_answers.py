@@ -24,13 +24,15 @@ from ._core import (
     token_gradients,
     token_terms,
 )
-from ._engine import EngineOptions
-from ._io import Batch, Source, answer_runs, iter_batches, token_ranges
-from ._local import Mergeable, fold_batches
 from ._partials import agg_factor
 from ._report import TOKEN_FIELDS, Pass1, objective_pass1, objective_report
 from ._settings import Settings
+from .batch import Batch, Part, parts
+from .engine.local import Mergeable
+from .engine.options import EngineOptions, Ran
 from .errors import UsageError
+from .io import Source
+from .plan import plan, run
 
 M = TypeVar("M", bound=Mergeable)
 
@@ -130,43 +132,37 @@ def answer_rows(
     definitions: :func:`token_terms`, :func:`answer_clip_counts`), computed once for all
     keys. An answer longer than a slice is computed a slice of its tokens at a time
     (:func:`_long_row`)."""
-    per_token = adv.shape != (b.n,)
     rows: list[dict[str, Any]] = []
-    for i, j, is_long in answer_runs(b, _partials.SLICE_TOKENS):
-        sub = b if (i, j) == (0, b.n) else b.answers(i, j)
-        a = adv[b.offsets[i] : b.offsets[j]] if per_token else adv[i:j]
-        if is_long:
-            rows.append(_long_row(sub, a, per_token, settings, src, grad))
-        elif sub.n:
-            rows += _run_rows(sub, a, settings, src, keys=keys, k=k, grad=grad)
+    for part in parts(b, adv):
+        assert part.adv is not None
+        if part.long:
+            rows.append(_long_row(part, settings, src, grad))
+        elif part.batch.n:
+            rows += _run_rows(part.batch, part.adv, settings, src, keys=keys, k=k, grad=grad)
     return rows
 
 
 def _long_row(
-    b: Batch,
-    adv: np.ndarray,
-    per_token: bool,
-    settings: Settings,
-    src: Source,
-    grad: GradientScale | None,
+    part: Part, settings: Settings, src: Source, grad: GradientScale | None
 ) -> dict[str, Any]:
-    """The row of a one-answer batch, a slice of its tokens at a time: sums, maxima and
-    where they are carried from slice to slice."""
+    """The row of a long answer, a slice of its tokens at a time: sums, maxima and where
+    they are carried from slice to slice."""
+    b, adv, per_token = part.batch, part.adv, part.per_token
+    assert adv is not None
     f, n = b.fields, int(b.offsets[-1])
     seq = means = None
     if settings.ratio_level == "sequence":
-        seq = _partials.seq_mean(b)
+        seq = _partials.seq_mean(part)
         if grad is not None:  # the gradient takes answer means: a first pass
-            means = _partials.sequence_means(b, adv, per_token, settings, seq)
+            means = _partials.sequence_means(part, settings, seq)
     kl_sum = rollout_sum = g2 = adv_best = 0.0
     kl_at = lr_at = clipped = 0
     kl_max = lr_max = adv_abs = -np.inf
     has_kl = "ref_logp" in f
     rollout = f.get("rollout_logp")
-    for lo, hi in token_ranges(n, _partials.SLICE_TOKENS):
-        p = b.tokens(lo, hi)
+    for lo, _, p, a in part.slices():
+        assert a is not None
         pf = p.fields
-        a = adv[lo:hi] if per_token else adv
         terms = token_terms(
             pf["logp"], pf.get("old_logp"), pf.get("ref_logp"), a, p.offsets,
             seq_mean=seq, **settings.term_kwargs(),
@@ -341,6 +337,7 @@ class AnswersReport:
     top: int
     rows: list[dict[str, Any]]
     warnings: list[str]
+    ran: Ran = field(default_factory=Ran)
 
 
 def answers_report(
@@ -367,7 +364,7 @@ def answers_report(
         adv = p1.advantages(b, src.label)
         acc.add(answer_rows(b, adv, settings, src, keys=[key], k=top, grad=grad))
 
-    best = fold_answers(src, lambda: TopAnswers(key, top), fold, engine, progress)
+    best, ran = fold_answers(src, lambda: TopAnswers(key, top), fold, engine, progress)
     notes = list(p1.warnings) + notes
     if key in ("kl_mean", "kl_max") and not src.has("ref_logp"):
         notes.append("no ref_logp: kl_mean and kl_max are null, the ranking is by row")
@@ -390,7 +387,7 @@ def answers_report(
                 v = None
             out[name] = v
         rows.append(out)
-    return AnswersReport(src.label, settings, engine, sort, top, rows, notes)
+    return AnswersReport(src.label, settings, engine, sort, top, rows, notes, p1.ran.then(ran))
 
 
 def fold_answers(
@@ -399,17 +396,9 @@ def fold_answers(
     fold: Callable[[M, Batch], None],
     engine: EngineOptions,
     progress: Callable[[int], None] | None,
-) -> M:
-    """Fold the token batches of ``src`` on ``engine`` (one reader and its workers locally,
-    blocks on Ray)."""
-    if engine.name == "ray":
-        from ._ray import fold_blocks
-
-        return fold_blocks(src, TOKEN_FIELDS, new, fold, engine=engine, progress=progress)
-    batches = iter_batches(
-        src, TOKEN_FIELDS, batch_tokens=engine.batch_tokens, threaded=engine.prefetch
-    )
-    return fold_batches(batches, new, fold, workers=engine.workers, progress=progress)
+) -> tuple[M, Ran]:
+    """Fold the token batches of ``src`` on ``engine``'s plan."""
+    return run(plan(src, TOKEN_FIELDS, engine), new, fold, progress=progress)
 
 
 @dataclass
@@ -447,7 +436,7 @@ def worst_answers(
         for t in acc.tops.values():
             t.add(rows)
 
-    best = fold_answers(
+    best, _ = fold_answers(
         src, lambda: TopByKey({k: TopAnswers(k, top) for k in keys}), fold, engine, None
     )
     return {k: t.rows for k, t in best.tops.items()}

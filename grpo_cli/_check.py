@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import math
 import tomllib
-from collections.abc import Callable, Iterator
-from contextlib import closing
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -21,21 +20,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ._core import advantages_by_group, segment_count
-from ._engine import EngineOptions
-from ._io import (
-    TOKEN_VALUES,
-    Answers,
-    RawBatch,
-    Source,
-    iter_raw,
-    iter_raw_streams,
-    load_answers,
-    prefetch,
-    raw_to_batch,
-    token_ranges,
-)
-from ._local import fold_source
+from . import batch as _batch
+from ._core import advantages_by_group
 from ._logged import compare_logged
 from ._report import (
     ObjectiveReport,
@@ -44,9 +30,14 @@ from ._report import (
     columns_reader,
     objective_pass1,
     objective_record,
+    ran_by,
 )
 from ._settings import Settings
+from .batch import RawBatch, length_mismatches, nonfinite_flags, token_ranges, valid_lengths
+from .engine.options import EngineOptions, Ran
 from .errors import InputError, UsageError
+from .io import TOKEN_VALUES, Answers, Source, load_answers
+from .plan import plan, run
 
 __all__ = [
     "RULES",
@@ -187,6 +178,7 @@ class CheckReport:
     engine: EngineOptions | None = None
     objective: ObjectiveReport | None = None  # the same record ``objective`` makes
     why_no_objective: str = ""
+    ran: Ran = field(default_factory=Ran)
 
     @property
     def passed(self) -> bool:
@@ -766,15 +758,12 @@ def _flagged(
     return int(idx.size), places
 
 
-# token values are scanned this many at a time, so that one answer of millions of tokens
-# costs a few float64 temporaries of this size, not of its length
-SCAN_SLICE = 1 << 21
-
-
 def _scan_batch(s: Scan, rb: RawBatch, src: Source, cfg: CheckConfig) -> None:
-    """Fold one raw batch into the integrity scan: count every problem, keep a few places."""
-    fields = list(rb.values)
-
+    """Fold one raw batch into the integrity scan: count every problem (the predicates of
+    :mod:`grpo_cli.batch`, which validation raises on), keep a few places. Token values are
+    scanned a slice of :data:`grpo_cli.batch.SLICE_TOKENS` at a time, so that one answer
+    of millions of tokens costs a few temporaries of that size, not of its length."""
+    fields = rb.fields
     groups = rb.answer.get("group")
 
     def where(file: str, row: int, **extra: Any) -> dict[str, Any]:
@@ -797,21 +786,22 @@ def _scan_batch(s: Scan, rb: RawBatch, src: Source, cfg: CheckConfig) -> None:
     def where_token(k: int, i: int, t: int, **extra: Any) -> dict[str, Any]:
         return where(rb.label, rb.start + i, token=t, **extra)
 
-    if "mask" in rb.offsets:  # mask lists of another length
-        bad = np.flatnonzero(np.diff(rb.offsets["mask"]) != lengths0)
+    misaligned = set()
+    for f, bad in sorted(length_mismatches(rb), key=lambda fb: fb[0] != "mask"):
+        misaligned.add(f)
         s.mismatch += int(bad.size)
-        for i in bad[: MAX_EXAMPLES - len(s.mismatch_ex)]:
+        lengths = np.diff(rb.offsets[f])
+        for i in bad[: max(0, MAX_EXAMPLES - len(s.mismatch_ex))]:
             s.mismatch_ex.append(
                 where(
                     rb.label,
                     rb.start + int(i),
-                    field="mask",
-                    length=int(np.diff(rb.offsets["mask"])[i]),
+                    field="mask" if f == "mask" else src.name(f),
+                    length=int(lengths[i]),
                     expected=int(lengths0[i]),
                 )
             )
-    # an empty last answer included
-    valid_per_row = lengths0.copy() if m is None else segment_count(m, off0)
+    valid_per_row = valid_lengths(rb)  # an empty last answer included
     valid_per_row[lengths0 == 0] = 0
     s.tokens += int(valid_per_row.sum())
     empty = np.flatnonzero(valid_per_row == 0)
@@ -819,26 +809,14 @@ def _scan_batch(s: Scan, rb: RawBatch, src: Source, cfg: CheckConfig) -> None:
     for i in empty[: max(0, MAX_EXAMPLES - len(s.empty_ex))]:
         s.empty_ex.append(where(rb.label, rb.start + int(i), tokens=int(lengths0[i])))
     for f in fields:
-        off, v = rb.offsets[f], rb.values[f]
-        if f != first and not np.array_equal(off, off0):
-            bad = np.flatnonzero(np.diff(off) != lengths0)
-            s.mismatch += int(bad.size)
-            for i in bad[: max(0, MAX_EXAMPLES - len(s.mismatch_ex))]:
-                s.mismatch_ex.append(
-                    where(
-                        rb.label,
-                        rb.start + int(i),
-                        field=src.name(f),
-                        length=int(np.diff(off)[i]),
-                        expected=int(lengths0[i]),
-                    )
-                )
+        if f in misaligned:
             continue  # values of a misaligned field cannot be matched to the mask
-        for lo, hi in token_ranges(v.shape[0], SCAN_SLICE):
+        v = rb.values[f]
+        for lo, hi in token_ranges(v.shape[0], _batch.SLICE_TOKENS):
             ms = None if m is None else m[lo:hi]
             _scan_values(s, f, src.name(f), v[lo:hi], ms, lo, off0, where_token)
-    if cfg.on_policy and "old_logp" in fields and np.array_equal(rb.offsets["old_logp"], off0):
-        for lo, hi in token_ranges(int(off0[-1]), SCAN_SLICE):
+    if cfg.on_policy and "old_logp" in fields and "old_logp" not in misaligned:
+        for lo, hi in token_ranges(int(off0[-1]), _batch.SLICE_TOKENS):
             ms = None if m is None else m[lo:hi]
             a = rb.values["logp"][lo:hi].astype(np.float64, copy=False)
             b = rb.values["old_logp"][lo:hi].astype(np.float64, copy=False)
@@ -881,7 +859,7 @@ def _scan_values(
         setattr(s, attr, getattr(s, attr) + n)
         ex += [where_token(k, i, t, field=name, value=value(k - lo)) for k, i, t in places]
 
-    count("nonfinite", ~np.isfinite(vf), lambda j: str(vf[j]))
+    count("nonfinite", nonfinite_flags(vf, None), lambda j: str(vf[j]))
     if f == "entropy":  # an entropy is >= 0 by nature: only its finiteness is checked
         return
     with np.errstate(invalid="ignore"):
@@ -930,9 +908,8 @@ def run_check(
             f"{', '.join(src.present) or 'no known field'} (map other names with "
             "--column FIELD=NAME)"
         )
-    answers = load_answers(
-        src, need_rewards=False, allow_nonfinite=True, read=columns_reader(engine)
-    )
+    read = columns_reader(engine)
+    answers = load_answers(src, need_rewards=False, allow_nonfinite=True, read=read)
     fields = _token_fields(src)
     why = ""
     finite_answers = all(
@@ -956,26 +933,17 @@ def run_check(
         if part.scan.problems() != before:  # counted, not raised: the objective stops here
             part.invalid = True
             return
-        fold_objective(part.objective, raw_to_batch(src, raw, fields))
+        # the scan evaluated every predicate validation raises on: only gather the tokens
+        fold_objective(part.objective, _batch.validate(raw, checked=True))
 
-    def single() -> Iterator[RawBatch]:
-        raws = iter_raw(src, fields, batch_tokens=engine.batch_tokens)
-        with closing(prefetch(raws, threaded=engine.prefetch)) as stream:
-            yield from stream
-
-    if engine.name == "ray":
-        from ._ray import fold_blocks
-
-        total = fold_blocks(src, fields, new, fold, engine=engine, progress=progress, raw=True)
-    else:
-        streams = iter_raw_streams(
-            src, fields, engine.workers, batch_tokens=engine.batch_tokens, threaded=engine.prefetch
-        )
-        total = fold_source(streams, single, new, fold, workers=engine.workers, progress=progress)
+    total, ran = run(plan(src, fields, engine), new, fold, validated=False, progress=progress)
+    ran = (p1.ran if p1 is not None else ran_by(read)).then(ran)
     report = None
     if p1 is not None and total.objective is not None and not total.invalid:
         band = cfg.rules["ratio-extreme"].params.get("band", 10.0)
-        report = objective_record(src, s, total.objective, p1, engine=engine, ratio_band=band)
+        report = objective_record(
+            src, s, total.objective, p1, engine=engine, ran=ran, ratio_band=band
+        )
     facts = Facts(
         src=src,
         answers=answers,
@@ -1026,6 +994,7 @@ def run_check(
         engine=engine,
         objective=facts.report,
         why_no_objective=facts.why_no_report,
+        ran=ran,
     )
 
 

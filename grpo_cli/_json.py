@@ -94,7 +94,7 @@ def advantages_json(r: AdvantagesReport) -> dict[str, Any]:
         "command": "advantages",
         "source": r.source,
         "settings": r.settings.to_json(),
-        "engine": r.engine.to_json(),
+        "engine": r.engine.to_json(r.ran),
         "summary": r.summary.to_json(),
         "reward": r.reward.to_json(),
         "advantage": r.advantage.to_json(),
@@ -123,7 +123,7 @@ def kl_json(r: KLReport) -> dict[str, Any]:
         "settings": {
             k: r.settings.to_json()[k] for k in ("kl_estimator", "kl_clamp", "log_ratio_clamp")
         },
-        "engine": r.engine.to_json(),
+        "engine": r.engine.to_json(r.ran),
         "counts": {"answers": r.answers, "tokens": r.tokens},
         "kl": r.token.to_json(),
         "kl_per_answer": r.per_answer.to_json(),
@@ -173,7 +173,7 @@ def objective_json(r: ObjectiveReport) -> dict[str, Any]:
         "rollout": r.rollout.to_json() if r.rollout is not None else None,
         "entropy": r.entropy.to_json() if r.entropy is not None else None,
         "settings": r.settings.to_json(),
-        "engine": r.engine.to_json(),
+        "engine": r.engine.to_json(r.ran),
         "warnings": [*r.warnings, *_absent_note(r)],
     }
     if r.logged is not None:  # only with --logged
@@ -204,7 +204,7 @@ def check_json(r: CheckReport) -> dict[str, Any]:
         "results": [x.to_json() for x in r.results],
         "objective": None if r.objective is None else objective_json(r.objective),
         "settings": None if r.settings is None else r.settings.to_json(),
-        "engine": None if r.engine is None else r.engine.to_json(),
+        "engine": None if r.engine is None else r.engine.to_json(r.ran),
         "warnings": warnings,
     }
 
@@ -218,7 +218,7 @@ def trend_json(r: TrendReport, *, checked: bool) -> dict[str, Any]:
         "schema_version": SCHEMA_VERSION,
         "command": "trend",
         "settings": r.settings.to_json(),
-        "engine": r.engine.to_json(),
+        "engine": r.engine.to_json(r.ran),
         "steps": [{k: row[k] for k in STEP_KEYS} for row in r.steps],
         "warnings": r.warnings,
     }
@@ -240,7 +240,7 @@ def answers_json(r: AnswersReport) -> dict[str, Any]:
         "command": "answers",
         "source": r.source,
         "settings": r.settings.to_json(),
-        "engine": r.engine.to_json(),
+        "engine": r.engine.to_json(r.ran),
         "sort": r.sort,
         "top": r.top,
         "answers": r.rows,
@@ -255,7 +255,7 @@ def explain_json(r: ObjectiveReport, findings: list[Finding]) -> dict[str, Any]:
         "command": "explain",
         "source": r.source,
         "settings": r.settings.to_json(),
-        "engine": r.engine.to_json(),
+        "engine": r.engine.to_json(r.ran),
         "findings": [f.to_json() for f in findings],
         "warnings": r.warnings,
     }

@@ -41,19 +41,13 @@ from ._core import (
     token_gradients,
     token_terms,
 )
-from ._io import (
-    Answers,
-    Batch,
-    answer_runs,
-    group_ids,
-    null_rows,
-    numpy_of,
-    token_ranges,
-)
 from ._records import QUANTILE_LEVELS, QUANTILES, Distribution, RolloutReport
 from ._settings import Settings
 from ._stats import IntCounts, Moments, Sketch
+from .batch import Batch, Part, parts
 from .errors import InputError, MergeError
+from .io.answers import Answers
+from .io.arrow import group_ids, null_rows, numpy_of
 
 F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
@@ -384,11 +378,6 @@ class PositiveLogp:
         return self
 
 
-# An answer longer than this folds a slice of this many tokens at a time (TokenPartial):
-# a few float64 temporaries of 8 MiB, whatever the answer's length.
-SLICE_TOKENS = 1 << 20
-
-
 def _plus(a: Any, b: Any) -> Any:
     return None if a is None or b is None else a + b
 
@@ -433,63 +422,57 @@ class Whole:
 
 def answer_sums(b: Batch, per_token: Callable[[Batch], F64]) -> F64:
     """Each answer's ``Σ_t per_token(batch)[t]``, a slice at a time in an answer longer
-    than :data:`SLICE_TOKENS`."""
+    than :data:`grpo_cli.batch.SLICE_TOKENS`."""
     out = np.empty(b.n)
-    for i, j, is_long in answer_runs(b, SLICE_TOKENS):
-        sub = b if (i, j) == (0, b.n) else b.answers(i, j)
-        if is_long:
-            n = int(sub.offsets[-1])
-            out[i] = sum(
-                float(np.sum(per_token(sub.tokens(lo, hi))))
-                for lo, hi in token_ranges(n, SLICE_TOKENS)
-            )
-        elif sub.n:
-            out[i:j] = segment_sum(per_token(sub), sub.offsets)
+    for part in parts(b):
+        if part.long:
+            out[part.first] = sum(float(np.sum(per_token(p))) for _, _, p, _ in part.slices())
+        elif part.batch.n:
+            out[part.first : part.stop] = segment_sum(per_token(part.batch), part.batch.offsets)
     return out
 
 
 def suffix_sums(b: Batch, per_token: Callable[[Batch], F64], out: F64, scale: float) -> None:
     """``out[t] -= scale · Σ_{t' ≥ t} per_token(batch)[t']`` within each answer (OpenRLHF's
-    returns), a slice at a time from the end in an answer longer than :data:`SLICE_TOKENS`."""
-    for i, j, is_long in answer_runs(b, SLICE_TOKENS):
-        sub = b if (i, j) == (0, b.n) else b.answers(i, j)
-        base = int(b.offsets[i])
-        if not is_long:
+    returns), a slice at a time from the end in an answer longer than a slice."""
+    for part in parts(b):
+        sub, base = part.batch, int(b.offsets[part.first])
+        if not part.long:
             if sub.n:
                 out[base : base + int(sub.offsets[-1])] -= scale * suffix_sum(
                     per_token(sub), sub.offsets
                 )
             continue
         later = 0.0  # the sum over the slices after this one
-        for lo, hi in reversed(list(token_ranges(int(sub.offsets[-1]), SLICE_TOKENS))):
-            tail = np.cumsum(per_token(sub.tokens(lo, hi))[::-1])[::-1] + later
+        for lo, hi, piece, _ in part.slices(reverse=True):
+            tail = np.cumsum(per_token(piece)[::-1])[::-1] + later
             out[base + lo : base + hi] -= scale * tail
             later = float(tail[0])
 
 
-def seq_mean(b: Batch) -> F64:
-    """A one-answer batch's mean ``Δ = logp − old_logp``, a slice at a time."""
-    logp, old = b.fields["logp"], b.fields.get("old_logp")
+def seq_mean(part: Part) -> F64:
+    """A long answer's mean ``Δ = logp − old_logp``, a slice at a time."""
+    logp = part.batch.fields["logp"]
     total = 0.0
-    if old is not None:
-        for lo, hi in token_ranges(logp.shape[0], SLICE_TOKENS):
-            total += float(np.sum(log_ratio(logp[lo:hi], old[lo:hi])))
+    if "old_logp" in part.batch.fields:
+        for _, _, piece, _ in part.slices():
+            total += float(np.sum(log_ratio(piece.fields["logp"], piece.fields["old_logp"])))
     return np.array([total / logp.shape[0]])
 
 
-def sequence_means(b: Batch, adv: F64, per_token: bool, s: Settings, seq: F64) -> SequenceMeans:
-    """The answer means the sequence-level gradient of a one-answer batch takes: its mean
+def sequence_means(part: Part, s: Settings, seq: F64) -> SequenceMeans:
+    """The answer means the sequence-level gradient of a long answer takes: its mean
     ``Δ`` ``seq`` (:func:`seq_mean`), and the rest from a first pass over its slices
     (:func:`grpo_cli._core.sequence_sums`)."""
-    n = int(b.offsets[-1])
+    n = int(part.batch.offsets[-1])
     p = 0.0
     kl: float | None = None
-    for lo, hi in token_ranges(n, SLICE_TOKENS):
-        piece = b.tokens(lo, hi)
+    for _, _, piece, a in part.slices():
+        assert a is not None
         f = piece.fields
         terms = token_terms(
-            f["logp"], f.get("old_logp"), f.get("ref_logp"), adv[lo:hi] if per_token else adv,
-            piece.offsets, seq_mean=seq, **s.term_kwargs(),
+            f["logp"], f.get("old_logp"), f.get("ref_logp"), a, piece.offsets, seq_mean=seq,
+            **s.term_kwargs(),
         )  # fmt: skip
         sp, sk = sequence_sums(
             terms, piece.offsets, clip_eps=s.clip_eps, clip_eps_high=s.clip_eps_high,
@@ -612,13 +595,9 @@ class TokenPartial:
     def _runs(
         self, b: Batch, adv: F64 | None, step: Callable[[Batch, F64 | None, Whole], AnswerSums]
     ) -> Iterator[tuple[Batch, F64 | None, AnswerSums]]:
-        per_token = adv is not None and adv.shape != (b.n,)
-        for i, j, is_long in answer_runs(b, SLICE_TOKENS):
-            sub = b if (i, j) == (0, b.n) else b.answers(i, j)
-            a = adv
-            if adv is not None and sub is not b:
-                a = adv[b.offsets[i] : b.offsets[j]] if per_token else adv[i:j]
-            if not is_long:
+        for part in parts(b, adv):
+            sub, a, per_token = part.batch, part.adv, part.per_token
+            if not part.long:
                 sums = step(sub, a, Whole(sub.lengths, per_token))
                 if per_token:
                     assert a is not None
@@ -627,17 +606,16 @@ class TokenPartial:
                 continue
             seq = grad = None
             if self.settings.ratio_level == "sequence":
-                seq = seq_mean(sub)
+                seq = seq_mean(part)
                 if self.gradient_wanted and a is not None:
-                    grad = sequence_means(sub, a, per_token, self.settings, seq)
+                    grad = sequence_means(part, self.settings, seq)
             whole = Whole(sub.lengths, per_token, seq, grad)
             total = AnswerSums()
-            for k, (lo, hi) in enumerate(token_ranges(int(sub.offsets[-1]), SLICE_TOKENS)):
-                pa = a if a is None or not per_token else a[lo:hi]
-                got = step(sub.tokens(lo, hi), pa, whole)
+            for k, (_, _, piece, pad) in enumerate(part.slices()):
+                got = step(piece, pad, whole)
                 if per_token:
-                    assert pa is not None
-                    got.adv = np.array([np.sum(pa)])
+                    assert pad is not None
+                    got.adv = np.array([np.sum(pad)])
                 total = got if k == 0 else total + got
             yield sub, a, total
 

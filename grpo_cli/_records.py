@@ -14,9 +14,9 @@ from numpy.typing import NDArray
 from ._core import (
     GroupStats,
 )
-from ._engine import EngineOptions
 from ._settings import Settings
 from ._stats import IntCounts, Moments, Sketch, quantiles_linear
+from .engine.options import EngineOptions, Ran
 
 if TYPE_CHECKING:  # a field's type only: --logged loads it when asked
     from ._logged import LoggedReport
@@ -170,6 +170,7 @@ class AdvantagesReport:
     logged_max_abs_diff: float | None  # vs the file's own advantages, when it has them
     engine: EngineOptions = field(default_factory=EngineOptions)
     warnings: list[str] = field(default_factory=list)
+    ran: Ran = field(default_factory=Ran)
 
 
 @dataclass(frozen=True)
@@ -185,6 +186,7 @@ class KLReport:
     per_answer: Distribution
     lengths: Distribution
     warnings: list[str] = field(default_factory=list)
+    ran: Ran = field(default_factory=Ran)
 
 
 @dataclass(frozen=True)
@@ -244,6 +246,7 @@ class ObjectiveReport:
     entropy: Distribution | None = None  # per-token policy entropy, when logged
     warnings: list[str] = field(default_factory=list)
     engine: EngineOptions = field(default_factory=EngineOptions)
+    ran: Ran = field(default_factory=Ran)  # what the engine did (Ray: blocks, CPUs)
     logged: LoggedReport | None = None  # what the trainer logged, compared (--logged)
     reward: Distribution | None = None  # the answers' rewards, when the input has them
     # logged advantages nonzero in zero-variance groups: (how many, largest |A|), or None

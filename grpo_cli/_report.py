@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from numpy.typing import NDArray
@@ -26,19 +25,6 @@ from ._core import (
     group_stats,
     kl_from_log_ratio,
 )
-from ._engine import EngineOptions
-from ._io import (
-    TOKEN_VALUES,
-    Answers,
-    Batch,
-    Prefetch,
-    Source,
-    iter_batch_streams,
-    iter_batches,
-    load_answers,
-    numpy_of,
-)
-from ._local import fold_source
 from ._partials import (
     ANSWER_BINS,
     ENTROPY_BINS,
@@ -66,7 +52,12 @@ from ._records import (
     values_distribution,
 )
 from ._settings import Settings
+from .batch import Batch
+from .engine.options import EngineOptions, Ran
 from .errors import InputError, UsageError
+from .io import TOKEN_VALUES, Answers, Source, load_answers, numpy_of
+from .io.readers import ReadColumns
+from .plan import Pipeline, plan, run
 from .trainers import MetricInputs, RewardKL, trainer_of
 
 __all__ = [
@@ -119,7 +110,8 @@ def advantages_report(
     src: Source, settings: Settings, *, engine: EngineOptions | None = None
 ) -> AdvantagesReport:
     """Group-relative advantages of every answer of ``src`` (rewards and groups only)."""
-    answers = load_answers(src, need_rewards=True, read=columns_reader(engine))
+    read = columns_reader(engine)
+    answers = load_answers(src, need_rewards=True, read=read)
     adv, stats = _advantages(answers, settings, src.label)
     assert answers.codes is not None and answers.labels is not None and answers.reward is not None
     diff = None
@@ -145,55 +137,24 @@ def advantages_report(
         advantage=values_distribution(adv),
         logged_max_abs_diff=diff,
         engine=(engine or EngineOptions()).resolved(),
+        ran=ran_by(read),
         warnings=notes,
     )
 
 
-def columns_reader(engine: EngineOptions | None) -> Any:
-    """How pass 1 reads the answer columns: here (None), or in Ray tasks."""
+def columns_reader(engine: EngineOptions | None) -> ReadColumns | None:
+    """How pass 1 reads the answer columns: here (None), or in Ray tasks (whose
+    :class:`~grpo_cli.engine.options.Ran` the reader keeps)."""
     if engine is None or engine.name != "ray":
         return None
-    from ._ray import connect, read_columns
+    from .engine.ray import RayColumns
 
-    connect(engine)  # an npz is read here, never by read_columns: the engine still records Ray
-    return lambda src, cols: read_columns(src, cols, engine)
-
-
-def _fold_tokens(
-    src: Source,
-    fields: Sequence[str],
-    new: Callable[[], TokenPartial],
-    fold: Callable[[TokenPartial, Batch], None],
-    *,
-    engine: EngineOptions,
-    progress: Progress | None,
-    streams: list[Prefetch[Batch]] | None,
-) -> TokenPartial:
-    """Pass 2 over validated batches of ``src`` (``streams``: started already, or None)."""
-    if engine.name == "ray":
-        from ._ray import fold_blocks
-
-        return fold_blocks(src, fields, new, fold, engine=engine, progress=progress)
-    return fold_source(
-        streams,
-        lambda: iter_batches(
-            src, fields, batch_tokens=engine.batch_tokens, threaded=engine.prefetch
-        ),
-        new,
-        fold,
-        workers=engine.workers,
-        progress=progress,
-    )
+    return RayColumns(engine)
 
 
-def _streams(src: Source, fields: Sequence[str], engine: EngineOptions) -> Any:
-    """The row-group streams of :func:`iter_batch_streams` for ``engine`` (None: one, or
-    the Ray engine, which reads in its tasks)."""
-    if engine.name == "ray":
-        return None
-    return iter_batch_streams(
-        src, fields, engine.workers, batch_tokens=engine.batch_tokens, threaded=engine.prefetch
-    )
+def ran_by(read: ReadColumns | None) -> Ran:
+    """What pass 1's reading did (on Ray: its tasks)."""
+    return getattr(read, "ran", Ran())
 
 
 # ----------------------------------------------------------------------- KL command
@@ -213,15 +174,11 @@ def kl_report(
                 f"{src.label}: {src.name(f)!r} is missing (the KL needs logp and "
                 f"ref_logp; the file has: {', '.join(src.present)})"
             )
-    fields = ["logp", "ref_logp"]
-    acc = _fold_tokens(
-        src,
-        fields,
+    acc, ran = run(
+        plan(src, ["logp", "ref_logp"], engine),
         lambda: TokenPartial(settings, backend=engine.backend, exact_cap=exact_cap),
         TokenPartial.update_kl,
-        engine=engine,
         progress=progress,
-        streams=_streams(src, fields, engine),
     )
     if acc.answers == 0:
         raise InputError(f"{src.label}: no answers (0 rows): nothing to compute")
@@ -229,6 +186,7 @@ def kl_report(
         source=src.label,
         settings=settings,
         engine=engine,
+        ran=ran,
         answers=acc.answers,
         tokens=acc.tokens,
         token=distribution(acc.kl_values, acc.kl_d, acc.kl_function()),
@@ -277,6 +235,7 @@ class Pass1:
     reward: Distribution | None = None  # the rewards (the task's, before any KL)
     # logged advantages nonzero in zero-variance groups: (how many, largest |A|), or None
     residual: tuple[int, float] | None = None
+    ran: Ran = field(default_factory=Ran)  # what pass 1 did on the engine (Ray: its tasks)
 
     @property
     def stats(self) -> GroupStats | None:
@@ -350,17 +309,34 @@ def reward_kl(b: Batch, s: Settings) -> F64:
     )
 
 
-def reward_kl_sums(src: Source, settings: Settings, engine: EngineOptions) -> F64:
+@dataclass
+class AnswerValues:
+    """Per-answer values of batches folded anywhere, kept by their first row: merged,
+    then read in input order (:meth:`values`). One float an answer."""
+
+    parts: dict[int, F64] = dataclasses.field(default_factory=dict)
+
+    def merge(self, o: AnswerValues) -> AnswerValues:
+        self.parts.update(o.parts)
+        return self
+
+    def values(self) -> F64:
+        if not self.parts:
+            return np.zeros(0)
+        return np.concatenate([self.parts[k] for k in sorted(self.parts)])
+
+
+def reward_kl_sums(src: Source, settings: Settings, engine: EngineOptions) -> tuple[F64, Ran]:
     """Each answer's sum of :func:`reward_kl` over its valid tokens: the pass over the
-    token columns verl's KL in the reward needs before the group statistics."""
+    token columns verl's KL in the reward needs before the group statistics, on the
+    engine's plan like every other pass."""
     fields = [f for f in ("logp", "old_logp", "ref_logp") if src.has(f)]
-    out = np.zeros(0)
-    parts: list[tuple[int, F64]] = []
-    for b in iter_batches(src, fields, batch_tokens=engine.batch_tokens, threaded=engine.prefetch):
-        parts.append((b.start, answer_sums(b, lambda p: reward_kl(p, settings))))
-    if parts:
-        out = np.concatenate([p for _, p in sorted(parts, key=lambda x: x[0])])
-    return out
+
+    def fold(acc: AnswerValues, b: Batch) -> None:
+        acc.parts[b.start] = answer_sums(b, lambda p: reward_kl(p, settings))
+
+    acc, ran = run(plan(src, fields, engine), AnswerValues, fold)
+    return acc.values(), ran
 
 
 def _answer_floats(b: Batch, field: str, where: str) -> F64:
@@ -393,8 +369,11 @@ def objective_pass1(
     on_policy = not src.has("old_logp")
     if on_policy:
         warnings.append(f"no {src.name('old_logp')!r}: treating the batch as on-policy (ratio = 1)")
+    ran = Ran()
     if answers is None:
-        answers = load_answers(src, need_rewards=False, read=columns_reader(engine))
+        read = columns_reader(engine)
+        answers = load_answers(src, need_rewards=False, read=read)
+        ran = ran_by(read)
     warnings += answers.notes
     task_reward = answers.reward
     if (
@@ -402,7 +381,8 @@ def objective_pass1(
         and answers.reward is not None
         and (answers.advantage is None or recompute_advantages)
     ):  # verl: the score is the reward minus β × the answer's summed KL, then the groups
-        kl_sums = reward_kl_sums(src, settings, (engine or EngineOptions()).resolved())
+        kl_sums, pre = reward_kl_sums(src, settings, (engine or EngineOptions()).resolved())
+        ran = ran.then(pre)
         if kl_sums.shape != answers.reward.shape:
             raise InputError(
                 f"{src.label}: {kl_sums.shape[0]} token rows but {answers.reward.shape[0]} answers"
@@ -431,7 +411,7 @@ def objective_pass1(
             "gives exact zeros)"
         )
     reward = None if task_reward is None else values_distribution(task_reward)
-    return Pass1(adv, adv_source, table, settings, on_policy, warnings, reward, residual)
+    return Pass1(adv, adv_source, table, settings, on_policy, warnings, reward, residual, ran)
 
 
 def _residual(answers: Answers, codes: I64, table: GroupTable) -> tuple[int, float] | None:
@@ -487,26 +467,18 @@ def objective_report(
     :func:`objective_record`."""
     engine = (engine or EngineOptions()).resolved()
     # row-group streams start decoding now, while pass 1 reads the answer columns
-    streams = _streams(src, TOKEN_FIELDS, engine) if src.has("logp") else None
-    try:
+    with Pipeline(plan(src, TOKEN_FIELDS, engine)) as pipe:
         p1 = objective_pass1(
             src, settings, recompute_advantages=recompute_advantages, engine=engine
         )
-    except BaseException:
-        for stream in streams or []:
-            stream.close()
-        raise
 
-    def new() -> TokenPartial:
-        return TokenPartial(
-            settings, backend=engine.backend, exact_cap=exact_cap, gradient=gradient
-        )
+        def new() -> TokenPartial:
+            return TokenPartial(
+                settings, backend=engine.backend, exact_cap=exact_cap, gradient=gradient
+            )
 
-    acc = _fold_tokens(
-        src, TOKEN_FIELDS, new, p1.fold(src.label), engine=engine, progress=progress,
-        streams=streams,
-    )  # fmt: skip
-    return objective_record(src, settings, acc, p1, engine=engine)
+        acc, ran = pipe.run(new, p1.fold(src.label), progress)
+    return objective_record(src, settings, acc, p1, engine=engine, ran=p1.ran.then(ran))
 
 
 def objective_record(
@@ -516,6 +488,7 @@ def objective_record(
     p1: Pass1,
     *,
     engine: EngineOptions,
+    ran: Ran | None = None,
     ratio_band: float = 10.0,
 ) -> ObjectiveReport:
     """The record of a folded objective: checks that every answer was folded, then the
@@ -554,6 +527,7 @@ def objective_record(
     out = replace(
         rec,
         engine=engine,
+        ran=ran or p1.ran,
         ratio_band=ratio_band,
         ratio_outside_band=outside,
         reward=p1.reward,

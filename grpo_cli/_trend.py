@@ -18,12 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from ._check import Result, RuleConfig, _judge, _skip
-from ._engine import EngineOptions
-from ._io import InputPath, _expand, _read, _rows_per_batch, open_source
 from ._records import ObjectiveReport
 from ._report import objective_report
 from ._settings import Settings
+from .engine.options import EngineOptions, Ran
 from .errors import InputError, UsageError
+from .io import InputPath, open_source
+from .io.source import expand_input
 
 __all__ = ["TREND_RULES", "StepRow", "TrendReport", "step_number", "trend_report"]
 
@@ -62,6 +63,7 @@ class TrendReport:
     steps: list[StepRow]
     results: list[Result] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    ran: Ran = field(default_factory=Ran)
 
     @property
     def passed(self) -> bool:
@@ -118,7 +120,7 @@ def trend_report(
     engine = (engine or EngineOptions()).resolved()
     paths: list[InputPath] = []
     for s in specs:
-        paths.extend(_expand(s))
+        paths.extend(expand_input(s))
     if not paths:
         raise InputError("no step file given")
     if step_column is not None:
@@ -132,9 +134,7 @@ def trend_report(
             split = split_by_step(specs, step_column, Path(tmp), column_map, engine.batch_tokens)
             report = _trend(split, settings, engine, column_map, rules, progress, named=False)
         note = f"source is null: the steps are the values of column {step_column!r}"
-        return TrendReport(
-            report.settings, report.engine, report.steps, report.results, [*report.warnings, note]
-        )
+        return replace(report, warnings=[*report.warnings, note])
     numbered = sorted(
         ((step_number(p, i), p) for i, p in enumerate(paths)), key=lambda x: (x[0], str(x[1]))
     )
@@ -171,13 +171,14 @@ def _trend(
 ) -> TrendReport:
     steps, warnings = [], []
     if engine.name == "ray":  # one task a step, all at once: each step folds in a worker
-        from ._ray import map_calls
+        from .engine.ray import map_calls
 
         inner = replace(engine, name="local", workers=1, prefetch=False)
         calls = [partial(_step_report, p, column_map, settings, inner) for _, p in numbered]
-        reports = map_calls(engine, calls, [str(p) for _, p in numbered])
+        reports, ran = map_calls(engine, calls, [str(p) for _, p in numbered])
     else:
         reports = [_step_report(p, column_map, settings, engine, progress) for _, p in numbered]
+        ran = Ran()
     for (step, p), r in zip(numbered, reports, strict=True):
         steps.append(_row(step, p if named else None, r))
         warnings += [f"step {step}: {w}" for w in r.warnings]
@@ -190,7 +191,7 @@ def _trend(
     results = (
         [] if rules is None else [fn(steps, rules[rid]) for rid, (fn, _) in TREND_RULES.items()]
     )
-    return TrendReport(settings, engine, steps, results, warnings)
+    return TrendReport(settings, engine, steps, results, warnings, ran)
 
 
 MAX_OPEN_STEPS = 128  # step files written at once; more steps take more passes
@@ -203,68 +204,15 @@ def split_by_step(
     column_map: dict[str, str] | None,
     batch_tokens: int,
 ) -> list[tuple[int, Path]]:
-    """Copy each step's rows of a parquet dataset to ``out/<step>.parquet``, in bounded
-    memory (a record batch at a time; at most :data:`MAX_OPEN_STEPS` writers open, so many
-    steps take several passes). Steps are the integer values of ``column``."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
+    """Copy each step's rows of a dataset to ``out/<step>.parquet`` (the reader's
+    ``split_by_column``: parquet can, in bounded memory). Steps are the integer values of
+    ``column``."""
     src = open_source(list(specs), column_map)
-    if src.kind != "parquet":
+    split = getattr(src.reader, "split_by_column", None)
+    if split is None:
         raise InputError(f"{src.label}: --step-column needs parquet input")
-    if column not in src.present:
-        raise InputError(
-            f"{src.label}: no column {column!r} for --step-column "
-            f"(the file has: {', '.join(src.present)})"
-        )
-    per_file = [(i, src.parquet_file(i)) for i in range(len(src.paths))]
-    values: set[int] = set()
-    for i, pf in per_file:
-        t = pf.schema_arrow.field(column).type
-        if not pa.types.is_integer(t):
-            raise InputError(f"{src.paths[i]}: column {column!r} has type {t}, expected integers")
-        batches = pf.iter_batches(columns=[column], batch_size=1 << 16, use_threads=False)
-        for rb in _read(src.paths[i], batches, [column]):
-            col = rb.column(0)
-            if col.null_count:
-                raise InputError(
-                    f"{src.paths[i]}: column {column!r} has nulls: every row needs a step"
-                )
-            values.update(pc.unique(col).to_pylist())
-    steps = sorted(values)
-    if not steps:
-        raise InputError(f"{src.label}: no rows, so no step")
-    schema = None
-    for lo in range(0, len(steps), MAX_OPEN_STEPS):
-        chunk = set(steps[lo : lo + MAX_OPEN_STEPS])
-        writers: dict[int, pq.ParquetWriter] = {}
-        try:
-            for i, pf in per_file:
-                rows = _rows_per_batch(pf, src.name("logp"), batch_tokens)
-                every = pf.iter_batches(batch_size=rows, use_threads=False)
-                for rb in _read(src.paths[i], every, list(src.present)):
-                    if schema is None:
-                        schema = rb.schema
-                    if rb.schema != schema:
-                        try:
-                            rb = rb.cast(schema)
-                        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError):
-                            raise InputError(
-                                f"{src.paths[i]}: its columns' types differ from "
-                                f"{src.paths[0].name}'s: cannot be split into steps together"
-                            ) from None
-                    col = rb.column(column)
-                    for step in pc.unique(col).to_pylist():
-                        if step not in chunk:
-                            continue
-                        if step not in writers:
-                            writers[step] = pq.ParquetWriter(out / f"{step}.parquet", schema)
-                        writers[step].write_batch(rb.filter(pc.equal(col, step)))
-        finally:
-            for w in writers.values():
-                w.close()
-    return [(step, out / f"{step}.parquet") for step in steps]
+    steps: list[tuple[int, Path]] = split(src, column, out, batch_tokens, MAX_OPEN_STEPS)
+    return steps
 
 
 def _steps(steps: list[int]) -> str:

@@ -23,12 +23,12 @@ import typer
 from typer.core import TyperGroup
 
 from . import __version__
-from ._engine import DEFAULT_BATCH_TOKENS, DEFAULT_WORKERS, MAX_WORKERS, EngineOptions
-from ._io import open_source, parse_column_map, write_advantages
 from ._json import advantages_json, dumps, kl_json, objective_json
 from ._report import ObjectiveReport, advantages_report, kl_report, objective_report
 from ._settings import OFF, PRESETS, TRAINERS, SettingError, Settings, resolve_settings
+from .engine.options import DEFAULT_BATCH_TOKENS, DEFAULT_WORKERS, MAX_WORKERS, EngineOptions
 from .errors import GrpoCliError, UsageError
+from .io import open_source, parse_column_map, write_advantages
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -106,8 +106,8 @@ def _errors() -> Iterator[None]:
         typer.echo("grpo-cli: interrupted", err=True)
         raise typer.Exit(130) from None
     finally:
-        if "grpo_cli._ray" in sys.modules:  # stop the Ray this run started or joined
-            sys.modules["grpo_cli._ray"].close()
+        if "grpo_cli.engine.ray" in sys.modules:  # stop the Ray this run started or joined
+            sys.modules["grpo_cli.engine.ray"].close()
 
 
 # rich (tables, progress) and the check rules are imported where they are used: `--json`

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
@@ -360,9 +361,22 @@ def test_scan_in_token_slices_finds_the_same(
     cli: Cli, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # an answer of millions of tokens is scanned a slice at a time: slices of 3 tokens
-    # (cutting answers anywhere) count and place every problem as one pass does
+    # (cutting answers anywhere) count and place every problem as one pass does; the
+    # objective behind the health rules then folds slices too, so its values agree to
+    # the order of float additions
     extra = ["--on-policy"] if "on-policy-exact" in BROKEN[name] else []
     whole = check_json(cli, BROKEN_DIR / name, *extra)
-    monkeypatch.setattr("grpo_cli._check.SCAN_SLICE", 3)
+    monkeypatch.setattr("grpo_cli.batch.SLICE_TOKENS", 3)
     sliced = check_json(cli, BROKEN_DIR / name, *extra)
-    assert sliced["results"] == whole["results"]
+    assert _close(sliced["results"], whole["results"])
+
+
+def _close(a: Any, b: Any) -> bool:
+    """Equal documents, floats to 1e-12 relative (the order of float additions)."""
+    if isinstance(a, float) and isinstance(b, float):
+        return a == b or math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-15)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)

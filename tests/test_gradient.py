@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from grpo_cli._core import aggregate, grpo_objective, token_terms
-from grpo_cli._io import Batch
 from grpo_cli._partials import TokenPartial
 from grpo_cli._settings import Settings
+from grpo_cli.batch import Batch
 
 from .conftest import Cli
 

@@ -43,7 +43,7 @@ def close(a: Any, b: Any, path: str = "") -> None:
 
 def both(cli: Cli, monkeypatch: pytest.MonkeyPatch, *args: str | Path) -> tuple[Any, Any]:
     whole = cli.json(*args)
-    monkeypatch.setattr("grpo_cli._partials.SLICE_TOKENS", 7)
+    monkeypatch.setattr("grpo_cli.batch.SLICE_TOKENS", 7)
     sliced = cli.json(*args)
     monkeypatch.undo()
     return whole, sliced
@@ -170,8 +170,7 @@ def test_memory_of_an_answer_does_not_grow_with_its_length(
     # worker: with two, which partials coexist at the peak varies by ±4 MiB from run to run.
     import tracemalloc
 
-    monkeypatch.setattr("grpo_cli._partials.SLICE_TOKENS", 1 << 14)
-    monkeypatch.setattr("grpo_cli._check.SCAN_SLICE", 1 << 14)
+    monkeypatch.setattr("grpo_cli.batch.SLICE_TOKENS", 1 << 14)
     monkeypatch.setattr("grpo_cli._core.COUNT_CHUNK", 1 << 14)
     peaks = []
     for path in long_files:

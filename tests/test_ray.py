@@ -31,8 +31,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from grpo_cli._engine import EngineOptions
-from grpo_cli._ray import reload_auth_config
+from grpo_cli.engine.options import EngineOptions
+from grpo_cli.engine.ray import reload_auth_config
 
 from .conftest import SAMPLE, Cli, sample_steps
 
@@ -234,7 +234,7 @@ def test_library_fold_equals_local_and_merges_in_block_order(
     in_process_ray: None, dataset: Path
 ) -> None:
     """Run to run the Ray result is bit for bit the same (a fixed merge order)."""
-    from grpo_cli import _io
+    from grpo_cli import io as _io
     from grpo_cli._report import objective_report
     from grpo_cli._settings import resolve_settings
 
@@ -440,11 +440,11 @@ def _die(part: object, batch: object) -> None:
 
 
 def test_a_lost_worker_is_one_error_naming_the_input(in_process_ray: None, dataset: Path) -> None:
-    from grpo_cli import _io
+    from grpo_cli import io as _io
     from grpo_cli._partials import TokenPartial
-    from grpo_cli._ray import fold_blocks
     from grpo_cli._settings import resolve_settings
     from grpo_cli.errors import InputError
+    from grpo_cli.plan import plan, run
 
     src = _io.open_source([str(dataset)])
     s = resolve_settings(None)
@@ -452,11 +452,11 @@ def test_a_lost_worker_is_one_error_naming_the_input(in_process_ray: None, datas
     with pytest.raises(
         InputError, match=r"/step_\d\.parquet \(rows \d+-\d+\): a Ray worker failed \("
     ):
-        fold_blocks(src, ["logp"], lambda: TokenPartial(s), _die, engine=EngineOptions(name="ray"))
+        run(plan(src, ["logp"], EngineOptions(name="ray")), lambda: TokenPartial(s), _die)
 
 
 def test_progress_on_the_driver_counts_every_answer(in_process_ray: None, dataset: Path) -> None:
-    from grpo_cli import _io
+    from grpo_cli import io as _io
     from grpo_cli._report import kl_report
     from grpo_cli._settings import resolve_settings
 

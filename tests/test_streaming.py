@@ -22,10 +22,9 @@ from grpo_cli import (
     open_source,
     raw_from_arrow,
     resolve_settings,
-    validate_raw,
+    validate,
 )
 from grpo_cli._core import token_terms
-from grpo_cli._io import Answers, Batch, _encode_groups, iter_batch_streams, iter_batches
 from grpo_cli._report import (
     LOG_RATIO_BINS,
     QUANTILES,
@@ -39,7 +38,10 @@ from grpo_cli._report import (
     objective_record,
 )
 from grpo_cli._stats import Histogram, IntCounts, Moments, Sketch, quantiles_from_counts
+from grpo_cli.batch import Batch
 from grpo_cli.errors import InputError, MergeError
+from grpo_cli.io.answers import Answers, encode_groups
+from grpo_cli.plan import iter_batches, plan
 
 from .conftest import SAMPLE, Cli, random_batch, write_npz, write_parquet
 
@@ -282,10 +284,10 @@ def test_row_group_streams_equal_one_stream(tmp_path: Path) -> None:
     b = random_batch(np.random.default_rng(36), n=230, width=30, groups=17)
     path = _row_groups(write_parquet(tmp_path / "b.parquet", b), 20)  # 12 row groups
     src = open_source([str(path)])
-    streams = iter_batch_streams(src, ["logp"], 2)
+    streams = plan(src, ["logp"], EngineOptions(workers=2)).streams
     assert streams is not None and len(streams) == 2
     # row groups alternate between the streams; each stream keeps row order
-    starts = [[x.start for x in s] for s in streams]
+    starts = [[u.start for u in s] for s in streams]
     assert starts[0] == list(range(0, 230, 40)) and starts[1] == list(range(20, 230, 40))
     s = resolve_settings()
     one = objective_report(src, s, engine=EngineOptions(workers=1))  # one stream, no threads
@@ -305,7 +307,7 @@ def test_row_group_streams_equal_one_stream(tmp_path: Path) -> None:
     assert math.isclose(k2.token.mean, k1.token.mean or 0.0, rel_tol=1e-12)
     # fewer row groups than streams: the single reader feeds the workers instead
     single = write_parquet(tmp_path / "one.parquet", b)
-    assert iter_batch_streams(open_source([str(single)]), ["logp"], 2) is None
+    assert plan(open_source([str(single)]), ["logp"], EngineOptions(workers=2)).streams is None
 
 
 @pytest.mark.parametrize(
@@ -439,7 +441,7 @@ def test_group_partials_merge_to_the_two_pass_table() -> None:
     ids = pa.array([f"g{k}" for k in rng.integers(0, 37, n)])
     rewards = rng.choice([0.0, 0.5, 1.0, 3.0], n) + rng.normal(0, 1e-3, n) * (rng.random(n) < 0.5)
     rewards[np.asarray(pc.equal(ids, "g3"))] = 0.7  # a zero-variance group
-    codes, _, table_ids = _encode_groups(ids, "x", "ids")
+    codes, _, table_ids = encode_groups(ids, "x", "ids")
     answers = Answers(n=n, codes=codes, labels=table_ids.to_pylist(), reward=rewards,
                       advantage=None, shape=None, group_ids=table_ids)  # fmt: skip
     for s in (resolve_settings(preset="trl"), resolve_settings(scale="batch")):
@@ -463,7 +465,7 @@ def test_group_partials_merge_to_the_two_pass_table() -> None:
 
 
 def test_batches_from_any_arrow_reader() -> None:
-    """raw_from_arrow + validate_raw make batches from record batches in memory (a Ray
+    """raw_from_arrow + validate make batches from record batches in memory (a Ray
     block, a table): folded with pass 1, the same partial as the file reader's."""
     src = open_source([str(SAMPLE / "batch.parquet")])
     s = resolve_settings()
@@ -471,7 +473,7 @@ def test_batches_from_any_arrow_reader() -> None:
     table = pq.read_table(SAMPLE / "batch.parquet")
     cols = {f: f for f in ("group", "reward", "logp", "old_logp", "ref_logp", "rollout_logp")}
     raw = raw_from_arrow(table.slice(40, 60).to_batches()[0], cols, start=40, label="block")
-    mine = fold_batch(validate_raw(raw, cols), p1, s)
+    mine = fold_batch(validate(raw), p1, s)
     # independently: the per-token terms of rows 40-99, with pass 1's advantages by row
     part = table.slice(40, 60)
     lists = {f: part.column(f).to_pylist() for f in ("logp", "old_logp", "ref_logp")}
@@ -521,7 +523,7 @@ def test_a_run_of_long_answers_makes_batches_of_few_rows(tmp_path: Path) -> None
     tokens next to each other among 4,000 of 20 made batches of ~1.9M tokens (many times
     ``batch_tokens``); read small and joined, none exceeds it, and the numbers are those
     of one batch of everything."""
-    from grpo_cli._io import open_source
+    from grpo_cli.io import open_source
 
     rng = np.random.default_rng(5)
     lens = np.concatenate([np.full(2000, 20), np.full(300, 5000), np.full(2000, 20)])
@@ -548,7 +550,7 @@ def test_a_run_of_long_answers_makes_batches_of_few_rows(tmp_path: Path) -> None
 def test_numpy_of_and_arrow_of_round_trip_without_pa_array() -> None:
     # the readers' own converters (pa.array and Array.to_numpy import pandas): values,
     # slices (an offset into the buffer), booleans, big-endian input, non-ASCII strings
-    from grpo_cli._io import arrow_of, numpy_of
+    from grpo_cli.io import arrow_of, numpy_of
 
     rng = np.random.default_rng(0)
     for dtype in ("<f4", ">f8", "<i2", ">i8", "<u4", "<u8"):

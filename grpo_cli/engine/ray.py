@@ -1,14 +1,15 @@
 """The Ray engine: the same per-batch fold as the local engine, run by Ray tasks.
 
-The dataset is cut into *blocks*: runs of consecutive row groups of one parquet file, of
-about :data:`BLOCK_BATCHES` batches' worth of tokens (an npz is one block). One Ray task
-per block streams its row groups in batches of ``batch_tokens`` (memory bounded by a
-batch, as locally) and folds them with the very ``fold`` the local engine uses into the
-very partial (``TokenPartial``, the check's scan, ``TopAnswers``). What a fold needs from
-pass 1 (the group table, the settings) travels inside ``fold``: put in the object store
-once, read by every task. Pass 1 itself reads each file's answer columns in a task
-(:func:`read_columns`) and computes the group table on the driver from them, exactly as
-the local engine does (its reward and advantage distributions have exact quantiles).
+The plan (:mod:`grpo_cli.plan`) cuts the input into *blocks*: runs of consecutive units
+(row groups) of one file, of about ``BLOCK_BATCHES`` batches' worth of tokens (an npz is
+one block). One Ray task per block streams its units in batches of ``batch_tokens``
+(memory bounded by a batch, as locally) and folds them with the very ``fold`` the local
+engine uses into the very partial (``TokenPartial``, the check's scan, ``TopAnswers``).
+What a fold needs from pass 1 (the group table, the settings) travels inside ``fold``:
+put in the object store once, read by every task. Pass 1 itself reads each file's answer
+columns in a task (:class:`RayColumns`) and computes the group table on the driver from
+them, exactly as the local engine does (its reward and advantage distributions have
+exact quantiles).
 
 Partials are merged in the workers, eight at a time in block order (a tree whose shape
 depends only on the number of blocks), and the last few on the driver, in block order:
@@ -33,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import logging
 import os
 import secrets
@@ -44,32 +44,24 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import pyarrow as pa
 
-from ._engine import EngineOptions
-from ._io import (
-    BatchError,
-    Source,
-    chunk_batches,
-    iter_batches,
-    iter_raw,
-    raw_chunks,
-    read_file_columns,
-)
-from .errors import InputError, UsageError
+from ..batch import BatchError
+from ..errors import InputError, UsageError
+from .options import EngineOptions, Ran
+
+if TYPE_CHECKING:
+    from ..io.source import Source
+    from ..plan import Block, Plan
 
 __all__ = [
-    "BLOCK_BATCHES",
-    "Block",
-    "block_chunks",
-    "blocks_of",
+    "RayColumns",
     "close",
     "connect",
     "fold_blocks",
     "map_calls",
-    "read_columns",
     "reload_auth_config",
 ]
 
@@ -77,57 +69,9 @@ M = TypeVar("M")
 T = TypeVar("T")
 Progress = Callable[[int], None]
 
-# A block holds about this many batches' tokens: enough work per task to hide Ray's
-# per-task cost (milliseconds), small enough to spread a step over a cluster.
-BLOCK_BATCHES = 16
 FANOUT = 8  # partials merged by one merge task
 
 _state: dict[str, Any] = {}  # the Ray this process started or joined: {"owned": bool}
-
-
-@dataclasses.dataclass(frozen=True)
-class Block:
-    """Consecutive row groups ``row_groups`` of file ``file``; ``start``: the dataset row
-    of its first answer, ``rows``: its answers."""
-
-    file: int
-    row_groups: tuple[int, ...]
-    start: int
-    rows: int
-
-
-def blocks_of(src: Source, block_tokens: int) -> list[Block]:
-    """The dataset's blocks in (file, row group) order, from the footers (no data read)."""
-    if src.kind == "npz":
-        return [Block(0, (), 0, -1)]
-    out: list[Block] = []
-    start = 0
-    first_col = src.name("logp") if src.has("logp") else None
-    for i, md in enumerate(src.footers):
-        run: list[int] = []
-        run_start, run_rows, run_tokens = start, 0, 0
-        for rg in range(md.num_row_groups):
-            rgm = md.row_group(rg)
-            rows = rgm.num_rows
-            if not rows:
-                continue
-            tokens = rows
-            for c in range(rgm.num_columns):
-                cc = rgm.column(c)
-                if first_col is not None and cc.path_in_schema.split(".")[0] == first_col:
-                    tokens = max(tokens, cc.num_values)
-            if run and run_tokens + tokens > block_tokens:
-                out.append(Block(i, tuple(run), run_start, run_rows))
-                run, run_start, run_rows, run_tokens = [], start, 0, 0
-            if not run:
-                run_start = start
-            run.append(rg)
-            run_rows += rows
-            run_tokens += tokens
-            start += rows
-        if run:
-            out.append(Block(i, tuple(run), run_start, run_rows))
-    return out
 
 
 class _Interrupts:
@@ -168,14 +112,12 @@ def _ray() -> Any:
     return ray
 
 
-def connect(engine: EngineOptions) -> Any:
+def connect(engine: EngineOptions) -> tuple[Any, Ran]:
     """Ray, initialised for this run: the process's Ray when it has one (a library caller
-    that ran ``ray.init``), else ``engine.address``, else a private local Ray. Records the
-    cluster's CPUs as ``workers`` (and no block yet) in ``engine.ran``."""
+    that ran ``ray.init``), else ``engine.address``, else a private local Ray; and the
+    cluster's CPUs as a :class:`Ran`'s ``workers`` (no block yet)."""
     ray = _connect(engine)
-    engine.ran.setdefault("blocks", 0)
-    engine.ran["workers"] = int(ray.cluster_resources().get("CPU", 0))
-    return ray
+    return ray, Ran(blocks=0, workers=int(ray.cluster_resources().get("CPU", 0)))
 
 
 def _connect(engine: EngineOptions) -> Any:
@@ -300,33 +242,22 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _fold_block(
-    src: Source,
+    p: Plan,
     block: Block,
-    fields: Sequence[str],
-    batch_tokens: int,
-    raw: bool,
+    validated: bool,
     task: tuple[Callable[[], Any], Callable[[Any, Any], None]],
 ) -> tuple[tuple[int, InputError] | None, Any]:
     """One task: fold the block's batches into a new partial. Bad data is returned, not
     raised, as (dataset row where it starts, error), so the driver reports the first in
     row order."""
+    from ..plan import batches
+
     new, fold = task
     part = new()
-    wanted = [f for f in fields if src.has(f)]
     row = block.start
     try:
-        batches: Iterator[Any]
-        if src.kind == "npz":
-            batches = (
-                iter_raw(src, fields, batch_tokens=batch_tokens)
-                if raw
-                else iter_batches(src, fields, batch_tokens=batch_tokens, threaded=False)
-            )
-        else:
-            chunks = block_chunks(src, block)
-            read = raw_chunks if raw else chunk_batches
-            batches = read(src, chunks, wanted, batch_tokens)
-        for b in batches:
+        items = batches(p.source, block.units, p.fields, p.engine.batch_tokens, validated=validated)
+        for b in items:
             row = b.start
             fold(part, b)
     except BatchError as exc:
@@ -336,19 +267,9 @@ def _fold_block(
     return None, part
 
 
-def block_chunks(src: Source, block: Block) -> list[tuple[int, int, int]]:
-    """The block's (file, row group, dataset row of its first answer)."""
-    md = src.footers[block.file]
-    out, start = [], block.start
-    for rg in block.row_groups:
-        out.append((block.file, rg, start))
-        start += md.row_group(rg).num_rows
-    return out
-
-
 def _where(src: Source, b: Block) -> str:
     """A block as errors name it: its file and its rows within the file."""
-    if src.kind == "npz":
+    if b.rows < 0:
         return src.label
     first = b.start - src.first_row(b.file)
     return f"{src.paths[b.file]} (rows {first}-{first + b.rows - 1})"
@@ -364,37 +285,33 @@ def _merge(*parts: Any) -> Any:
 
 
 def fold_blocks(
-    src: Source,
-    fields: Sequence[str],
+    p: Plan,
     new: Callable[[], M],
     fold: Callable[[M, Any], None],
     *,
-    engine: EngineOptions,
+    validated: bool = True,
     progress: Progress | None = None,
-    raw: bool = False,
-) -> M:
-    """Fold ``src`` on Ray: one task per block, partials merged in block order; bad data is
-    the local engine's error for the first bad row. ``raw``: fold unvalidated batches
-    (``check``), else validated ones."""
-    ray = connect(engine)
-    blocks = blocks_of(src, BLOCK_BATCHES * engine.batch_tokens)
-    per_source = engine.ran.setdefault("sources", {})  # trend: one fold per step
-    per_source[src.label] = len(blocks)
-    engine.ran["blocks"] = sum(per_source.values())
+) -> tuple[M, Ran]:
+    """Fold the plan's blocks on Ray: one task per block, partials merged in block order;
+    bad data is the local engine's error for the first bad row. ``validated``: fold
+    validated batches, else raw ones (``check``)."""
+    ray, ran = connect(p.engine)
+    blocks = list(p.blocks)
     fold_task = ray.remote(num_returns=2, max_retries=0)(_fold_block)
     task_ref = ray.put((new, fold))
-    src_ref = ray.put(src)
+    plan_ref = ray.put(p)
     status, parts = [], []
     for b in blocks:
-        s, p = fold_task.remote(src_ref, b, list(fields), engine.batch_tokens, raw, task_ref)
+        s, part = fold_task.remote(plan_ref, b, validated, task_ref)
         status.append(s)
-        parts.append(p)
+        parts.append(part)
     try:
         with _Interrupts() as interrupts:
-            return cast(M, _collect(ray, src, blocks, status, parts, progress, interrupts))
+            total = _collect(ray, p.source, blocks, status, parts, progress, interrupts)
     except KeyboardInterrupt:
         ray_cancel(ray, status)
         raise
+    return cast(M, total), Ran(blocks=len(blocks), workers=ran.workers)
 
 
 def _collect(
@@ -442,12 +359,12 @@ def _call(fn: Callable[[], Any]) -> tuple[InputError | None, Any]:
 
 def map_calls(
     engine: EngineOptions, calls: Sequence[Callable[[], T]], labels: Sequence[str]
-) -> list[T]:
+) -> tuple[list[T], Ran]:
     """Run each call as a Ray task, all at once (``trend``: one task a step file); their
-    results in the order given. Bad data in a call is its error, the first in that order;
-    ``labels`` name the calls in the error of a failed task."""
-    ray = connect(engine)
-    engine.ran["blocks"] = len(calls)  # a fold after this (pass 2) counts its own blocks
+    results in the order given, and the tasks run as the :class:`Ran`'s blocks. Bad data
+    in a call is its error, the first in that order; ``labels`` name the calls in the
+    error of a failed task."""
+    ray, ran = connect(engine)
     task = ray.remote(max_retries=0)(_call)
     refs = [task.remote(c) for c in calls]
     out: list[T] = []
@@ -460,18 +377,28 @@ def map_calls(
                 if err is not None:
                     raise err
                 out.append(value)
-        return out
+        return out, Ran(blocks=len(calls), workers=ran.workers)
     except KeyboardInterrupt:
         ray_cancel(ray, refs)
         raise
 
 
-def read_columns(src: Source, cols: list[str], engine: EngineOptions) -> list[pa.Table]:
-    """Pass 1's reading on Ray: the answer columns of every file, a task a file, in file
-    order (a few bytes an answer; the group statistics are then computed from them on the
-    driver exactly as locally). The first unreadable file is the error."""
-    calls = [partial(read_file_columns, src, i, cols) for i in range(len(src.paths))]
-    return map_calls(engine, calls, [str(p) for p in src.paths])
+class RayColumns:
+    """Pass 1's reading on Ray (a ``read`` for :func:`grpo_cli.io.load_answers`): the
+    answer columns of every file, a task a file, in file order (a few bytes an answer;
+    the group statistics are then computed from them on the driver exactly as locally).
+    The first unreadable file is the error; :attr:`ran` is what the tasks did."""
+
+    def __init__(self, engine: EngineOptions) -> None:
+        self.engine = engine
+        # an npz is read here, never by these tasks: the run still records Ray's CPUs
+        self.ran = connect(engine)[1]
+
+    def __call__(self, src: Source, cols: list[str]) -> list[pa.Table]:
+        read = src.reader.read_file_columns
+        calls = [partial(read, src, i, cols) for i in range(len(src.paths))]
+        tables, self.ran = map_calls(self.engine, calls, [str(p) for p in src.paths])
+        return tables
 
 
 def ray_cancel(ray: Any, refs: list[Any]) -> None:

@@ -2,9 +2,10 @@
 
 Generic over what is folded: any partial with ``merge``, any batch with ``start`` (the
 dataset row of its first answer) and ``n``. ``objective`` and ``kl`` fold validated
-:class:`~grpo_cli._io.Batch` es into token partials; ``check`` folds raw batches into an
+:class:`~grpo_cli.batch.Batch` es into token partials; ``check`` folds raw batches into an
 integrity scan plus a token partial, over the same streams cut at the same rows, so the
-two commands add the same numbers in the same order.
+two commands add the same numbers in the same order. The plan (:mod:`grpo_cli.plan`)
+says which streams there are.
 """
 
 from __future__ import annotations
@@ -12,13 +13,13 @@ from __future__ import annotations
 import math
 import queue
 import threading
-from collections.abc import Callable, Iterator
-from typing import Protocol, TypeVar
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Protocol, TypeVar
 
-from ._io import BatchError, Prefetch
-from .errors import InputError
+from ..batch import BatchError
+from ..errors import InputError
 
-__all__ = ["Chunk", "Mergeable", "fold_batches", "fold_streams"]
+__all__ = ["Chunk", "Mergeable", "Prefetch", "fold_batches", "fold_streams", "prefetch"]
 
 Progress = Callable[[int], None]
 
@@ -107,7 +108,7 @@ def fold_streams(
     *,
     progress: Progress | None = None,
 ) -> M:
-    """Fold each stream (from :func:`grpo_cli._io.iter_batch_streams`) on its own thread
+    """Fold each stream (the plan's row-group streams) on its own thread
     into its own partial, then merge them in stream order: bit-for-bit the same result
     from run to run.
 
@@ -159,17 +160,81 @@ def fold_streams(
     return total
 
 
-def fold_source(
-    streams: list[Prefetch[C]] | None,
-    single: Callable[[], Iterator[C]],
-    new: Callable[[], M],
-    fold: Callable[[M, C], None],
-    *,
-    workers: int,
-    progress: Progress | None,
-) -> M:
-    """Pass 2: the parallel row-group ``streams`` when the data has enough row groups
-    (None: it has not), else ``single()``, one reader feeding ``workers`` threads."""
-    if streams is not None:
-        return fold_streams(streams, new, fold, progress=progress)
-    return fold_batches(single(), new, fold, workers=workers, progress=progress)
+T = TypeVar("T")
+_DONE = object()
+
+
+class Prefetch(Iterator[T]):
+    """``items`` produced by a background thread, ``depth`` ahead of the consumer; the
+    thread starts at once, so decoding begins while the caller still prepares.
+
+    Decoding (pyarrow, GIL released) then overlaps with the computation on the other
+    core. Exceptions are re-raised in the consumer. ``close()`` stops the thread; a
+    consumer that may stop early must call it.
+    """
+
+    def __init__(self, items: Iterable[T], depth: int = 2) -> None:
+        self._q: queue.Queue[Any] = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._done = False
+        self._th = threading.Thread(
+            target=self._run, args=(items,), daemon=True, name="grpo-cli-prefetch"
+        )
+        self._th.start()
+
+    def _run(self, items: Iterable[T]) -> None:
+        try:
+            for item in items:
+                if self._stop.is_set():
+                    return
+                self._q.put(item)
+            self._q.put(_DONE)
+        except BaseException as exc:
+            self._q.put(exc)
+
+    def __next__(self) -> T:
+        if self._done:
+            raise StopIteration
+        item = self._q.get()
+        if item is _DONE:
+            self.close()
+            raise StopIteration
+        if isinstance(item, BaseException):
+            self.close()
+            raise item
+        out: T = item
+        return out
+
+    def close(self) -> None:
+        self._done = True
+        self._stop.set()
+        while self._th.is_alive():  # unblock a producer waiting on a full queue
+            try:
+                self._q.get_nowait()
+            except queue.Empty:
+                self._th.join(timeout=0.05)
+
+
+class _Inline(Iterator[T]):
+    """``items`` in the consumer's thread, with the same ``close()``."""
+
+    def __init__(self, items: Iterable[T]) -> None:
+        self._it = iter(items)
+
+    def __next__(self) -> T:
+        return next(self._it)
+
+    def close(self) -> None:
+        close = getattr(self._it, "close", None)
+        if close is not None:
+            close()
+
+
+def prefetch(
+    items: Iterable[T], depth: int = 2, *, threaded: bool = True
+) -> Prefetch[T] | _Inline[T]:
+    """:class:`Prefetch` of ``items``, or, without ``threaded``, ``items`` in the caller's
+    thread (both have ``close()``)."""
+    if not threaded:
+        return _Inline(items)
+    return Prefetch(items, depth)

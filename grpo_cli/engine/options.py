@@ -8,13 +8,13 @@ floats are added it can change the last digits, so every JSON document echoes it
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
-from . import _fast
-from .errors import UsageError
+from .. import _fast
+from ..errors import UsageError
 
-__all__ = ["DEFAULT_WORKERS", "MAX_WORKERS", "EngineOptions"]
+__all__ = ["DEFAULT_WORKERS", "MAX_WORKERS", "EngineOptions", "Ran"]
 
 # Fixed, not the core count: the result depends on the worker count (the order floats are
 # added in), so a fixed default keeps JSON identical across machines.
@@ -30,6 +30,22 @@ ENGINES = ("local", "ray")
 
 
 @dataclass(frozen=True)
+class Ran:
+    """What a run of the Ray engine did: the blocks of its last fold (or the tasks of its
+    last map) and the cluster's CPUs; None for what it did not do."""
+
+    blocks: int | None = None
+    workers: int | None = None
+
+    def then(self, later: Ran) -> Ran:
+        """This run, followed by ``later``: the later one's counts where it has them."""
+        return Ran(
+            later.blocks if later.blocks is not None else self.blocks,
+            later.workers if later.workers is not None else self.workers,
+        )
+
+
+@dataclass(frozen=True)
 class EngineOptions:
     """The local engine's settings.
 
@@ -38,10 +54,10 @@ class EngineOptions:
     what folds token batches, ``c`` (the compiled kernel), ``numpy``, or ``auto`` (``c``
     when it is built): :meth:`resolved` decides ``auto``, and reports echo the decision.
 
-    ``name``: ``local`` (this machine's threads) or ``ray`` (:mod:`grpo_cli._ray`: blocks
-    folded by Ray tasks; ``address`` is the cluster's, None for a Ray started for the run).
-    ``ran`` is what a Ray run reports back (blocks, workers): filled by the engine, echoed
-    in JSON, not a setting.
+    ``name``: ``local`` (this machine's threads) or ``ray`` (:mod:`grpo_cli.engine.ray`:
+    blocks folded by Ray tasks; ``address`` is the cluster's, None for a Ray started for
+    the run). What a run did (its blocks, the cluster's CPUs) is not a setting: the engine
+    returns it as a :class:`Ran`.
     """
 
     workers: int = DEFAULT_WORKERS
@@ -50,7 +66,6 @@ class EngineOptions:
     backend: str = "auto"
     name: str = "local"
     address: str | None = None
-    ran: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not 1 <= self.workers <= MAX_WORKERS:
@@ -80,14 +95,16 @@ class EngineOptions:
         """Whether token batches go through the compiled kernel (after :meth:`resolved`)."""
         return self.resolved().backend == "c"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, ran: Ran | None = None) -> dict[str, Any]:
+        """The options as JSON echoes them, with what the run did (``ran``) on Ray."""
         r = self.resolved()
         if r.name == "ray":
+            ran = ran or Ran()
             return {
                 "name": "ray",
                 "address": r.address,
-                "blocks": r.ran.get("blocks"),
-                "workers": r.ran.get("workers"),
+                "blocks": ran.blocks,
+                "workers": ran.workers,
                 "batch_tokens": r.batch_tokens,
                 "backend": r.backend,
             }

@@ -1,0 +1,188 @@
+"""Pass 1: the answer fields of the whole input (group ids, rewards, advantages), for any
+format: each reader gives its answer columns (:meth:`Reader.answer_columns`), this module
+checks and encodes them the same way for all."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from numpy.typing import NDArray
+
+from ..errors import InputError
+from .arrow import group_ids, null_rows, numpy_of
+from .readers.base import ReadColumns
+
+if TYPE_CHECKING:
+    from .source import Source
+
+__all__ = ["Answers", "encode_groups", "load_answers", "token_scores_hint"]
+
+F64 = NDArray[np.float64]
+I64 = NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class Answers:
+    """Answer-level fields of the whole dataset, in row order.
+
+    ``codes`` index ``labels`` (group ids in first-seen order). ``shape`` is ``(P, G)``
+    when the rewards came as a 2-D array, else None.
+    """
+
+    n: int
+    codes: I64 | None
+    labels: list[Any] | None
+    reward: F64 | None
+    advantage: F64 | None
+    shape: tuple[int, int] | None
+    group_ids: pa.Array | None = None  # ``labels`` as an Arrow array, for joins by group id
+    notes: list[str] = dataclass_field(default_factory=list)  # e.g. ids shared by files
+
+
+def encode_groups(
+    values: pa.Array | pa.ChunkedArray, label: str, what: str
+) -> tuple[I64, list[Any], pa.Array]:
+    """Group ids to codes into the first-seen distinct ids (as a list and as an Arrow array
+    of the column's own type, for joins by id)."""
+    arr = group_ids(values)
+    if arr.null_count:
+        row = int(null_rows(arr)[0])
+        raise InputError(f"{label}: {what} is null at row {row}")
+    t = arr.type
+    if not (pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t)):
+        raise InputError(f"{label}: {what} has type {t}, expected integers or strings")
+    enc = arr.dictionary_encode()
+    if isinstance(enc, pa.ChunkedArray):
+        enc = enc.unify_dictionaries().combine_chunks()
+    codes = numpy_of(enc.indices).astype(np.int64)
+    return codes, enc.dictionary.to_pylist(), enc.dictionary
+
+
+def token_scores_hint(src: Source) -> str:
+    """What to do with verl's per-token scores, when they are what the input has."""
+    for name in ("token_level_scores", "token_level_rewards"):
+        if name in src.present:
+            return (
+                f"; {name!r} is verl's per-token score: grpo-cli takes one reward per answer, "
+                f"its sum over the response mask (verl's sequence score): save that as "
+                f"{src.name('reward')!r}"
+            )
+    return ""
+
+
+def scoped_ids(src: Source, ids: pa.Array | pa.ChunkedArray, file: int) -> pa.Array:
+    """Group ids as the input's scope reads them: with ``file`` (a dataset format),
+    ``name:id`` for the file's name, so that equal ids of two files are two groups."""
+    ids = group_ids(ids)
+    if src.group_scope != "file" or not src.reader.datasets:
+        return ids
+    prefix = pa.scalar(f"{src.paths[file].name}:")
+    return pc.binary_join_element_wise(prefix, pc.cast(ids, pa.string()), "")
+
+
+def load_answers(
+    src: Source,
+    *,
+    need_rewards: bool,
+    allow_nonfinite: bool = False,
+    read: ReadColumns | None = None,
+) -> Answers:
+    """Pass 1: group ids, rewards and advantages of every answer (small columns only).
+
+    Non-finite rewards or advantages are an error, unless ``allow_nonfinite`` (``check``
+    counts them instead). ``read``: how each file's columns are read, in file order
+    (default: here; the Ray engine reads them in its tasks).
+    """
+    cols = src.reader.answer_columns(src, need_rewards, allow_nonfinite, read)
+    what = src.reader.what
+    seen: dict[Any, list[int]] = {}  # group id -> the files holding it
+    gname = cols.names.get("group")
+    tables = []
+    for i, t in enumerate(cols.tables):
+        if gname is not None and gname in t.column_names:
+            ids = group_ids(t.column(gname))
+            if len(cols.tables) > 1 and src.group_scope == "dataset":
+                for v in pc.unique(ids).to_pylist():
+                    seen.setdefault(v, []).append(i)
+            t = t.set_column(t.schema.get_field_index(gname), gname, scoped_ids(src, ids, i))
+        tables.append(t)
+    if need_rewards and not src.has("reward"):
+        raise InputError(
+            f"{src.label}: {what} {src.name('reward')!r} is missing "
+            f"(the file has: {', '.join(src.present)})" + token_scores_hint(src)
+        )
+    table = None
+    if tables and tables[0].num_columns:
+        try:  # int64 in one file, double in another; nullable or not: one type
+            table = pa.concat_tables(tables, promote_options="permissive")
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            names = [c for c in tables[0].column_names]
+            raise InputError(
+                f"{src.label}: the files' columns {names} have incompatible types ({exc})"
+            ) from None
+    codes = labels = r = a = ids = None
+    if table is not None and "reward" in cols.names:
+        name = cols.names["reward"]
+        r = _float_column(table.column(name), src, name, allow_nonfinite)
+        if gname is None:
+            raise InputError(
+                f"{src.label}: {what} {src.name('group')!r} is missing "
+                f"(every answer needs its group id)"
+            )
+        codes, labels, ids = encode_groups(table.column(gname), src.label, f"{what} {gname!r}")
+    if table is not None and "advantage" in cols.names:
+        name = cols.names["advantage"]
+        a = _float_column(table.column(name), src, name, allow_nonfinite)
+    n = cols.n
+    if n is None:
+        n = r.shape[0] if r is not None else (a.shape[0] if a is not None else 0)
+    answers = Answers(
+        n=n, codes=codes, labels=labels, reward=r, advantage=a, shape=cols.shape,
+        group_ids=ids, notes=_shared_note(src, seen),
+    )  # fmt: skip
+    if answers.n == 0:
+        raise InputError(f"{src.label}: no answers (0 rows): nothing to compute")
+    return answers
+
+
+def _shared_note(src: Source, seen: dict[Any, list[int]]) -> list[str]:
+    shared = {v: f for v, f in seen.items() if len(f) > 1}
+    if not shared:
+        return []
+    files = sorted({k for f in shared.values() for k in f})
+    names = ", ".join(src.paths[k].name for k in files[:4]) + (" ..." if len(files) > 4 else "")
+    some = ", ".join(repr(v) for v in list(shared)[:3])
+    return [
+        f"{len(shared)} group id(s) ({some}{' ...' if len(shared) > 3 else ''}) appear in "
+        f"more than one file ({names}): each is read as one group across files "
+        "(--group-scope dataset, right when the shards of one step split a group); with "
+        "one step per file, pass --group-scope file"
+    ]
+
+
+def _float_column(
+    col: pa.ChunkedArray | pa.Array, src: Source, name: str, allow_nonfinite: bool = False
+) -> F64:
+    label, what, unit = src.label, src.reader.what, src.reader.unit
+    t = col.type
+    if pa.types.is_decimal(t):  # duckdb writes VALUES literals as DECIMAL
+        col = col.cast(pa.float64())
+        t = col.type
+    if not (pa.types.is_floating(t) or pa.types.is_integer(t) or pa.types.is_boolean(t)):
+        raise InputError(f"{label}: {what} {name!r} has type {t}, expected numbers")
+    if col.null_count:
+        row = int(null_rows(col)[0])
+        raise InputError(f"{label}: {what} {name!r} is null at {unit} {row}")
+    flat = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    x = np.asarray(numpy_of(flat), dtype=np.float64)
+    bad = np.flatnonzero(~np.isfinite(x))
+    if bad.size and not allow_nonfinite:
+        raise InputError(
+            f"{label}: {what} {name!r} has non-finite value {x[bad[0]]} at {unit} {int(bad[0])}"
+        )
+    return x

@@ -1,0 +1,82 @@
+"""The fields of grpo-cli's data model and the names trainers give them.
+
+An answer has ``group``, ``reward`` and ``advantage``; its tokens carry ``logp``,
+``old_logp``, ``ref_logp``, ``rollout_logp``, ``entropy`` and ``mask``. Every reader maps
+its columns or arrays onto these through :data:`ALIASES` and ``--column FIELD=NAME``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..errors import InputError, UsageError
+
+__all__ = [
+    "ALIASES",
+    "ANSWER_FIELDS",
+    "FIELDS",
+    "TOKEN_FIELDS",
+    "TOKEN_VALUES",
+    "map_columns",
+    "parse_column_map",
+]
+
+ANSWER_FIELDS = ("group", "reward", "advantage")
+# per-token values, and with the mask every per-token field (the one list of them)
+TOKEN_VALUES = ("logp", "old_logp", "ref_logp", "rollout_logp", "entropy")
+TOKEN_FIELDS = (*TOKEN_VALUES, "mask")
+FIELDS = ANSWER_FIELDS + TOKEN_FIELDS
+
+# Canonical name first; then the names trainers use for the same thing (DESIGN.md).
+ALIASES: dict[str, tuple[str, ...]] = {
+    "group": ("group", "groups", "group_id", "prompt_id", "uid"),
+    "reward": ("reward", "rewards", "score", "scores"),
+    "advantage": ("advantage", "advantages"),
+    "logp": ("logp", "log_prob", "log_probs", "per_token_logps"),
+    "old_logp": ("old_logp", "old_log_probs", "old_per_token_logps", "action_log_probs"),
+    "ref_logp": ("ref_logp", "ref_log_prob", "ref_per_token_logps", "base_action_log_probs"),
+    "rollout_logp": (
+        "rollout_logp",
+        "rollout_log_probs",
+        "sampling_per_token_logps",
+        "rollout_logprobs",
+    ),
+    "entropy": ("entropy", "entropys", "entropies", "token_entropy"),
+    "mask": ("mask", "response_mask", "completion_mask", "action_mask", "loss_mask"),
+}
+
+
+def parse_column_map(items: Sequence[str] | None) -> dict[str, str]:
+    """``["logp=lp", ...]`` from ``--column`` into ``{"logp": "lp"}``, validated."""
+    out: dict[str, str] = {}
+    for item in items or ():
+        field, sep, name = item.partition("=")
+        field, name = field.strip(), name.strip()
+        if not sep or not field or not name:
+            raise UsageError(f"--column {item!r}: expected FIELD=NAME, e.g. logp=log_probs")
+        if field not in FIELDS:
+            raise UsageError(
+                f"--column {item!r}: unknown field {field!r}; fields: {', '.join(FIELDS)}"
+            )
+        out[field] = name
+    return out
+
+
+def map_columns(
+    names: Sequence[str], explicit: dict[str, str], label: str, what: str
+) -> dict[str, str | None]:
+    """Each field's column (``what``: "column" or "array") among ``names``: the one given
+    with ``--column``, else the first alias present, else None."""
+    present = set(names)
+    out: dict[str, str | None] = {}
+    for field in FIELDS:
+        if field in explicit:
+            if explicit[field] not in present:
+                raise InputError(
+                    f"{label}: {what} {explicit[field]!r} (given for {field} with --column) "
+                    f"not found; the file has: {', '.join(names)}"
+                )
+            out[field] = explicit[field]
+            continue
+        out[field] = next((a for a in ALIASES[field] if a in present), None)
+    return out

@@ -1,0 +1,120 @@
+"""The reader protocol: what a format gives grpo-cli, and nothing about any format.
+
+A reader knows one file format. It names what the input holds, counts its answers,
+reads the answer columns for pass 1, describes its *units* (the pieces it can read
+independently: parquet row groups, one npz) for the plan, and decodes a list of units into
+:class:`~grpo_cli.batch.RawBatch` es. Everything after that (validation, folding,
+engines) is the same for every format.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+import pyarrow as pa
+
+if TYPE_CHECKING:
+    from ...batch import RawBatch
+    from ..paths import InputPath
+    from ..source import Source
+
+__all__ = ["AnswerColumns", "ReadColumns", "Reader", "Unit"]
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A piece of the input a reader reads on its own: row group ``part`` of file ``file``
+    (-1: the whole file), its first answer's row in the input (``start``), its answers
+    (``rows``, -1: unknown until read) and its token values (``tokens``, an estimate from
+    metadata: what plans balance)."""
+
+    file: int
+    part: int
+    start: int
+    rows: int
+    tokens: int
+
+
+@dataclass(frozen=True)
+class AnswerColumns:
+    """Pass 1's input: the answer fields (``group``, ``reward``, ``advantage``) of every
+    file, one table per file, in file order, each field in the column ``names`` gives
+    (the input's own name, so that messages name it); ``shape`` ``(P, G)`` when the
+    rewards came as one group per row; ``n`` the answers (None: the reader cannot say
+    without the token columns)."""
+
+    tables: list[pa.Table]
+    names: dict[str, str]
+    n: int | None
+    shape: tuple[int, int] | None = None
+
+
+# How pass 1 reads the answer columns of each file (here, or in Ray tasks): (source,
+# column names) -> one table per file.
+ReadColumns = Callable[["Source", list[str]], list[pa.Table]]
+
+
+class Reader(Protocol):
+    """One input format. ``what`` names where a field lives in messages (``column``,
+    ``array``), ``unit`` how an answer is named (``row``, ``answer``); ``suffixes`` are
+    the file name endings the format is recognised by (lower case)."""
+
+    format: ClassVar[str]
+    suffixes: ClassVar[tuple[str, ...]]
+    what: ClassVar[str]
+    unit: ClassVar[str]
+    # several files of the format form one dataset
+    datasets: ClassVar[bool]
+    # the format can be read from a pyarrow filesystem (s3://, gs://, ...)
+    remote: ClassVar[bool]
+
+    @property
+    def paths(self) -> tuple[InputPath, ...]:
+        """The files, in order."""
+        ...
+
+    def names(self) -> list[str]:
+        """Every column (array) name the input has, in its order."""
+        ...
+
+    def default_name(self, field: str) -> str:
+        """The name ``field`` has by default in this format (npz: ``rewards``)."""
+        ...
+
+    def rows_per_file(self) -> list[int] | None:
+        """Each file's answers, from metadata; None when not known without reading."""
+        ...
+
+    def answer_columns(
+        self, src: Source, need_rewards: bool, allow_nonfinite: bool, read: ReadColumns | None
+    ) -> AnswerColumns:
+        """Pass 1's columns (see :class:`AnswerColumns`), checked for this format's own
+        layout rules; ``read``: how to read each file's columns (None: here)."""
+        ...
+
+    def read_file_columns(self, src: Source, i: int, cols: list[str]) -> pa.Table:
+        """Columns ``cols`` of file ``i`` (what ``read`` calls per file)."""
+        ...
+
+    def units(self, src: Source) -> list[Unit]:
+        """Every unit of the input in order, from metadata (one walk, cached by Source)."""
+        ...
+
+    def raw_batches(
+        self,
+        src: Source,
+        units: Sequence[Unit] | None,
+        fields: Sequence[str],
+        batch_tokens: int,
+    ) -> Iterator[RawBatch]:
+        """The token ``fields`` present of ``units`` in order (None: the whole input),
+        decoded in batches of about ``batch_tokens`` tokens; unreadable data raises
+        :class:`~grpo_cli.batch.BatchError` at the row where it starts."""
+        ...
+
+
+def suffix_of(p: InputPath | Path | Any) -> str:
+    return str(getattr(p, "suffix", "")).lower()

@@ -1,0 +1,323 @@
+"""npz: padded ``(N, L)`` token arrays with a mask, rewards ``(P, G)`` (a group a row) or
+``(N,)`` with a ``group`` array, optional ``advantages (N,)``. One local file, read whole
+(its declared sizes are checked in the ``.npy`` headers before anything is decompressed)."""
+
+from __future__ import annotations
+
+import dataclasses
+import zipfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+import pyarrow as pa
+
+from ...batch import RawBatch, mask_values
+from ...errors import InputError
+from ..arrow import arrow_of, why
+from ..fields import ANSWER_FIELDS
+from ..paths import InputPath, RemoteFile
+from .base import AnswerColumns, ReadColumns, Unit
+
+if TYPE_CHECKING:
+    from ..source import Source
+
+__all__ = ["NPZ_MAX_BYTES", "NpzReader", "npz_declared"]
+
+# An npz is read whole (padded (N, L) arrays): its declared sizes are checked before any
+# member is decompressed, so a small file that inflates to gigabytes is refused, not loaded.
+NPZ_MAX_BYTES = 1 << 30
+# Where the groups of (P, G) rewards are, in pass 1's table (no array holds them).
+_ROWS = "(rows of the rewards)"
+
+
+def npz_declared(path: Path, name: str) -> tuple[tuple[int, ...], np.dtype[Any]] | None:
+    """The shape and dtype an npz member declares in its .npy header (None: no such
+    member), read without decompressing its data."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            try:
+                fh = zf.open(name + ".npy")
+            except KeyError:
+                return None
+            with fh:
+                version = np.lib.format.read_magic(fh)
+                if version == (1, 0):
+                    shape, _, dtype = np.lib.format.read_array_header_1_0(fh)
+                else:
+                    shape, _, dtype = np.lib.format.read_array_header_2_0(fh)
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise InputError(f"{path}: array {name!r} is unreadable ({why(exc)})") from None
+    return tuple(shape), dtype
+
+
+def _real(label: str, what: str, arr: np.ndarray) -> np.ndarray:
+    if arr.dtype == np.bool_:
+        return arr.astype(np.float64)
+    if arr.dtype.kind in "fiu":  # not timedelta64 (a numpy integer subtype) nor datetime64
+        return arr.astype(np.float64, copy=False)
+    raise InputError(f"{label}: {what} has dtype {arr.dtype}, expected numbers")
+
+
+def _group_array(values: np.ndarray, label: str, what: str) -> pa.Array:
+    """Group ids of an npz array as an Arrow array (integers as int64: one id type
+    whatever the array's width)."""
+    if values.dtype.kind not in "iuUSO":
+        raise InputError(f"{label}: {what} has dtype {values.dtype}, expected integers or strings")
+    if values.dtype.byteorder not in ("=", "|"):  # big-endian ids: valid, stored swapped
+        values = values.astype(values.dtype.newbyteorder("="))
+    try:
+        arr = arrow_of(values)
+    except (
+        pa.ArrowInvalid,
+        pa.ArrowTypeError,
+        pa.ArrowNotImplementedError,
+        UnicodeEncodeError,
+    ) as exc:
+        raise InputError(f"{label}: {what} cannot be read as group ids ({exc})") from None
+    if pa.types.is_integer(arr.type) and arr.type != pa.uint64():
+        arr = arr.cast(pa.int64())
+    return arr
+
+
+@dataclasses.dataclass(frozen=True)
+class NpzReader:
+    """One local ``.npz`` file."""
+
+    format: ClassVar[str] = "npz"
+    suffixes: ClassVar[tuple[str, ...]] = (".npz",)
+    what: ClassVar[str] = "array"
+    unit: ClassVar[str] = "answer"
+    datasets: ClassVar[bool] = False
+    remote: ClassVar[bool] = False
+
+    paths: tuple[InputPath, ...]
+    arrays: tuple[str, ...] = ()
+
+    @classmethod
+    def open(cls, paths: Sequence[InputPath]) -> NpzReader:
+        if len(paths) > 1:
+            raise InputError(
+                f"{len(paths)} .npz files given: one .npz at a time (use parquet for datasets)"
+            )
+        if isinstance(paths[0], RemoteFile):
+            raise InputError(
+                f"{paths[0]}: .npz is read from local files only (copy it here, or write parquet)"
+            )
+        try:
+            with np.load(paths[0], allow_pickle=False) as z:
+                names = list(z.files)
+        except Exception as exc:  # zipfile/OSError/ValueError: all mean the same to a user
+            raise InputError(f"{paths[0]}: cannot read as .npz ({why(exc)})") from None
+        return cls(tuple(paths), tuple(names))
+
+    @property
+    def path(self) -> Path:
+        p = self.paths[0]
+        assert isinstance(p, Path)
+        return p
+
+    def names(self) -> list[str]:
+        return list(self.arrays)
+
+    def default_name(self, field: str) -> str:
+        if field in ("reward", "advantage"):
+            return field + "s"  # npz arrays: rewards (P, G) or (N,), advantages (N,)
+        return field
+
+    def rows_per_file(self) -> list[int] | None:
+        return None
+
+    def _get(self, z: Any, src: Source, field: str) -> np.ndarray | None:
+        if not src.has(field):
+            return None
+        name = src.name(field)
+        try:
+            return np.asarray(z[name])
+        except ValueError as exc:  # object arrays need pickle: refuse
+            raise InputError(f"{self.path}: array {name!r} cannot be loaded ({why(exc)})") from None
+        except Exception as exc:
+            raise InputError(f"{self.path}: array {name!r} is unreadable ({why(exc)})") from None
+
+    # ---- pass 1
+    def read_file_columns(self, src: Source, i: int, cols: list[str]) -> pa.Table:
+        raise InputError(f"{self.path}: an npz is read whole, not by columns")
+
+    def answer_columns(
+        self, src: Source, need_rewards: bool, allow_nonfinite: bool, read: ReadColumns | None
+    ) -> AnswerColumns:
+        """Rewards ``(P, G)`` (groups are the rows) or ``(N,)`` with a group array, and the
+        advantages, as one table; the token arrays' row count from their header (pass 1
+        decompresses no token array)."""
+        del allow_nonfinite, read  # finiteness is checked on the table, like any format's
+        path = self.path
+        with np.load(path, allow_pickle=False) as z:
+            reward = self._get(z, src, "reward")
+            group = self._get(z, src, "group")
+            adv = self._get(z, src, "advantage")
+        declared = npz_declared(path, src.name("logp")) if src.has("logp") else None
+        n_tokens = declared[0][0] if declared is not None and len(declared[0]) >= 1 else None
+        rname, gname, aname = src.name("reward"), src.name("group"), src.name("advantage")
+        shape: tuple[int, int] | None = None
+        cols: dict[str, pa.Array] = {}
+        if reward is not None:
+            r2 = _real(f"{path}", f"array {rname!r}", reward)
+            if r2.ndim == 2:
+                if group is not None:
+                    raise InputError(
+                        f"{path}: array {rname!r} is 2-D (P, G), so array {gname!r} must not "
+                        "be given"
+                    )
+                P, G = r2.shape
+                shape = (P, G)
+                cols[_ROWS] = arrow_of(np.repeat(np.arange(P, dtype=np.int64), G))
+                r = r2.reshape(-1)
+            elif r2.ndim == 1:
+                r = r2
+                if group is None:
+                    raise InputError(
+                        f"{path}: array {rname!r} is 1-D, so an array {gname!r} (N,) of group "
+                        f"ids is required (or give {rname!r} as (P, G))"
+                    )
+                if group.ndim != 1 or group.shape[0] != r.shape[0]:
+                    raise InputError(
+                        f"{path}: array {gname!r} has shape {group.shape}, expected "
+                        f"({r.shape[0]},) like {rname!r}"
+                    )
+                cols[gname] = _group_array(group, str(path), f"array {gname!r}")
+            else:
+                raise InputError(
+                    f"{path}: array {rname!r} has shape {reward.shape}, expected (P, G) or (N,)"
+                )
+            cols[rname] = arrow_of(r)
+        n = r.shape[0] if reward is not None else n_tokens
+        if adv is not None:
+            a = _real(str(path), f"array {aname!r}", adv)
+            if a.ndim == 2 and shape is not None and a.shape == shape:
+                a = a.reshape(-1)
+            if a.ndim != 1 or (n is not None and a.shape[0] != n):
+                raise InputError(f"{path}: array {aname!r} has shape {adv.shape}, expected ({n},)")
+            cols[aname] = arrow_of(a)
+            n = a.shape[0]
+        if n is None and not (need_rewards and reward is None):
+            raise InputError(f"{path}: no {rname!r}, {aname!r} or {src.name('logp')!r} array found")
+        if n_tokens is not None and n is not None and n_tokens != n:
+            raise InputError(
+                f"{path}: array {src.name('logp')!r} has {n_tokens} rows but there are {n} answers"
+            )
+        names = {
+            f: c
+            for f, c in (
+                ("group", _ROWS if shape else gname),
+                ("reward", rname),
+                ("advantage", aname),
+            )
+            if c in cols
+        }
+        tables = [pa.table(cols)] if cols else []
+        return AnswerColumns(tables, names, n, shape)
+
+    # ---- units and token batches
+    def units(self, src: Source) -> list[Unit]:
+        return [Unit(0, -1, 0, -1, 0)]
+
+    def _check_size(self, src: Source, fields: Sequence[str]) -> None:
+        """Refuse an npz whose token arrays declare more than :data:`NPZ_MAX_BYTES`."""
+        total = 0
+        for f in fields:
+            if not src.has(f):
+                continue
+            declared = npz_declared(self.path, src.name(f))
+            if declared is None:
+                continue
+            shape, dtype = declared
+            total += int(np.prod(shape, dtype=np.float64)) * max(dtype.itemsize, 1)
+        if total > NPZ_MAX_BYTES:
+            raise InputError(
+                f"{self.path}: its token arrays declare {total / 2**30:.1f} GiB once "
+                f"decompressed (more than {NPZ_MAX_BYTES / 2**30:.0f} GiB read at once): give "
+                "the rollouts as parquet, which is streamed"
+            )
+
+    def raw_batches(
+        self,
+        src: Source,
+        units: Sequence[Unit] | None,
+        fields: Sequence[str],
+        batch_tokens: int,
+    ) -> Iterator[RawBatch]:
+        """The whole file as one padded batch: the requested ``(N, L)`` arrays and the mask
+        (all True when absent), shapes and dtypes checked."""
+        del units, batch_tokens  # one unit, read whole
+        wanted = [f for f in fields if src.has(f)]
+        if not wanted:
+            return
+        path = self.path
+        self._check_size(src, [*wanted, "mask"])
+        raw: dict[str, np.ndarray] = {}
+        with np.load(path, allow_pickle=False) as z:
+            for f in wanted:
+                got = self._get(z, src, f)
+                assert got is not None
+                raw[f] = got
+            mask_raw = self._get(z, src, "mask")
+        ref_name = src.name(wanted[0])
+        ref_shape = raw[wanted[0]].shape
+        for f, arr in raw.items():
+            if arr.ndim != 2:
+                raise InputError(
+                    f"{path}: array {src.name(f)!r} has shape {arr.shape}, expected (N, L)"
+                )
+            if arr.shape != ref_shape:
+                raise InputError(
+                    f"{path}: array {src.name(f)!r} has shape {arr.shape}, "
+                    f"but {ref_name!r} has {ref_shape}"
+                )
+            if arr.dtype.kind not in "fiu":  # numpy counts timedelta64 as an integer: refused
+                raise InputError(
+                    f"{path}: array {src.name(f)!r} has dtype {arr.dtype}, expected floats"
+                )
+        if mask_raw is None:
+            mask = np.ones(ref_shape, dtype=np.bool_)
+        else:
+            mname = src.name("mask")
+            if mask_raw.shape != ref_shape:
+                raise InputError(
+                    f"{path}: array {mname!r} has shape {mask_raw.shape}, but {ref_name!r} has "
+                    f"{ref_shape}"
+                )
+            mask = mask_values(mask_raw, str(path), f"array {mname!r}")
+        shape: tuple[int, ...] = np.shape(mask)
+        N, L = shape[0], shape[1]
+        offsets = np.arange(N + 1, dtype=np.int64) * L
+        names = {f: src.name(f) for f in [*wanted, "mask"]}
+        yield RawBatch(
+            start=0,
+            label=str(path),
+            unit="answer",
+            offsets={f: offsets for f in raw},
+            values={f: a.reshape(-1) for f, a in raw.items()},
+            mask=mask.reshape(-1),
+            answer=self._answer_columns(src),
+            names=names,
+            what="array",
+            padded=True,
+        )
+
+    def _answer_columns(self, src: Source) -> dict[str, pa.Array]:
+        """The answer fields of the file (group ids per answer, rewards, advantages) as
+        columns, as parquet batches carry them."""
+        from ..answers import load_answers
+
+        if not any(src.has(f) for f in ANSWER_FIELDS):
+            return {}
+        a = load_answers(src, need_rewards=False, allow_nonfinite=True)
+        out: dict[str, pa.Array] = {}
+        if a.codes is not None and a.group_ids is not None:
+            out["group"] = a.group_ids.take(arrow_of(a.codes))
+        if a.reward is not None:
+            out["reward"] = arrow_of(a.reward)
+        if a.advantage is not None:
+            out["advantage"] = arrow_of(a.advantage)
+        return out

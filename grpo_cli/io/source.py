@@ -1,0 +1,137 @@
+"""The input: files of one format, read by one reader, and which column or array holds
+each field."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ..errors import InputError, UsageError
+from .fields import map_columns
+from .paths import InputPath, expand
+from .readers import READERS, Reader, Unit, reader_for, suffix_list
+
+if TYPE_CHECKING:
+    from ..batch import RawBatch
+
+__all__ = ["Source", "expand_input", "open_source"]
+
+I64 = NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class Source:
+    """Resolved input: its reader, which column/array holds each field, how messages name
+    it (``label``), every name it has (``present``), and whether a group id spans files
+    (``group_scope`` ``dataset``: the shards of one step) or not (``file``: one step per
+    file, ids restart each step)."""
+
+    reader: Reader
+    columns: dict[str, str | None]
+    label: str
+    present: tuple[str, ...] = ()
+    group_scope: str = "dataset"
+
+    @property
+    def paths(self) -> tuple[InputPath, ...]:
+        return self.reader.paths
+
+    def name(self, field: str) -> str:
+        """The column/array holding ``field``, or the name it would have by default."""
+        col = self.columns.get(field)
+        if col is not None:
+            return col
+        return self.reader.default_name(field)
+
+    def has(self, field: str) -> bool:
+        return self.columns.get(field) is not None
+
+    def n_rows(self) -> int | None:
+        """Answers in the input from metadata (no data read); None when the format does
+        not say."""
+        rows = self.reader.rows_per_file()
+        return None if rows is None else sum(rows)
+
+    def file_of(self, row: int) -> tuple[int, int]:
+        """The file holding input row ``row`` (its index in ``paths``) and the input row of
+        that file's first row."""
+        starts = self._file_starts
+        if len(self.paths) == 1 or starts is None:
+            return 0, 0
+        k = min(int(np.searchsorted(starts, row, side="right") - 1), len(self.paths) - 1)
+        return k, int(starts[k])
+
+    def first_row(self, i: int) -> int:
+        """The input row of file ``i``'s first row."""
+        starts = self._file_starts
+        return 0 if starts is None else int(starts[i])
+
+    @functools.cached_property
+    def _file_starts(self) -> I64 | None:
+        """The input row of each file's first row, and the total: once, from metadata."""
+        rows = self.reader.rows_per_file()
+        return None if rows is None else np.cumsum([0, *rows], dtype=np.int64)
+
+    def units(self) -> list[Unit]:
+        """The reader's units, walked once (from metadata) and kept."""
+        return self._units
+
+    @functools.cached_property
+    def _units(self) -> list[Unit]:
+        return self.reader.units(self)
+
+    def raw_batches(
+        self, units: Sequence[Unit] | None, fields: Sequence[str], batch_tokens: int
+    ) -> Iterator[RawBatch]:
+        """The token ``fields`` of ``units`` (None: the whole input), raw."""
+        return self.reader.raw_batches(self, units, fields, batch_tokens)
+
+
+def expand_input(spec: str) -> list[InputPath]:
+    """The files one input argument names (a file, a directory of files some reader
+    takes, a glob, a URI)."""
+    return expand(spec, lambda p: reader_for(p) is not None, suffix_list())
+
+
+def _format(p: InputPath) -> type[Reader]:
+    cls = reader_for(p)
+    if cls is None:
+        suffix = p.suffix.lower()
+        expected = " or ".join(sorted(r.suffixes[0] for r in READERS))
+        raise InputError(f"{p}: unknown file type {suffix or '(none)'!r}; expected {expected}")
+    return cls
+
+
+def open_source(
+    specs: Sequence[str | InputPath],
+    column_map: dict[str, str] | None = None,
+    *,
+    group_scope: str = "dataset",
+) -> Source:
+    """Resolve paths (files, directories, globs, URIs) and map every field to a column or
+    array; ``group_scope`` says whether a group id spans files (``dataset``) or not
+    (``file``)."""
+    if not specs:
+        raise UsageError("no input file given")
+    if group_scope not in ("dataset", "file"):
+        raise UsageError(f"--group-scope: {group_scope!r} is not one of dataset, file")
+    paths: list[InputPath] = []
+    for s in specs:  # a path of an expanded input is taken as it is
+        paths.extend(expand_input(s) if isinstance(s, str) else [s])
+    kinds = {_format(p) for p in paths}
+    if len(kinds) > 1:
+        names = " and ".join(sorted(k.suffixes[0] for k in kinds))
+        raise InputError(f"inputs mix {names} files; give one format at a time")
+    cls = kinds.pop()
+    label = str(paths[0]) if len(paths) == 1 else f"{paths[0].parent}/ ({len(paths)} files)"
+    reader = cls.open(paths)  # type: ignore[attr-defined]
+    names = reader.names()
+    columns = map_columns(names, column_map or {}, label, cls.what)
+    return Source(
+        reader=reader, columns=columns, label=label, present=tuple(names), group_scope=group_scope
+    )
