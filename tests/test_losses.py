@@ -278,21 +278,16 @@ def test_corrections_change_nothing_when_the_sampler_agrees() -> None:
         assert c.keep.all()
         assert c.metrics["rollout_corr/kl"] == 0.0
         assert c.metrics["rollout_corr/chi2_token"] == pytest.approx(0.0, abs=1e-9)  # T + 1e-8
-    for level, mode, gating, thr in (
+    orl: list[tuple[Any, Any, Any, tuple[float, float]]] = [
         ("token", "mask", "ratio", (0.5, 5.0)),
         ("token", "clip", "ratio", (0.5, 5.0)),
         ("seq", "mask", "ratio", (0.5, 5.0)),
         ("token", "mask", "binary_kl", (0.0, 0.01)),
         ("seq", "mask", "tv", (0.0, 0.01)),
-    ):
+    ]
+    for level, mode, gating, thr in orl:
         c = L.openrlhf_is_correction(
-            old,
-            old,
-            off,
-            level=level,
-            mode=mode,
-            gating=gating,  # type: ignore[arg-type]
-            threshold=thr,
+            old, old, off, level=level, mode=mode, gating=gating, threshold=thr
         )
         np.testing.assert_array_equal(c.weight, np.ones(T))
         assert c.metrics == {"vllm_kl": 0.0, "is_filter_ratio": 0.0}
