@@ -778,6 +778,8 @@ def geo_mean_terms(
 
     Folds: per answer (sums over the answer's tokens); the trainer averages over the
     micro-batch's rows, so micro-batches of unequal row counts weight answers unequally.
+    Unlike ``agg_loss``, that mean counts a row verl's rejection sampling emptied (as 0):
+    after :func:`drop_tokens`, multiply the mean by ``N_kept / N``.
 
     Example:
         >>> t = geo_mean_terms([-1.0, -1.0], [-1.5, -0.5], [1.0], [0, 2], length_eps=0.0)
@@ -1073,7 +1075,8 @@ def drop_tokens(
 
     Returns the new ``offsets`` over the answers that keep a token, the fields' kept tokens,
     and those answers' indices (to select their ``(N,)`` fields): verl's ``agg_loss``
-    leaves a fully masked answer out of every count, as an answer that is not there.
+    leaves a fully masked answer out of every count, as an answer that is not there
+    (``geo_mean``'s row mean does not: see :func:`geo_mean_terms`).
 
     Example:
         >>> off, (v,), kept = drop_tokens([True, False, False, True], [0, 2, 3, 4],
