@@ -143,10 +143,23 @@ def model(tok: Any, seed: int = 0) -> Any:
     return Qwen2ForCausalLM(config)
 
 
+def require_trl() -> None:
+    """Skip without TRL, unless GRPO_CLI_REQUIRE_EXTRAS is set (CI): then fail."""
+    if os.environ.get("GRPO_CLI_REQUIRE_EXTRAS"):
+        import trl  # noqa: F401
+    else:
+        pytest.importorskip("trl")
+
+
 def make_trainer(
-    name: str, output_dir: Path, rewards: RewardLog | None = None, **overrides: Any
+    name: str,
+    output_dir: Path,
+    rewards: RewardLog | None = None,
+    trainer_class: Any = None,
+    **overrides: Any,
 ) -> Any:
-    """A fresh GRPOTrainer of configuration ``name`` (same seed, same model each time)."""
+    """A fresh GRPOTrainer (or ``trainer_class``) of configuration ``name``: the same
+    seed and the same model each time."""
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
@@ -173,7 +186,7 @@ def make_trainer(
     prompts = [" ".join(WORDS[(3 * i) % 14 : (3 * i) % 14 + 3]) for i in range(16)]
     funcs: Any = (rewards or RewardLog()).functions(name in TWO_REWARDS)
     with _quiet():
-        return GRPOTrainer(
+        return (trainer_class or GRPOTrainer)(
             model=str(model_dir),
             reward_funcs=funcs,
             args=args,
@@ -188,23 +201,21 @@ def train(
     *,
     directory: Path | None = None,
     recorded: bool = True,
-    hook: Callable[[Any], None] | None = None,
+    trainer_class: Any = None,
     **record_kwargs: Any,
 ) -> Run:
     """Train configuration ``name`` for STEPS optimizer steps, recorded under
-    ``directory`` (default ``workdir/run``) unless ``recorded`` is False; ``hook`` is
-    called with the trainer before ``train()``."""
+    ``directory`` (default ``workdir/run``) with ``record_kwargs`` unless ``recorded`` is
+    False."""
     from grpo_cli.integrations.trl import record
 
     workdir.mkdir(parents=True, exist_ok=True)
     rewards = RewardLog()
-    trainer = make_trainer(name, workdir / "out", rewards)
+    trainer = make_trainer(name, workdir / "out", rewards, trainer_class)
     run_dir = None
     if recorded:
         run_dir = directory if directory is not None else workdir / "run"
         trainer = record(trainer, run_dir, **record_kwargs)
-    if hook is not None:
-        hook(trainer)
     with _quiet():
         trainer.train()
     history = [dict(r) for r in trainer.state.log_history]
@@ -236,10 +247,7 @@ def without_timing(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def trl_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Run]:
     """``trl_run(name, recorded=True)``: configuration ``name`` trained once per session
     (recorded, or not), its Run."""
-    if os.environ.get("GRPO_CLI_REQUIRE_EXTRAS"):  # CI: a missing TRL must fail, not skip
-        import trl  # noqa: F401
-    else:
-        pytest.importorskip("trl")
+    require_trl()
     cache: dict[tuple[str, bool], Run] = {}
 
     def get(name: str, recorded: bool = True) -> Run:

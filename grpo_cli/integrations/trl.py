@@ -329,10 +329,11 @@ class _Recorder:
 
     def _per_token_logps(self, original: Callable[..., Any], *args: Any, **kw: Any) -> Any:
         result = original(*args, **kw)
-        if self.capture is not None and "logps" not in self.capture:
-            self.capture["logps"] = result[0]
-            self.capture["entropies"] = result[1] if len(result) > 1 else None
-            self.capture["aux_loss"] = result[2] if len(result) > 2 else None
+        capture = self.capture
+        if capture is not None and "logps" not in capture and isinstance(result, tuple):
+            capture["logps"] = result[0]
+            capture["entropies"] = result[1] if len(result) > 1 else None
+            capture["aux_loss"] = result[2] if len(result) > 2 else None
         return result
 
     def _high_entropy_mask(self, original: Callable[..., Any], *args: Any, **kw: Any) -> Any:
@@ -341,19 +342,28 @@ class _Recorder:
             self.capture["entropy_mask"] = result
         return result
 
-    def _compute_loss(self, original: Callable[..., Any], model: Any, inputs: Any) -> Any:
-        t = self.trainer
-        step = int(t.state.global_step) + 1  # global_step counts finished optimizer steps
-        if not self._training() or step % self.every_steps != 0 or ROW_KEY not in inputs:
-            return original(model, inputs)
-        before = self.guard.run(self._before_loss) or {}
+    def _compute_loss(self, original: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+        plan = self.guard.run(lambda: self._plan(args, kw)) if self._training() else None
+        if plan is None:
+            return original(*args, **kw)
         self.capture = {}
         try:
-            loss = original(model, inputs)
+            loss = original(*args, **kw)
         finally:
             capture, self.capture = self.capture, None
-        self.guard.run(lambda: self._write_micro_batch(step, inputs, capture, before))
+        self.guard.run(lambda: self._write_micro_batch(*plan, capture))
         return loss
+
+    def _plan(
+        self, args: tuple[Any, ...], kw: dict[str, Any]
+    ) -> tuple[int, dict[str, Any], dict[str, Any]] | None:
+        """(step, inputs, what the call reads from the trainer) when this call is recorded:
+        ``global_step`` counts finished optimizer steps, so the call belongs to the next."""
+        step = int(self.trainer.state.global_step) + 1
+        inputs = args[1] if len(args) > 1 else kw.get("inputs")
+        if step % self.every_steps != 0 or not isinstance(inputs, dict) or ROW_KEY not in inputs:
+            return None
+        return step, inputs, self._before_loss()
 
     # -- recording -----------------------------------------------------------------
     def _new_generation(self, output: dict[str, Any]) -> None:
@@ -410,7 +420,7 @@ class _Recorder:
         return info
 
     def _write_micro_batch(
-        self, step: int, inputs: dict[str, Any], capture: dict[str, Any], before: dict[str, Any]
+        self, step: int, inputs: dict[str, Any], before: dict[str, Any], capture: dict[str, Any]
     ) -> None:
         import torch
 
