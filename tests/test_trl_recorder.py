@@ -68,6 +68,7 @@ DEFAULTS: dict[str, Any] = {
     "mask_truncated_completions": False,
     "top_entropy_quantile": 1.0,
     "reward_weights": None,
+    "logging_steps": 1,
 }
 
 
@@ -199,13 +200,25 @@ def call_metrics(mb: dict[str, Any], s: dict[str, Any], world_size: int) -> dict
     return out
 
 
-def step_metrics(run: Run, step: int) -> dict[str, float]:
-    """The step's logged values as TRL combines its calls: the loss summed over calls,
-    every other per-call metric averaged over them."""
+def mean(values: list[float]) -> float:
+    """GRPOTrainer.log's mean of a metric's list: NaN values left out, NaN if none is left
+    (TRL logs None then)."""
+    valid = [v for v in values if not math.isnan(v)]
+    return sum(valid) / len(valid) if valid else math.nan
+
+
+def window_metrics(run: Run, steps: range) -> dict[str, float]:
+    """What TRL logs at the last of ``steps`` (the steps since its previous log): every
+    per-call metric averaged over the window's calls, the loss summed over them and
+    divided by the window's optimizer steps."""
     s = settings(run)
-    calls = [call_metrics(mb, s, mb["info"]["world_size"]) for mb in read_step(run, step)]
-    out = {name: float(np.mean([c[name] for c in calls])) for name in calls[0]}
-    out["loss"] = float(np.sum([c["loss"] for c in calls]))
+    calls = [
+        call_metrics(mb, s, mb["info"]["world_size"])
+        for step in steps
+        for mb in read_step(run, step)
+    ]
+    out = {name: mean([c[name] for c in calls]) for name in calls[0]}
+    out["loss"] = float(np.sum([c["loss"] for c in calls])) / len(steps)
     return out
 
 
@@ -331,7 +344,7 @@ def test_metrics_jsonl_is_what_was_logged(trl_run: Any, name: str) -> None:
     lines = (run.directory / "metrics.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines]
     logged = [r for r in run.log_history if "train_runtime" not in r]
-    assert len(records) == len(logged) == STEPS
+    assert len(records) == len(logged) == STEPS // settings(run)["logging_steps"]
     for got, want in zip(records, logged, strict=True):
         assert got == want  # JSON round-trips floats exactly; same keys, same step
 
@@ -386,19 +399,22 @@ def test_advantages_from_recorded_rewards_and_groups(trl_run: Any, name: str) ->
 def test_logged_metrics_recomputed_from_the_files(trl_run: Any, name: str) -> None:
     run = trl_run(name)
     s = settings(run)
+    every = s["logging_steps"]
     logged = step_records(run.log_history)
-    assert sorted(logged) == list(range(1, STEPS + 1))
-    gens = {rows["generated_at_step"]: rows for rows in generation_rows(run).values()}
+    assert sorted(logged) == list(range(every, STEPS + 1, every))
+    gens = generation_rows(run).values()
     compared: set[str] = set()
     for step, record in logged.items():
-        ours = step_metrics(run, step)
-        if step in gens:
-            gen = generation_metrics(gens[step])
-            if s["mask_truncated_completions"]:  # lengths before the mask: not recorded
-                gen = {k: v for k, v in gen.items() if not k.startswith("completions/")}
-            ours.update(gen)
+        window = range(step - every + 1, step + 1)
+        ours = window_metrics(run, window)
+        generated = [generation_metrics(g) for g in gens if g["generated_at_step"] in window]
+        if generated:
+            for key in generated[0]:
+                if s["mask_truncated_completions"] and key.startswith("completions/"):
+                    continue  # the lengths before the mask: not recorded
+                ours[key] = mean([g[key] for g in generated])
         else:
-            assert "reward" not in record  # logged only at a step that generated
+            assert "reward" not in record  # logged only in a window that generated
         assert {"loss", "entropy", "clip_ratio/region_mean"} <= record.keys()
         assert ("kl" in record) is (s["beta"] != 0.0)
         bad = []

@@ -36,6 +36,7 @@ BASE: dict[str, Any] = {
     "num_generations": 4,
     "max_completion_length": MAX_COMPLETION,
     "learning_rate": 1e-2,
+    "logging_steps": 1,
 }
 CONFIGS: dict[str, dict[str, Any]] = {
     "defaults": {},  # dapo, beta 0, one pass: ratio 1
@@ -64,6 +65,15 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "beta": 0.04,
         "num_iterations": 2,
         "delta": 1.5,
+        "learning_rate": 0.05,
+    },
+    # a log every second step: TRL's means over a window of 4 loss calls, its loss summed
+    # and divided by 2, the window's one generation batch
+    "log2": {
+        "logging_steps": 2,
+        "gradient_accumulation_steps": 2,
+        "loss_type": "grpo",
+        "num_iterations": 2,
         "learning_rate": 0.05,
     },
 }
@@ -168,7 +178,6 @@ def make_trainer(
         args = GRPOConfig(
             output_dir=str(output_dir),
             max_steps=STEPS,
-            logging_steps=1,
             report_to="none",
             save_strategy="no",
             bf16=False,
