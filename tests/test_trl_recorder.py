@@ -466,12 +466,20 @@ def _not_writable(tmp: Path) -> Path:
     return d / "run"
 
 
-@pytest.mark.parametrize("case", ["file", "not_writable", "writer_raises"])
+@pytest.mark.parametrize("case", ["file", "not_writable", "writer_raises", "callback_raises"])
 def test_never_harm_the_run(
     trl_run: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str
 ) -> None:
     plain = trl_run(BASELINE, recorded=False)
-    if case == "file":
+    options: dict[str, Any] = {}
+    if case == "callback_raises":
+        directory = tmp_path / "run"
+
+        def on_step_written(path: Path) -> None:
+            raise KeyError("a bug in the user's callback")
+
+        options["on_step_written"] = on_step_written
+    elif case == "file":
         directory = tmp_path / "a-file"
         directory.write_text("not a directory")
     elif case == "not_writable":
@@ -489,7 +497,7 @@ def test_never_harm_the_run(
 
         monkeypatch.setattr(_writer.pq, "write_table", write_table)
     with pytest.warns(RuntimeWarning) as records:
-        run = train(BASELINE, tmp_path / "work", directory=directory)
+        run = train(BASELINE, tmp_path / "work", directory=directory, **options)
     messages = _grpo_cli_warnings(records)
     assert len(messages) == 1, messages
     assert "TRL" in messages[0] and "training goes on" in messages[0]
@@ -501,6 +509,10 @@ def test_never_harm_the_run(
         assert not (directory / "step_000003").exists()
         lines = (directory / "metrics.jsonl").read_text().splitlines()
         assert [json.loads(x)["step"] for x in lines] == [1]  # recording stopped at step 2
+    if case == "callback_raises":
+        assert "a bug in the user's callback" in messages[0]
+        assert (directory / "step_000001" / "_DONE").exists()  # written before the call
+        assert not (directory / "step_000002").exists()
 
 
 def test_every_steps_and_on_step_written(trl_run: Any, tmp_path: Path) -> None:

@@ -36,14 +36,17 @@ trainer INSTANCE, never of its class, and calls TRL's own method unchanged):
   (``advantages``, ``completion_mask``, ``tool_mask``, ``old_per_token_logps``,
   ``ref_per_token_logps``, ``sampling_per_token_logps``, ``num_items_in_batch``).
 - A ``transformers.TrainerCallback``: ``on_step_end`` writes the step's ``_DONE`` (and
-  calls ``on_step_written``), ``on_log`` appends the logged record to ``metrics.jsonl``
+  calls ``on_step_written``: after the optimizer step, before the trainer logs that
+  step, so its ``metrics.jsonl`` line is not there yet), ``on_log`` appends the logged
+  record to ``metrics.jsonl``
   (the run-summary record of ``train()``'s end, with ``train_runtime``, and evaluation
   records, ``eval_*``, are not written).
 
 Columns: ``logp`` is exactly TRL's ``per_token_logps`` of the call; ``old_logp`` is
-``old_per_token_logps`` when TRL computed it (``num_iterations > 1``, steps per generation
-above gradient accumulation, or vLLM importance sampling) — otherwise TRL uses ``logp``
-itself (ratio 1) and the file's metadata says ``"old_logp_is_logp": true``; ``ref_logp``
+``old_per_token_logps`` when TRL computed it (``gradient_accumulation_steps`` not a
+multiple of ``steps_per_generation · num_iterations``, or vLLM importance sampling) —
+otherwise TRL uses ``logp`` itself (ratio 1) and the file's metadata says
+``"old_logp_is_logp": true``; ``ref_logp``
 is ``ref_per_token_logps`` (β ≠ 0); ``rollout_logp`` is ``sampling_per_token_logps``
 (vLLM); ``entropy`` is TRL's per-token entropy (always computed in ``_compute_loss``);
 ``mask`` is the loss's ``mask``: ``completion_mask`` (already zero over truncated
@@ -52,6 +55,12 @@ It is the mask of the loss's normaliser and of every logged metric. TRL's
 ``top_entropy_quantile`` mask multiplies the policy term only (not the KL term, not the
 normaliser, not the metrics): it is its own column, ``entropy_mask``, when used.
 ``advantage`` is the call's ``advantages`` (float32 in TRL, written as float64).
+``reward`` is the weighted total TRL logs as ``reward``; with
+``multi_objective_aggregation="normalize_then_sum"`` the advantages come from rewards
+normalised per function first, not from this column. Not written, as they follow from
+the columns and ``meta.json``: vLLM's ``importance_sampling_ratio`` (``old_logp``,
+``rollout_logp``, ``vllm_importance_sampling_*``) and the off-policy sequence mask
+(``off_policy_mask_threshold``).
 
 Each file's ``grpo_cli`` metadata (besides step, rank, micro_batch, world_size):
 ``micro_batches`` (loss calls in this optimizer step: TRL's
