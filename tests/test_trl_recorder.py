@@ -35,7 +35,6 @@ import pytest
 from grpo_cli.integrations import _writer
 
 from .trl_runs import (
-    BASE,
     CONFIGS,
     STEPS,
     TWO_REWARDS,
@@ -577,4 +576,3 @@ def test_record_arguments(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="already recorded"):
         record(trainer, tmp_path / "run")
     assert not (tmp_path / "run").exists()  # nothing written before a step is recorded
-    assert BASE["num_generations"] == 4
