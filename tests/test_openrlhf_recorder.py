@@ -465,3 +465,7 @@ def test_recording_installs_at_init(tmp_path: Path) -> None:
     t = cls(types.SimpleNamespace(args=nested), Group(ACTOR), None, None, None, None, None)
     assert t._grpo_cli_recorder.every_steps == 3
     assert t.experience_maker.make_experience_batch.__wrapped__.__self__ is t.experience_maker
+    remote = rec.recording(orl["trainer"].PPOTrainer, tmp_path)  # the @ray.remote class
+    original = orl["trainer"].PPOTrainer.__ray_actor_class__
+    assert issubclass(remote.__ray_actor_class__, original)
+    assert remote.__ray_actor_class__.__init__ is not original.__init__

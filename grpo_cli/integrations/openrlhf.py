@@ -219,7 +219,9 @@ def experiences_table(
     }
     reward = None
     if all(e.rewards is not None for e in experiences):
-        reward = np.concatenate([_array(e.rewards, "rewards").reshape(-1) for e in experiences])
+        reward = np.concatenate(
+            [_array(e.rewards, "rewards").astype(np.float64).reshape(-1) for e in experiences]
+        )
     advantage = stacked("advantages")
     if advantage is not None:
         constant = per_answer(advantage, mask)

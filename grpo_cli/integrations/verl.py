@@ -176,8 +176,9 @@ def _getter(batch: Any) -> Callable[[str], Any]:
 
 
 def _array(value: Any, name: str) -> np.ndarray:
-    """A tensor or array as numpy on the CPU (floats as float64: bfloat16 has no numpy
-    type, and grpo-cli accumulates in float64); never a view the caller could see change."""
+    """A tensor or array as numpy on the CPU, without a copy when it is one already
+    (callers only read it). float16 and bfloat16 (which numpy lacks) become float32;
+    float32 stays float32 (what the trainers hold; sums are taken in float64 later)."""
     if hasattr(value, "detach"):  # torch.Tensor
         if getattr(value, "is_nested", False):
             raise ValueError(
@@ -185,10 +186,10 @@ def _array(value: Any, name: str) -> np.ndarray:
                 "(verl's DataProto, or no_padding_2_padding first)"
             )
         t = value.detach().cpu()
-        if t.is_floating_point():
-            t = t.double()
-        return np.array(t.numpy(), copy=True)
-    return np.array(value, copy=True)
+        if t.is_floating_point() and t.element_size() < 4:
+            t = t.float()
+        return np.asarray(t.numpy())
+    return np.asarray(value)
 
 
 def _token_array(value: Any, name: str, shape: tuple[int, ...]) -> np.ndarray:
@@ -280,7 +281,8 @@ def batch_table(
     for key in ("token_level_scores", "token_level_rewards"):
         r = get(key)
         if r is not None:
-            reward = np.where(mask, _token_array(r, key, shape), 0.0).sum(axis=1)
+            r = _token_array(r, key, shape).astype(np.float64)
+            reward = np.where(mask, r, 0.0).sum(axis=1)
             info["reward_source"] = key
             break
     advantage = None
