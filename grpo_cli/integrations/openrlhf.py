@@ -1,0 +1,470 @@
+"""Record an OpenRLHF run for grpo-cli: each step's experiences, in the recorded-run layout.
+
+Two ways in (OpenRLHF 0.11.2):
+
+- :func:`write_experiences` writes a list of ``Experience`` objects (one step's) as
+  ``DIR/step_{N:06d}/rank{r:03d}-mb{k:03d}.parquet`` (plus ``meta.json`` once, and the
+  step's ``_DONE``);
+- :func:`install` makes a ``PPOTrainer`` (any ``BasePPOTrainer``) write every recorded
+  step by itself; :func:`recording` does it for the Ray actor class that
+  ``openrlhf.cli.train_ppo_ray`` starts (``PPOTrainer`` is ``@ray.remote``).
+
+Fields read from each ``Experience`` (``openrlhf/trainer/ppo_utils/experience.py``)::
+
+    action_mask            (B, A)  the loss mask                        -> mask
+    index                  [B]     rollout position i: prompt i // n    -> group
+    rewards                (B,)    the reward the advantages come from  -> reward
+    advantages             (B, A)  per answer if constant, else per token -> advantage
+    action_log_probs       (B, A)  the actor's, at experience time      -> old_logp
+    base_action_log_probs  (B, A)  the reference (--algo.kl.use_loss)   -> ref_logp
+    rollout_log_probs      (B, A)  vLLM's                               -> rollout_logp
+    sequences              (B, T)  prompt + response ids (decoded with a tokenizer) -> completion
+
+``action_log_probs`` is what ``PPOActor.training_step`` (``trainer/ray/ppo_actor.py``)
+passes to ``PolicyLoss`` as ``old_log_probs``: the actor's log-probs computed in
+``RemoteExperienceMaker.make_experience``, before the update. The current policy's are
+computed inside that training step (pass them as ``log_probs`` when you have them).
+Groups: ``compute_advantages_and_returns`` puts the sample at rollout position ``i``
+(``Experience.index``) into prompt ``i // n_samples_per_prompt``. ``rewards`` is the
+per-sample reward after the length penalties, which the group normalisation starts from;
+with the KL in the reward (OpenRLHF's default) the advantages vary over an answer's
+tokens and are written per token.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _pkg_version
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ._writer import Guard, RunWriter, rollout_table
+from .verl import _array, per_answer
+
+__all__ = ["CONFIG_KEYS", "config_items", "experiences_table", "install", "recording",
+           "write_experiences"]  # fmt: skip
+
+TRAINER = "openrlhf"
+
+# Every convention the loss, the advantages and the logged metrics depend on: OpenRLHF
+# 0.11.2's own argument names (openrlhf/cli/train_ppo_ray.py; dotted, as argparse holds
+# them and ``hierarchize`` nests them into ``args.algo.kl.use_loss`` etc.).
+CONFIG_KEYS: tuple[str, ...] = (
+    "algo.advantage.estimator",
+    "algo.advantage.gamma",
+    "algo.advantage.lambd",
+    "algo.advantage.no_std_norm",
+    "algo.advantage.is_correction_level",
+    "algo.advantage.is_correction_mode",
+    "algo.advantage.is_correction_gating",
+    "algo.advantage.is_correction_threshold",
+    "algo.kl.use_loss",
+    "algo.kl.estimator",
+    "algo.kl.init_coef",
+    "algo.kl.target",
+    "algo.kl.horizon",
+    "algo.kl.unbiased_gradient",
+    "algo.dynamic_filtering_enable",
+    "algo.dynamic_filtering_range",
+    "actor.eps_clip",
+    "actor.eps_clip_low_high",
+    "actor.dual_clip",
+    "actor.policy_loss_type",
+    "actor.loss_agg_mode",
+    "actor.entropy_coef",
+    "actor.aux_loss_coef",
+    "actor.num_nodes",
+    "actor.num_gpus_per_node",
+    "reward.clip_range",
+    "reward.normalize_enable",
+    "reward.overlong_buffer_len",
+    "reward.overlong_penalty_factor",
+    "reward.stop_properly_penalty_coef",
+    "rollout.n_samples_per_prompt",
+    "rollout.batch_size",
+    "rollout.micro_batch_size",
+    "rollout.temperature",
+    "rollout.top_p",
+    "rollout.max_new_tokens",
+    "train.batch_size",
+    "train.micro_batch_size",
+    "train.max_epochs",
+    "train.dynamic_batch_enable",
+    "train.max_tokens_per_gpu",
+    "data.max_len",
+    "ds.ring_attn_size",
+    "ds.tensor_parallel_size",
+    "ds.packing_samples",
+)
+
+_MISSING = object()
+
+
+def _select(args: Any, key: str) -> Any:
+    """``key`` of an argparse ``Namespace`` (flat, dotted dests), its ``hierarchize``d
+    ``SimpleNamespace`` or a dict (either form)."""
+    flat = vars(args) if hasattr(args, "__dict__") and not isinstance(args, dict) else args
+    if isinstance(flat, dict) and key in flat:
+        return flat[key]
+    node = args
+    for part in key.split("."):
+        if isinstance(node, dict):
+            node = node.get(part, _MISSING)
+        else:
+            node = getattr(node, part, _MISSING)
+        if node is _MISSING:
+            return _MISSING
+    return node
+
+
+def config_items(args: Any) -> dict[str, Any]:
+    """The :data:`CONFIG_KEYS` present in ``args``, by OpenRLHF's dotted name; tuples as
+    lists, absent keys left out."""
+    out: dict[str, Any] = {}
+    for key in CONFIG_KEYS:
+        value = _select(args, key)
+        if value is not _MISSING:
+            out[key] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def _version() -> str | None:
+    try:
+        return _pkg_version("openrlhf")
+    except PackageNotFoundError:
+        return None
+
+
+# ------------------------------------------------------------------- experiences
+def _padded(rows: Sequence[np.ndarray], width: int) -> np.ndarray:
+    """Experiences' ``(B_k, A_k)`` arrays stacked to ``(ΣB, width)``, right-padded with 0
+    (OpenRLHF pads responses on the right: ``zero_pad_sequences(..., side="right")``)."""
+    out = np.zeros((sum(r.shape[0] for r in rows), width), dtype=rows[0].dtype)
+    i = 0
+    for r in rows:
+        out[i : i + r.shape[0], : r.shape[1]] = r
+        i += r.shape[0]
+    return out
+
+
+def _completions(
+    experiences: Sequence[Any], masks: Sequence[np.ndarray], tokenizer: Any
+) -> list[str]:
+    """Each answer's response tokens (the last ``A`` of ``sequences``, where the action
+    mask is set), decoded with ``skip_special_tokens``."""
+    out: list[str] = []
+    for e, m in zip(experiences, masks, strict=True):
+        seq = _array(e.sequences, "sequences")[:, -m.shape[1] :]
+        rows = [seq[i][m[i]].tolist() for i in range(seq.shape[0])]
+        out.extend(str(t) for t in tokenizer.batch_decode(rows, skip_special_tokens=True))
+    return out
+
+
+def experiences_table(
+    experiences: Sequence[Any],
+    step: int,
+    *,
+    n_samples_per_prompt: int,
+    log_probs: Sequence[Any] | None = None,
+    tokenizer: Any = None,
+    token_dtype: Any = None,
+) -> tuple[Any, dict[str, Any]]:
+    """OpenRLHF experiences as grpo-cli's table (one row per sample) and file metadata."""
+    if n_samples_per_prompt < 1:
+        raise ValueError(f"n_samples_per_prompt: expected >= 1, got {n_samples_per_prompt}")
+    experiences = list(experiences)
+    if not experiences:
+        raise ValueError("experiences: empty")
+    masks: list[np.ndarray] = []
+    index: list[int] = []
+    for k, e in enumerate(experiences):
+        if e.action_mask is None:
+            raise ValueError(f"experiences[{k}].action_mask: absent")
+        m = _array(e.action_mask, f"experiences[{k}].action_mask").astype(bool)
+        if e.index is None:
+            raise ValueError(
+                f"experiences[{k}].index: None (balance_experiences drops it); record the "
+                "output of make_experience_batch"
+            )
+        if len(e.index) != m.shape[0]:
+            raise ValueError(f"experiences[{k}].index: {len(e.index)} for {m.shape[0]} samples")
+        masks.append(m)
+        index.extend(int(i) for i in e.index)
+    width = max(m.shape[1] for m in masks)
+    mask = _padded(masks, width)
+
+    def stacked(name: str, given: Sequence[Any] | None = None) -> np.ndarray | None:
+        values = given if given is not None else [getattr(e, name) for e in experiences]
+        if all(v is None for v in values):
+            return None
+        rows = []
+        for k, (v, m) in enumerate(zip(values, masks, strict=True)):
+            if v is None:
+                raise ValueError(f"experiences[{k}].{name}: absent, but other experiences have it")
+            a = _array(v, f"experiences[{k}].{name}")
+            if a.shape != m.shape:
+                raise ValueError(f"experiences[{k}].{name}: shape {a.shape}, mask {m.shape}")
+            rows.append(np.where(m, a, 0.0))
+        return _padded(rows, width)
+
+    info: dict[str, Any] = {
+        "answers": int(mask.shape[0]),
+        "tokens": int(mask.sum()),
+        "experiences": len(experiences),
+        "n_samples_per_prompt": n_samples_per_prompt,
+    }
+    reward = None
+    if all(e.rewards is not None for e in experiences):
+        reward = np.concatenate(
+            [_array(e.rewards, "rewards").astype(np.float64).reshape(-1) for e in experiences]
+        )
+    advantage = stacked("advantages")
+    if advantage is not None:
+        constant = per_answer(advantage, mask)
+        info["advantage_source"] = "per answer" if constant is not None else "per token"
+        if constant is not None:
+            advantage = constant
+    if log_probs is not None and len(log_probs) != len(experiences):
+        raise ValueError(f"log_probs: {len(log_probs)} for {len(experiences)} experiences")
+    tokens = {
+        "logp": stacked("log_probs", log_probs) if log_probs is not None else None,
+        "old_logp": stacked("action_log_probs"),
+        "ref_logp": stacked("base_action_log_probs"),
+        "rollout_logp": stacked("rollout_log_probs"),
+    }
+    table = rollout_table(
+        group=[f"g{step:06d}-p{i // n_samples_per_prompt:05d}" for i in index],
+        reward=reward,
+        advantage=advantage,
+        mask=mask,
+        tokens=tokens,
+        completion=None if tokenizer is None else _completions(experiences, masks, tokenizer),
+        token_dtype=token_dtype,
+    )
+    return table, info
+
+
+_runs: dict[tuple[str, int], tuple[RunWriter, Guard]] = {}
+
+
+def _run(
+    directory: str | os.PathLike[str], args: Any, rank: int, world_size: int
+) -> tuple[RunWriter, Guard]:
+    key = (os.path.abspath(directory), rank)
+    if key not in _runs:
+        writer = RunWriter(
+            directory,
+            trainer=TRAINER,
+            trainer_version=_version(),
+            config=config_items(args) if args is not None else {},
+            rank=rank,
+            world_size=world_size,
+        )
+        _runs[key] = (writer, Guard(TRAINER))
+    return _runs[key]
+
+
+def write_experiences(
+    experiences: Sequence[Any],
+    directory: str | os.PathLike[str],
+    step: int,
+    *,
+    n_samples_per_prompt: int,
+    args: Any = None,
+    micro_batch: int = 0,
+    micro_batches: int = 1,
+    rank: int = 0,
+    world_size: int = 1,
+    log_probs: Sequence[Any] | None = None,
+    tokenizer: Any = None,
+    token_dtype: Any = None,
+) -> Path | None:
+    """Write one step's OpenRLHF ``Experience`` list as one file,
+    ``directory/step_{step:06d}/rank{rank:03d}-mb{micro_batch:03d}.parquet``.
+
+    The experiences' ``(B_k, A_k)`` fields are stacked and right-padded to the widest
+    ``A_k`` (the mask keeps the padding out). Groups come from ``Experience.index`` and
+    ``n_samples_per_prompt`` (module docstring); ``log_probs`` (one ``(B_k, A_k)`` tensor
+    per experience) gives the current policy's when you have them. ``args`` (OpenRLHF's
+    argparse ``Namespace``, its nested form, or a dict) goes into ``meta.json`` as
+    :func:`config_items` (written once per directory, by rank 0). After micro-batch
+    ``micro_batches - 1`` the step's ``_DONE`` is written. ``token_dtype``: a pyarrow type
+    for the token lists (float32 by default).
+
+    Never raises: a failure is one ``RuntimeWarning`` naming grpo-cli and the reason, and
+    later calls for the same directory and rank write nothing. Returns the file written,
+    or ``None``.
+    """
+    writer, guard = _run(directory, args, rank, world_size)
+
+    def write() -> Path:
+        table, info = experiences_table(
+            experiences,
+            step,
+            n_samples_per_prompt=n_samples_per_prompt,
+            log_probs=log_probs,
+            tokenizer=tokenizer,
+            token_dtype=token_dtype,
+        )
+        path = writer.write_micro_batch(
+            step, micro_batch, table, {"micro_batches": micro_batches, **info}
+        )
+        if micro_batch == micro_batches - 1:
+            writer.finish_step(step)
+        return path
+
+    return guard.run(write)
+
+
+# --------------------------------------------------------------------------- install
+def _jsonable(value: Any) -> bool:
+    return value is None or isinstance(value, bool | int | float | str | np.generic)
+
+
+class _Recorder:
+    def __init__(
+        self,
+        trainer: Any,
+        directory: str | os.PathLike[str],
+        every_steps: int,
+        tokenizer: Any,
+        token_dtype: Any,
+        originals: tuple[Callable[..., Any], Callable[..., Any]],
+    ) -> None:
+        self.trainer, self.directory = trainer, directory
+        self.every_steps, self.tokenizer, self.token_dtype = every_steps, tokenizer, token_dtype
+        self.train_step, self.make_experience_batch = originals
+        self.guard = Guard(TRAINER)
+        self.writer: RunWriter | None = None
+        self.step: int | None = None  # the step being recorded, set by train_step
+
+    def _writer(self) -> RunWriter:
+        if self.writer is None:
+            self.writer = RunWriter(
+                self.directory,
+                trainer=TRAINER,
+                trainer_version=_version(),
+                config=config_items(self.trainer.args),
+            )
+        return self.writer
+
+    def record(self, experiences: Sequence[Any], step: int) -> None:
+        args = self.trainer.args
+        table, info = experiences_table(
+            experiences,
+            step,
+            n_samples_per_prompt=args.rollout.n_samples_per_prompt,
+            tokenizer=self.tokenizer,
+            token_dtype=self.token_dtype,
+        )
+        info["micro_batches"] = 1
+        info["scope"] = (
+            "the experiences make_experience_batch returned: the whole step, before "
+            "the actors' training steps; the current log-probs are computed inside "
+            "PPOActor.training_step and are not recorded"
+        )
+        self._writer().write_micro_batch(step, 0, table, info)
+
+    def finish(self, status: Any, step: int) -> None:
+        if isinstance(status, dict):
+            logged = {k: v for k, v in status.items() if _jsonable(v)}
+            self._writer().append_metrics({"step": step, **logged})
+        self._writer().finish_step(step)
+
+
+def install(
+    trainer: Any,
+    directory: str | os.PathLike[str],
+    *,
+    every_steps: int = 1,
+    tokenizer: Any = None,
+    token_dtype: Any = None,
+) -> Any:
+    """Make an OpenRLHF ``PPOTrainer`` (a ``BasePPOTrainer``) record every
+    ``every_steps``-th step under ``directory``; returns ``trainer``.
+
+    Wraps two attributes of the instance (OpenRLHF 0.11.2, ``trainer/ppo_trainer.py``):
+    ``train_step(rollout_samples, global_step)``, which returns the step it logs under
+    (``global_step + 1``), and its ``experience_maker.make_experience_batch``, whose
+    output (experiences with rewards, advantages and log-probs, before the actors
+    train on them) is written as ``step_{N:06d}/rank000-mb000.parquet``. When
+    ``train_step`` returns, its status (what ``fit`` logs; the ``generated_samples``
+    text left out) is one line of ``metrics.jsonl`` and the step's ``_DONE`` is written.
+    ``meta.json`` comes from ``trainer.args``. Nothing the trainer computes changes. A
+    recording failure is one ``RuntimeWarning`` and recording stops; training goes on.
+
+    ``PPOTrainer`` runs as a Ray actor; :func:`recording` gives the actor class that
+    calls this at the end of its ``__init__``.
+    """
+    maker: Any = getattr(trainer, "experience_maker", None)
+    if not callable(getattr(trainer, "train_step", None)) or not callable(
+        getattr(maker, "make_experience_batch", None)
+    ):
+        raise TypeError(
+            f"install: {type(trainer).__name__} has no train_step and "
+            "experience_maker.make_experience_batch (expected OpenRLHF 0.11.2's PPOTrainer)"
+        )
+    if every_steps < 1:
+        raise ValueError(f"every_steps: expected an integer >= 1, got {every_steps}")
+    previous = getattr(trainer, "_grpo_cli_recorder", None)
+    if isinstance(previous, _Recorder):
+        originals = (previous.train_step, previous.make_experience_batch)
+    else:
+        originals = (trainer.train_step, maker.make_experience_batch)
+    if tokenizer is None:
+        tokenizer = getattr(trainer, "tokenizer", None)
+    rec = _Recorder(trainer, directory, every_steps, tokenizer, token_dtype, originals)
+
+    def train_step(rollout_samples: Any, global_step: int) -> Any:
+        step = global_step + 1
+        rec.step = step if rec.guard.active and step % rec.every_steps == 0 else None
+        try:
+            result = rec.train_step(rollout_samples, global_step)
+        finally:
+            recorded, rec.step = rec.step, None
+        if recorded is not None and rec.guard.active:
+            status = result[0] if isinstance(result, tuple) and result else None
+            rec.guard.run(lambda: rec.finish(status, recorded))
+        return result
+
+    def make_experience_batch(rollout_samples: Any) -> Any:
+        experiences = rec.make_experience_batch(rollout_samples)
+        step = rec.step
+        if step is not None and rec.guard.active:
+            rec.guard.run(lambda: rec.record(experiences, step))
+        return experiences
+
+    train_step.__wrapped__ = originals[0]  # type: ignore[attr-defined]
+    make_experience_batch.__wrapped__ = originals[1]  # type: ignore[attr-defined]
+    trainer.train_step = train_step
+    maker.make_experience_batch = make_experience_batch
+    trainer._grpo_cli_recorder = rec
+    return trainer
+
+
+def recording(trainer_class: Any, directory: str | os.PathLike[str], **options: Any) -> Any:
+    """``trainer_class`` (OpenRLHF's ``PPOTrainer``, a Ray actor class, or a plain
+    ``BasePPOTrainer`` subclass) as a class whose instances :func:`install` themselves
+    at the end of ``__init__``; a Ray actor class again when given one. ``options``
+    go to :func:`install`.
+
+    In ``openrlhf/cli/train_ppo_ray.py``::
+
+        ppo_trainer = recording(PPOTrainer, "runs/exp1").remote(...)   # was PPOTrainer.remote
+    """
+    base = getattr(trainer_class, "__ray_actor_class__", trainer_class)
+
+    def __init__(self: Any, *a: Any, **k: Any) -> None:
+        base.__init__(self, *a, **k)
+        install(self, directory, **options)
+
+    cls = type(base.__name__, (base,), {"__init__": __init__, "__module__": base.__module__})
+    if base is trainer_class:
+        return cls
+    import ray
+
+    return ray.remote(cls)
