@@ -1,8 +1,8 @@
 """The optional compiled kernel (``_kernel.c``), loaded with ctypes.
 
 ``setup.py`` builds it when a C compiler is at hand; without it, or with the engine's
-backend ``numpy`` (:class:`grpo_cli._engine.EngineOptions`), grpo-cli computes the same
-statistics with numpy (:meth:`grpo_cli._report.TokenPartial.update`): ~40 ns per token
+backend ``numpy`` (:class:`grpo_cli.engine.options.EngineOptions`), grpo-cli computes the same
+statistics with numpy (:meth:`grpo_cli._partials.TokenPartial.update`): ~40 ns per token
 where the kernel needs ~7, about 1.9x slower end to end. Nothing here reads the
 environment: the CLI maps ``GRPO_CLI_KERNEL`` to the backend (CI sets ``c``, so a missing
 kernel fails there instead of silently testing numpy).

@@ -335,7 +335,7 @@ def test_cli_on_the_step_equals_openrlhf(tmp_path: Path, cli: Cli, kind: str) ->
 @pytest.fixture(scope="module")
 def local_ray() -> Iterator[None]:
     """A private local Ray (token authentication, as tests/test_ray.py starts it)."""
-    from grpo_cli._ray import reload_auth_config
+    from grpo_cli.engine.ray import reload_auth_config
 
     saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
     os.environ["RAY_AUTH_MODE"] = "token"
