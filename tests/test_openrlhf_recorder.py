@@ -37,7 +37,7 @@ from grpo_cli.integrations import openrlhf as rec
 
 from .conftest import Cli
 
-if os.environ.get("GRPO_CLI_REQUIRE_EXTRAS"):  # CI installs the trainers: must run
+if os.environ.get("GRPO_CLI_REQUIRE_TRAINERS"):  # CI installs the trainers: must run
     import ray
     import torch
 else:

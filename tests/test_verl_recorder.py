@@ -30,7 +30,7 @@ from grpo_cli.integrations import verl as rec
 
 from .conftest import Cli
 
-if os.environ.get("GRPO_CLI_REQUIRE_EXTRAS"):  # CI installs the trainers: must run
+if os.environ.get("GRPO_CLI_REQUIRE_TRAINERS"):  # CI installs the trainers: must run
     import torch
     import verl  # noqa: F401
 else:

@@ -154,8 +154,8 @@ def model(tok: Any, seed: int = 0) -> Any:
 
 
 def require_trl() -> None:
-    """Skip without TRL, unless GRPO_CLI_REQUIRE_EXTRAS is set (CI): then fail."""
-    if os.environ.get("GRPO_CLI_REQUIRE_EXTRAS"):
+    """Skip without TRL, unless GRPO_CLI_REQUIRE_TRAINERS is set (CI): then fail."""
+    if os.environ.get("GRPO_CLI_REQUIRE_TRAINERS"):
         import trl  # noqa: F401
     else:
         pytest.importorskip("trl")
