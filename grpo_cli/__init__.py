@@ -35,38 +35,39 @@ from ._core import (
     token_terms,
     used_log_ratio,
 )
-from ._json import advantages_json, check_json, kl_json, objective_json
+from ._partials import GroupPartial, GroupTable, TokenPartial, group_table
 from ._report import (
-    AdvantagesReport,
-    ClipFractions,
-    Distribution,
-    GroupPartial,
-    GroupSummary,
-    GroupTable,
-    KLReport,
-    ObjectiveReport,
     Pass1,
-    RolloutReport,
-    TokenPartial,
     advantages_report,
     fold_batch,
-    group_table,
     kl_report,
     objective_pass1,
-    objective_record,
     objective_report,
 )
 from ._settings import PRESETS, SettingError, Settings, resolve_settings
 from .batch import Batch, RawBatch, validate
 from .engine.options import EngineOptions, Ran
 from .errors import GrpoCliError, InputError, MergeError, UsageError
+from .finalize import LoggedInput, objective_record
 from .io import Answers, Source, load_answers, open_source, raw_from_arrow
 from .plan import iter_batches
+from .records import (
+    AdvantagesReport,
+    CheckReport,
+    ClipFractions,
+    Distribution,
+    GroupSummary,
+    KLReport,
+    ObjectiveReport,
+    Result,
+    RolloutReport,
+)
+from .views.json import advantages_json, check_json, kl_json, objective_json
 
 __version__ = "0.1.0"
 
 # check's names: its rules are imported when used, so a --json run never loads them
-_LAZY = {"CheckConfig", "CheckReport", "Result", "RuleConfig", "load_config", "run_check"}
+_LAZY = {"CheckConfig", "RuleConfig", "load_config", "run_check"}
 
 
 def validate_raw(raw: RawBatch, columns: object = None) -> Batch:
@@ -104,6 +105,7 @@ __all__ = [
     "GrpoCliError",
     "InputError",
     "KLReport",
+    "LoggedInput",
     "MergeError",
     "ObjectiveReport",
     "Pass1",

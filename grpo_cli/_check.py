@@ -10,6 +10,7 @@ health rules when the data failed an integrity rule, or a rule turned off).
 
 from __future__ import annotations
 
+import json
 import math
 import tomllib
 from collections.abc import Callable
@@ -23,30 +24,25 @@ from numpy.typing import NDArray
 from . import batch as _batch
 from ._core import advantages_by_group
 from ._logged import compare_logged
-from ._report import (
-    ObjectiveReport,
-    Pass1,
-    TokenPartial,
-    columns_reader,
-    objective_pass1,
-    objective_record,
-    ran_by,
-)
+from ._partials import TokenPartial
+from ._report import Pass1, columns_reader, objective_pass1, ran_by
 from ._settings import Settings
 from .batch import RawBatch, length_mismatches, nonfinite_flags, token_ranges, valid_lengths
-from .engine.options import EngineOptions, Ran
+from .engine.options import EngineOptions
 from .errors import InputError, UsageError
+from .finalize import LoggedInput, objective_record
 from .io import TOKEN_VALUES, Answers, Source, load_answers
 from .plan import plan, run
+from .records import CheckReport, ObjectiveReport, Result
 
 __all__ = [
     "RULES",
     "CheckConfig",
-    "CheckReport",
-    "Result",
     "RuleConfig",
     "load_config",
+    "read_baseline",
     "run_check",
+    "write_outputs",
 ]
 
 MAX_EXAMPLES = 5
@@ -141,48 +137,13 @@ class Facts:
     why_no_report: str
     advantages: NDArray[np.float64] | None
     config: CheckConfig
-    logged: tuple[str, dict[str, float], int | None] | None = None
+    logged: LoggedInput | None = None
 
     def where(self, row: int, **extra: Any) -> dict[str, Any]:
         return _location(self.answers, self._file_of(row), row, **extra)
 
     def _file_of(self, row: int) -> str:
         return str(self.src.paths[self.src.file_of(row)[0]])
-
-
-@dataclass(frozen=True)
-class Result:
-    rule: str
-    status: str
-    value: float | int | None
-    threshold: dict[str, float | None] | None
-    message: str
-    examples: list[dict[str, Any]] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "rule": self.rule,
-            "status": self.status,
-            "value": self.value,
-            "threshold": self.threshold,
-            "message": self.message,
-            "examples": self.examples,
-        }
-
-
-@dataclass(frozen=True)
-class CheckReport:
-    source: str
-    results: list[Result]
-    settings: Settings | None = None
-    engine: EngineOptions | None = None
-    objective: ObjectiveReport | None = None  # the same record ``objective`` makes
-    why_no_objective: str = ""
-    ran: Ran = field(default_factory=Ran)
-
-    @property
-    def passed(self) -> bool:
-        return not any(r.status == "fail" for r in self.results)
 
 
 # ---------------------------------------------------------------------------- verdicts
@@ -511,10 +472,12 @@ def rule_logged_metrics(f: Facts, c: RuleConfig) -> Result:
         return _skip(rid, f.why_no_report)
     if not f.report.trainer_metrics:
         return _skip(rid, "no trainer named (--preset or --trainer): nothing to compare")
-    file, metrics, step = f.logged
-    cmp = compare_logged(file, metrics, step, f.report.trainer_metrics, tolerance=c.fail or 0.0)
+    lg = f.logged
+    cmp = compare_logged(
+        lg.file, lg.metrics, lg.step, f.report.trainer_metrics, tolerance=c.fail or 0.0
+    )
     if not cmp.compared:
-        names = ", ".join(sorted(metrics)) or "none"
+        names = ", ".join(sorted(lg.metrics)) or "none"
         return _skip(rid, f"none of the logged metrics ({names}) is one grpo-cli recomputes")
     value = cmp.max_relative
     assert value is not None
@@ -522,7 +485,7 @@ def rule_logged_metrics(f: Facts, c: RuleConfig) -> Result:
         {"metric": m.metric, "logged": m.logged, "recomputed": m.recomputed, "relative": m.relative}
         for m in sorted(cmp.compared, key=lambda m: -(m.relative or 0.0))
     ]
-    at = f" (step {step})" if step is not None else ""
+    at = f" (step {lg.step})" if lg.step is not None else ""
     return _judge(
         rid,
         c,
@@ -889,7 +852,7 @@ def run_check(
     baseline: dict[str, Any] | None = None,
     progress: Callable[[int], None] | None = None,
     engine: EngineOptions | None = None,
-    logged: tuple[str, dict[str, float], int | None] | None = None,
+    logged: LoggedInput | None = None,
 ) -> CheckReport:
     """Evaluate every rule of ``cfg`` on ``src``; optionally compare with a baseline report.
 
@@ -1084,3 +1047,54 @@ def _baseline(results: list[Result], base: dict[str, Any], tol: float) -> Result
         msg,
         drifts[:MAX_EXAMPLES],
     )
+
+
+# --------------------------------------------------------------------- outputs
+def read_baseline(path: Path) -> dict[str, Any]:
+    """A previous ``check --format json`` report (``--baseline``)."""
+    try:
+        base = json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError) as exc:
+        raise UsageError(f"--baseline {path}: cannot read a JSON report ({exc})") from None
+    if not isinstance(base, dict):
+        raise UsageError(f"--baseline {path}: not a grpo-cli check JSON report (not an object)")
+    return base
+
+
+def _write(path: Path, text: str, what: str, mode: str = "w") -> None:
+    try:
+        with open(path, mode, encoding="utf-8") as fh:
+            fh.write(text)
+    except OSError as exc:
+        raise UsageError(f"{what} {path}: cannot write ({exc.strerror or exc})") from None
+
+
+def write_outputs(
+    report: CheckReport,
+    output_format: str,
+    report_path: Path | None = None,
+    step_summary: str | None = None,
+) -> str | None:
+    """Write the report where it was asked for (``--report``: the JSON document; with
+    ``github``, the markdown summary appended to ``step_summary``, the file
+    ``$GITHUB_STEP_SUMMARY`` names, before any annotation: a failure there leaves stdout
+    empty) and return what stdout gets in ``output_format`` (None: the table)."""
+    from .views.json import check_json, dumps
+
+    doc = check_json(report)
+    if report_path is not None:
+        _write(report_path, dumps(doc) + "\n", "--report")
+    if output_format == "json":
+        return dumps(doc) + "\n"
+    if output_format == "github":
+        from .views.ci import check_github
+
+        lines, summary = check_github(report)
+        if step_summary:
+            _write(Path(step_summary), summary, "$GITHUB_STEP_SUMMARY", "a")
+        return "".join(line + "\n" for line in lines)
+    if output_format == "junit":
+        from .views.ci import check_junit
+
+        return check_junit(report)
+    return None

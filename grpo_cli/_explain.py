@@ -6,33 +6,14 @@ using ``check``'s default thresholds where a rule exists (:data:`grpo_cli._check
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 import numpy as np
 
 from ._check import RULES
-from ._records import ObjectiveReport
+from .records import Finding, ObjectiveReport
 
-__all__ = ["SEVERITIES", "Finding", "explain_findings"]
+__all__ = ["SEVERITIES", "explain_findings"]
 
 SEVERITIES = ("alarm", "warn", "info")
-
-
-@dataclass(frozen=True)
-class Finding:
-    id: str
-    severity: str  # alarm | warn | info
-    message: str
-    evidence: dict[str, Any]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "severity": self.severity,
-            "message": self.message,
-            "evidence": self.evidence,
-        }
 
 
 def _level(rule: str, value: float) -> str | None:

@@ -2,66 +2,26 @@
 
 A training run exports its metrics as JSON: one object ``{metric: value, ...}``, or JSON
 lines of them (one per step, with an optional ``step``). Names are the trainer's own
-(:data:`grpo_cli._report.TRAINER_METRICS`), with or without the prefixes loggers add
-(``train/``, ``eval_``). Each logged metric that grpo-cli recomputes gets its difference
-and a verdict; a relative difference above the tolerance is a difference to explain (a
-wrong preset, another batch, the trainer's float32 residual advantages, ...).
+(each trainer module's ``metric_names``, :mod:`grpo_cli.trainers`), with or without the
+prefixes loggers add (``train/``, ``eval_``). Each logged metric that grpo-cli
+recomputes gets its difference and a verdict; a relative difference above the tolerance
+is a difference to explain (a wrong preset, another batch, the trainer's float32
+residual advantages, ...).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .errors import InputError
+from .records import LoggedComparison, LoggedReport
 
-__all__ = ["LoggedComparison", "LoggedReport", "compare_logged", "load_logged"]
+__all__ = ["compare_logged", "load_logged"]
 
 PREFIXES = ("train/", "eval_", "eval/")
-
-
-@dataclass(frozen=True)
-class LoggedComparison:
-    """One logged metric: its value, grpo-cli's, their difference and the verdict
-    (``match``, ``differs``, or ``not recomputed`` when grpo-cli has no such metric)."""
-
-    metric: str
-    logged: float
-    recomputed: float | None
-    difference: float | None
-    relative: float | None
-    verdict: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
-
-
-@dataclass(frozen=True)
-class LoggedReport:
-    file: str
-    step: int | None
-    tolerance: float
-    metrics: list[LoggedComparison]
-
-    @property
-    def compared(self) -> list[LoggedComparison]:
-        return [m for m in self.metrics if m.recomputed is not None]
-
-    @property
-    def max_relative(self) -> float | None:
-        rel = [m.relative for m in self.compared if m.relative is not None]
-        return max(rel) if rel else None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "file": self.file,
-            "step": self.step,
-            "tolerance": self.tolerance,
-            "metrics": [m.to_json() for m in self.metrics],
-        }
 
 
 def _name(key: str) -> str:

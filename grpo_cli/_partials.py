@@ -41,13 +41,13 @@ from ._core import (
     token_gradients,
     token_terms,
 )
-from ._records import QUANTILE_LEVELS, QUANTILES, Distribution, RolloutReport
 from ._settings import Settings
 from ._stats import IntCounts, Moments, Sketch
 from .batch import Batch, Part, parts
 from .errors import InputError, MergeError
 from .io.answers import Answers
 from .io.arrow import group_ids, null_rows, numpy_of
+from .records import QUANTILE_LEVELS, QUANTILES, Distribution, RolloutReport
 
 F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]

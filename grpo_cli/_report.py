@@ -1,8 +1,8 @@
-"""Compute reports: pass 1, fold the batches into mergeable partials, merge, record.
+"""The objective's, the KL's and the advantages' passes: pass 1 (each answer's advantage),
+the fold of the token batches on the plan, and the record (:mod:`grpo_cli.finalize`).
 
 The seam: :func:`objective_pass1`, :func:`fold_batch` (one batch to one partial, pure),
-``TokenPartial.merge``, :func:`objective_record`. ``*_report`` run them on the local
-engine and return the frozen records of :mod:`grpo_cli._records`.
+``TokenPartial.merge``, :func:`grpo_cli.finalize.objective_record`.
 """
 
 from __future__ import annotations
@@ -10,14 +10,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.typing import NDArray
 
 from ._core import (
-    AGGREGATIONS,
-    EXP_MAX,
     GroupStats,
     advantages_by_group,
     advantages_from_stats,
@@ -25,66 +23,34 @@ from ._core import (
     group_stats,
     kl_from_log_ratio,
 )
-from ._partials import (
-    ANSWER_BINS,
-    ENTROPY_BINS,
-    LOG_RATIO_BINS,
-    GroupPartial,
-    GroupTable,
-    TokenPartial,
-    answer_sums,
-    group_table,
-    length_weights,
-    suffix_sums,
-)
-from ._records import (
-    QUANTILES,
-    AdvantagesReport,
-    ClipFractions,
-    Distribution,
-    GroupSummary,
-    KLReport,
-    ObjectiveReport,
-    RolloutReport,
-    distribution,
-    group_summary_of,
-    int_distribution,
-    values_distribution,
-)
+from ._partials import GroupTable, TokenPartial, answer_sums, group_table, suffix_sums
 from ._settings import Settings
 from .batch import Batch
 from .engine.options import EngineOptions, Ran
-from .errors import InputError, UsageError
+from .errors import InputError
+from .finalize import (
+    LoggedInput,
+    group_summary_of,
+    kl_record,
+    objective_record,
+    values_distribution,
+)
 from .io import TOKEN_VALUES, Answers, Source, load_answers, numpy_of
 from .io.readers import ReadColumns
 from .plan import Pipeline, plan, run
-from .trainers import MetricInputs, RewardKL, trainer_of
+from .records import AdvantagesReport, Distribution, KLReport, ObjectiveReport
+from .trainers import RewardKL, trainer_of
 
 __all__ = [
-    "ANSWER_BINS",
-    "ENTROPY_BINS",
-    "LOG_RATIO_BINS",
-    "QUANTILES",
     "TOKEN_FIELDS",
-    "AdvantagesReport",
-    "ClipFractions",
-    "Distribution",
-    "GroupPartial",
-    "GroupSummary",
-    "GroupTable",
-    "KLReport",
-    "ObjectiveReport",
     "Pass1",
-    "RolloutReport",
-    "TokenPartial",
     "advantages_report",
+    "columns_reader",
     "fold_batch",
-    "group_table",
     "kl_report",
     "objective_pass1",
-    "objective_record",
     "objective_report",
-    "trainer_metrics",
+    "ran_by",
 ]
 
 F64 = NDArray[np.float64]
@@ -180,40 +146,7 @@ def kl_report(
         TokenPartial.update_kl,
         progress=progress,
     )
-    if acc.answers == 0:
-        raise InputError(f"{src.label}: no answers (0 rows): nothing to compute")
-    return KLReport(
-        source=src.label,
-        settings=settings,
-        engine=engine,
-        ran=ran,
-        answers=acc.answers,
-        tokens=acc.tokens,
-        token=distribution(acc.kl_values, acc.kl_d, acc.kl_function()),
-        per_answer=distribution(acc.kl_answer, acc.kl_answer_q),
-        lengths=int_distribution(acc.lengths),
-        warnings=nonfinite_kl_warnings(acc),
-    )
-
-
-def nonfinite_kl_warnings(acc: TokenPartial) -> list[str]:
-    """Why the KL's mean, std or extremes are null in JSON, when they are: non-finite
-    estimates, or finite ones whose sum is beyond float64."""
-    m = acc.kl_values
-    if m.n == 0:
-        return []
-    stats = (m.mean, m.std, m.min, m.max)
-    if m.n_inf == 0 and all(v is not None and math.isfinite(v) for v in stats):
-        return []
-    what = (
-        f"{m.n_inf} token(s) have a non-finite KL estimate"
-        if m.n_inf
-        else "the KL estimates sum beyond float64"
-    )
-    return [
-        f"{what} (log-probs too far apart, or an unclamped k3 of a huge log-ratio): the KL's "
-        "non-finite statistics are null; --kl-clamp bounds the estimate"
-    ]
+    return kl_record(src, settings, acc, engine=engine, ran=ran)
 
 
 @dataclass(frozen=True)
@@ -461,6 +394,7 @@ def objective_report(
     exact_cap: int | None = None,
     recompute_advantages: bool = False,
     gradient: bool = False,
+    logged: LoggedInput | None = None,
 ) -> ObjectiveReport:
     """The GRPO objective of ``src`` and its diagnostics, streamed batch by batch:
     :func:`objective_pass1`, one fold of :class:`TokenPartial` s over the token batches,
@@ -478,163 +412,6 @@ def objective_report(
             )
 
         acc, ran = pipe.run(new, p1.fold(src.label), progress)
-    return objective_record(src, settings, acc, p1, engine=engine, ran=p1.ran.then(ran))
-
-
-def objective_record(
-    src: Source,
-    settings: Settings,
-    acc: TokenPartial,
-    p1: Pass1,
-    *,
-    engine: EngineOptions,
-    ran: Ran | None = None,
-    ratio_band: float = 10.0,
-) -> ObjectiveReport:
-    """The record of a folded objective: checks that every answer was folded, then the
-    aggregations, distributions and notes; ``ratio_band`` sets ``ratio_outside_band``."""
-    adv = p1.adv
-    if acc.answers != adv.shape[0]:
-        raise InputError(
-            f"{src.label}: {acc.answers} token rows but {adv.shape[0]} answers (rewards/advantages)"
-        )
-    if (
-        settings.agg == "seq-mean-token-sum-norm"
-        and settings.max_len is not None
-        and settings.max_len < acc.max_width
-    ):
-        hint = ""
-        if settings.preset == "dr-grpo":
-            hint = (
-                " (the dr-grpo preset sets TRL's default max_completion_length, 512: "
-                "pass --max-len with your run's value)"
-            )
-        raise UsageError(
-            f"--max-len {settings.max_len} is shorter than the widest row "
-            f"({acc.max_width} tokens, masked ones included){hint}"
-        )
-    rec = _objective_record(
-        src, settings, acc, adv, p1.source, p1.stats, p1.on_policy, list(p1.warnings)
-    )
-    b = math.log(ratio_band)
-    outside = acc.delta.count_outside(-b, b) / max(acc.tokens, 1)
-    grad = acc.gradient()
-    warnings = rec.warnings + [
-        f"{n} valid token(s) of {src.name(f)!r} have a log-prob > 0 (a probability above 1): "
-        "computed on as given; grpo-cli check fails on them (logp-range)"
-        for f, n in acc.positive.counts.items()
-    ]
-    out = replace(
-        rec,
-        engine=engine,
-        ran=ran or p1.ran,
-        ratio_band=ratio_band,
-        ratio_outside_band=outside,
-        reward=p1.reward,
-        residual_advantages=p1.residual,
-        gradient=grad,
-        gradient_asked=acc.gradient_wanted,
-        length_counts=acc.lengths,
-        length_adv=acc.length_adv.counts,
-    )
-    return replace(out, warnings=warnings)
-
-
-def trainer_metrics(
-    settings: Settings,
-    acc: TokenPartial,
-    policy_term: float,
-    clip: ClipFractions,
-    groups: GroupSummary | None,
-    warnings: list[str],
-) -> dict[str, float]:
-    """The metrics ``settings.trainer`` logs, each computed the way that trainer computes
-    it (its module in :mod:`grpo_cli.trainers`); a metric the input cannot give is left
-    out, with a warning."""
-    trainer = trainer_of(settings.trainer)
-    if trainer is None:
-        return {}
-    out = trainer.metrics(MetricInputs(settings, acc, policy_term, clip, groups))
-    missing = [k for k, v in out.items() if v is None]
-    for k in missing:
-        warnings.append(f"trainer metric {k!r} left out: the input does not give it")
-    return {k: v for k, v in out.items() if v is not None}
-
-
-def _objective_record(
-    src: Source,
-    settings: Settings,
-    acc: TokenPartial,
-    adv: F64,
-    adv_source: str,
-    stats: GroupStats | None,
-    on_policy: bool,
-    warnings: list[str],
-) -> ObjectiveReport:
-    agg = settings.agg
-    objective = acc.objective(agg)
-    policy = acc.aggregate("policy", agg)
-    kl_term = 0.0  # with the KL in the reward, the loss has no KL term
-    if settings.beta and settings.kl_mode == "loss":
-        kl_term = settings.beta * acc.aggregate("kl", settings.kl_aggregation)
-    units = acc.answers if settings.clip_unit == "sequences" else acc.tokens
-    t = max(units, 1)
-    clip = ClipFractions(
-        low=acc.clip.low / t,
-        high=acc.clip.high / t,
-        region=acc.clip.region / t,
-        outside_range=acc.clip.outside / t,
-        dual_clip_lower=acc.clip.dual / t if settings.dual_clip is not None else None,
-        unit=settings.clip_unit,
-    )
-    if acc.overflow:
-        warnings.append(
-            f"{acc.overflow} token(s) have a log-ratio above {EXP_MAX:.1f}: "
-            f"their ratio overflows to inf"
-        )
-    if not math.isfinite(objective):
-        warnings.append(
-            "the objective is not finite (overflowing ratio or KL); see ratio.max and kl.max"
-        )
-    has_kl = acc.kl_values.n > 0
-    warnings += nonfinite_kl_warnings(acc)
-    rollout = acc.rollout.report()
-    if rollout is not None:
-        nulls = [
-            k for k, v in rollout.to_json().items() if isinstance(v, float) and not math.isfinite(v)
-        ]
-        if nulls:
-            warnings.append(
-                "the sampler's log-probs differ from the trainer's so much that exp(δ) "
-                f"overflows: rollout.{', rollout.'.join(nulls)} are null (see abs_diff_max)"
-            )
-    group_summary = group_summary_of(stats) if stats is not None else None
-    metrics = trainer_metrics(settings, acc, policy, clip, group_summary, warnings)
-    return ObjectiveReport(
-        source=src.label,
-        settings=settings,
-        objective=objective,
-        policy_term=policy,
-        kl_term=kl_term,
-        aggregations={a: acc.objective(a) for a in AGGREGATIONS},
-        groups=int(stats.count.shape[0]) if stats is not None else None,
-        answers=acc.answers,
-        tokens=acc.tokens,
-        max_len=settings.max_len if settings.max_len is not None else acc.max_width,
-        on_policy=on_policy,
-        advantages_source=adv_source,
-        clip=clip,
-        ratio=acc.ratio_distribution(),
-        ratio_histogram=acc.ratio_histogram(),
-        overflow_tokens=acc.overflow,
-        extreme_tokens=acc.extreme,
-        kl=distribution(acc.kl_values, acc.kl_d, acc.kl_function()) if has_kl else None,
-        lengths=int_distribution(acc.lengths),
-        advantage=values_distribution(adv),
-        group_summary=group_summary,
-        trainer_metrics=metrics,
-        length_weights=length_weights(acc),
-        rollout=rollout,
-        entropy=distribution(acc.entropy, acc.entropy_q) if acc.entropy.n else None,
-        warnings=warnings,
+    return objective_record(
+        src, settings, acc, p1, engine=engine, ran=p1.ran.then(ran), logged=logged
     )

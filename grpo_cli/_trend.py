@@ -12,62 +12,20 @@ import math
 import re
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import Any
 
-from ._check import Result, RuleConfig, _judge, _skip
-from ._records import ObjectiveReport
+from ._check import RuleConfig, _judge, _skip
 from ._report import objective_report
 from ._settings import Settings
 from .engine.options import EngineOptions, Ran
 from .errors import InputError, UsageError
 from .io import InputPath, open_source
 from .io.source import expand_input
+from .records import ObjectiveReport, Result, StepRow, TrendReport
 
-__all__ = ["TREND_RULES", "StepRow", "TrendReport", "step_number", "trend_report"]
-
-STEP_KEYS = (
-    "step",
-    "source",
-    "answers",
-    "tokens",
-    "objective",
-    "loss",
-    "clip_fraction_region",
-    "ratio_p99",
-    "kl_mean",
-    "entropy_mean",
-    "frac_zero_variance_groups",
-    "reward_mean",
-    "length_mean",
-    "rollout_kl_k3",
-)
-
-
-@dataclass(frozen=True)
-class StepRow:
-    """One step's metrics (None: the step's input does not give it)."""
-
-    values: dict[str, Any]
-
-    def __getitem__(self, key: str) -> Any:
-        return self.values[key]
-
-
-@dataclass(frozen=True)
-class TrendReport:
-    settings: Settings
-    engine: EngineOptions
-    steps: list[StepRow]
-    results: list[Result] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    ran: Ran = field(default_factory=Ran)
-
-    @property
-    def passed(self) -> bool:
-        return not any(r.status == "fail" for r in self.results)
+__all__ = ["TREND_RULES", "step_number", "trend_report"]
 
 
 def step_number(path: InputPath, position: int) -> int:
@@ -288,21 +246,3 @@ TREND_RULES: dict[str, tuple[Callable[[list[StepRow], RuleConfig], Result], Rule
     "clip-growth": (rule_clip_growth, RuleConfig(warn=0.1, fail=0.3)),
     "zero-variance-growth": (rule_zero_variance_growth, RuleConfig(warn=0.25, fail=0.5)),
 }
-
-SPARK = "▁▂▃▄▅▆▇█"
-
-
-def sparkline(values: list[float | None]) -> str:
-    """One character per step, the step's value on an eight-level scale (· when absent)."""
-    finite = [v for v in values if v is not None and math.isfinite(v)]
-    if not finite:
-        return "·" * len(values)
-    lo, hi = min(finite), max(finite)
-    out = []
-    for v in values:
-        if v is None or not math.isfinite(v):
-            out.append("·")
-        else:
-            k = 0 if hi == lo else round((v - lo) / (hi - lo) * (len(SPARK) - 1))
-            out.append(SPARK[k])
-    return "".join(out)

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from grpo_cli._check import RULES, Scan
-from grpo_cli._json import CHECK_NULLS
+from grpo_cli.views.json import CHECK_NULLS
 
 from .conftest import SAMPLE, Cli
 

@@ -13,8 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from grpo_cli import group_advantages
-from grpo_cli._report import QUANTILES
 from grpo_cli.cli import app
+from grpo_cli.records import QUANTILES
 
 from .conftest import SAMPLE, Cli, random_batch, reference_objective, write_npz, write_parquet
 

@@ -11,7 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from grpo_cli._trend import STEP_KEYS, sparkline, step_number
+from grpo_cli._trend import step_number
+from grpo_cli.records import STEP_KEYS
+from grpo_cli.views.tables import sparkline
 
 from .conftest import Cli
 

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from .._partials import TokenPartial
-    from .._records import ClipFractions, GroupSummary
     from .._settings import Settings
+    from ..records import ClipFractions, GroupSummary
 
 __all__ = ["Default", "MetricInputs", "RewardKL", "Trainer"]
 

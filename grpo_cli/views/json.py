@@ -1,6 +1,6 @@
 """JSON views of the reports: one document per command, stable keys (``schema_version``).
 
-Kept apart from the rich tables of :mod:`grpo_cli._render`, so that ``--json`` never
+Kept apart from the rich tables of :mod:`grpo_cli.views.tables`, so that ``--json`` never
 imports rich.
 """
 
@@ -12,17 +12,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._report import (
+from ..records import (
+    STEP_KEYS,
     AdvantagesReport,
+    CheckReport,
+    Finding,
     KLReport,
     ObjectiveReport,
+    TrendReport,
 )
 
 if TYPE_CHECKING:
-    from ._answers import AnswersReport
-    from ._check import CheckReport
-    from ._explain import Finding
-    from ._trend import TrendReport
+    from .._answers import AnswersReport
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -210,10 +211,8 @@ def check_json(r: CheckReport) -> dict[str, Any]:
 
 
 def trend_json(r: TrendReport, *, checked: bool) -> dict[str, Any]:
-    """``trend --json``: one object per step (keys :data:`grpo_cli._trend.STEP_KEYS`), and
+    """``trend --json``: one object per step (keys :data:`grpo_cli.records.STEP_KEYS`), and
     with ``--check`` the trend rules' verdicts."""
-    from ._trend import STEP_KEYS
-
     doc: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "command": "trend",

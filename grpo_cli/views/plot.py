@@ -9,11 +9,10 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import UsageError
+from ..errors import UsageError
 
 if TYPE_CHECKING:
-    from ._records import Distribution, ObjectiveReport
-    from ._trend import TrendReport
+    from ..records import Distribution, ObjectiveReport, TrendReport
 
 __all__ = ["plot_objective", "plot_trend", "require_plot"]
 
@@ -93,13 +92,12 @@ def _length_advantage(ax: Any, r: ObjectiveReport) -> None:
     import numpy as np
     from matplotlib.colors import LogNorm
 
-    from ._partials import ADV_EDGES, LENGTH_EDGES
-
     ax.set_title("answers: length against advantage")
     counts = r.length_adv
-    if counts is None or not counts.any():
+    if counts is None or r.length_adv_edges is None or not counts.any():
         ax.text(0.5, 0.5, "no answers", ha="center", va="center", transform=ax.transAxes)
         return
+    LENGTH_EDGES, ADV_EDGES = r.length_adv_edges
     x = np.clip(ADV_EDGES, -5.5, 5.5)  # the open ends drawn half a unit wide
     # row k counts lengths in [edges[k], edges[k+1]); the last row is open, drawn √2 tall
     edges = np.concatenate((LENGTH_EDGES, [LENGTH_EDGES[-1] * 2**0.5]))

@@ -1,25 +1,41 @@
-"""The records the reports return: frozen, plain data; tables and JSON are two views of
-them (:mod:`grpo_cli._render`, :mod:`grpo_cli._json`), and nothing is computed in a view.
+"""The records the commands return: frozen, plain data. Tables, JSON, CI formats and
+plots are views of them (:mod:`grpo_cli.views`): a view imports records only, and
+nothing is computed in a view. Records are built once, by :mod:`grpo_cli.finalize` (and
+each command's module for its own), never patched afterwards.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from ._core import (
-    GroupStats,
-)
+from ._core import GroupStats
 from ._settings import Settings
-from ._stats import IntCounts, Moments, Sketch, quantiles_linear
+from ._stats import IntCounts
 from .engine.options import EngineOptions, Ran
 
-if TYPE_CHECKING:  # a field's type only: --logged loads it when asked
-    from ._logged import LoggedReport
+__all__ = [
+    "QUANTILES",
+    "QUANTILE_LEVELS",
+    "STEP_KEYS",
+    "AdvantagesReport",
+    "CheckReport",
+    "ClipFractions",
+    "Distribution",
+    "Finding",
+    "GroupSummary",
+    "KLReport",
+    "LoggedComparison",
+    "LoggedReport",
+    "ObjectiveReport",
+    "Result",
+    "RolloutReport",
+    "StepRow",
+    "TrendReport",
+]
 
 F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
@@ -62,50 +78,6 @@ class Distribution:
         return out
 
 
-def distribution(
-    m: Moments, s: Sketch | None, f: Callable[[F64], F64] | None = None
-) -> Distribution:
-    qs: dict[str, float] = {}
-    if s is not None and s.n:
-        vals = s.quantiles(QUANTILE_LEVELS, f)
-        assert vals is not None
-        qs = {k: float(v) for k, v in zip(QUANTILES, vals, strict=True)}
-    return Distribution(
-        count=m.n,
-        mean=m.mean,
-        std=m.std,
-        min=m.min,
-        max=m.max,
-        quantiles=qs,
-        exact=True if s is None else s.is_exact,
-    )
-
-
-def int_distribution(c: IntCounts) -> Distribution:
-    if c.n == 0:
-        return Distribution(0, None, None, None, None, {})
-    mean, std, lo, hi = c.moments()
-    vals = c.quantiles(QUANTILE_LEVELS)
-    assert vals is not None
-    return Distribution(
-        count=c.n,
-        mean=mean,
-        std=std,
-        min=float(lo),
-        max=float(hi),
-        quantiles={k: float(v) for k, v in zip(QUANTILES, vals, strict=True)},
-    )
-
-
-def values_distribution(x: F64) -> Distribution:
-    m = Moments().update(x)
-    qs: dict[str, float] = {}
-    if x.size:
-        levels = quantiles_linear(x, QUANTILE_LEVELS)
-        qs = {k: float(v) for k, v in zip(QUANTILES, levels, strict=True)}
-    return Distribution(count=m.n, mean=m.mean, std=m.std, min=m.min, max=m.max, quantiles=qs)
-
-
 @dataclass(frozen=True)
 class GroupSummary:
     """Group counts: how many groups carry no learning signal (zero reward variance)."""
@@ -138,19 +110,6 @@ class GroupSummary:
             "min_group_size": self.min_size,
             "max_group_size": self.max_size,
         }
-
-
-def group_summary_of(stats: GroupStats) -> GroupSummary:
-    zero = stats.min == stats.max
-    return GroupSummary(
-        groups=int(stats.count.shape[0]),
-        answers=int(stats.count.sum()),
-        zero_variance_groups=int(zero.sum()),
-        zero_variance_answers=int(stats.count[zero].sum()),
-        singleton_groups=int((stats.count == 1).sum()),
-        min_size=int(stats.count.min()) if stats.count.size else 0,
-        max_size=int(stats.count.max()) if stats.count.size else 0,
-    )
 
 
 @dataclass(frozen=True)
@@ -256,8 +215,10 @@ class ObjectiveReport:
     gradient_asked: bool = False
     # exact counts of answer lengths (for views that need the tail: explain); not in JSON
     length_counts: IntCounts | None = field(default=None, compare=False, repr=False)
-    # answers by (length bin, advantage bin) (_partials.LENGTH_EDGES × ADV_EDGES); not in JSON
+    # answers by (length bin, advantage bin), and the bins' edges (lengths, advantages;
+    # left-closed); not in JSON
     length_adv: NDArray[np.int64] | None = field(default=None, compare=False, repr=False)
+    length_adv_edges: tuple[F64, F64] | None = field(default=None, compare=False, repr=False)
 
     @property
     def loss(self) -> float:
@@ -294,3 +255,142 @@ class RolloutReport:
 
     def to_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+# ---------------------------------------------------------------------- logged
+@dataclass(frozen=True)
+class LoggedComparison:
+    """One logged metric: its value, grpo-cli's, their difference and the verdict
+    (``match``, ``differs``, or ``not recomputed`` when grpo-cli has no such metric)."""
+
+    metric: str
+    logged: float
+    recomputed: float | None
+    difference: float | None
+    relative: float | None
+    verdict: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+@dataclass(frozen=True)
+class LoggedReport:
+    file: str
+    step: int | None
+    tolerance: float
+    metrics: list[LoggedComparison]
+
+    @property
+    def compared(self) -> list[LoggedComparison]:
+        return [m for m in self.metrics if m.recomputed is not None]
+
+    @property
+    def max_relative(self) -> float | None:
+        rel = [m.relative for m in self.compared if m.relative is not None]
+        return max(rel) if rel else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "file": self.file,
+            "step": self.step,
+            "tolerance": self.tolerance,
+            "metrics": [m.to_json() for m in self.metrics],
+        }
+
+
+# ---------------------------------------------------------------------- check
+@dataclass(frozen=True)
+class Result:
+    rule: str
+    status: str
+    value: float | int | None
+    threshold: dict[str, float | None] | None
+    message: str
+    examples: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rule": self.rule,
+            "status": self.status,
+            "value": self.value,
+            "threshold": self.threshold,
+            "message": self.message,
+            "examples": self.examples,
+        }
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    source: str
+    results: list[Result]
+    settings: Settings | None = None
+    engine: EngineOptions | None = None
+    objective: ObjectiveReport | None = None  # the same record ``objective`` makes
+    why_no_objective: str = ""
+    ran: Ran = field(default_factory=Ran)
+
+    @property
+    def passed(self) -> bool:
+        return not any(r.status == "fail" for r in self.results)
+
+
+# ---------------------------------------------------------------------- trend
+# a step's row in trend's JSON, in this order
+STEP_KEYS = (
+    "step",
+    "source",
+    "answers",
+    "tokens",
+    "objective",
+    "loss",
+    "clip_fraction_region",
+    "ratio_p99",
+    "kl_mean",
+    "entropy_mean",
+    "frac_zero_variance_groups",
+    "reward_mean",
+    "length_mean",
+    "rollout_kl_k3",
+)
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """One step's metrics (None: the step's input does not give it)."""
+
+    values: dict[str, Any]
+
+    def __getitem__(self, key: str) -> Any:
+        return self.values[key]
+
+
+@dataclass(frozen=True)
+class TrendReport:
+    settings: Settings
+    engine: EngineOptions
+    steps: list[StepRow]
+    results: list[Result] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    ran: Ran = field(default_factory=Ran)
+
+    @property
+    def passed(self) -> bool:
+        return not any(r.status == "fail" for r in self.results)
+
+
+# ---------------------------------------------------------------------- explain
+@dataclass(frozen=True)
+class Finding:
+    id: str
+    severity: str  # alarm | warn | info
+    message: str
+    evidence: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "severity": self.severity,
+            "message": self.message,
+            "evidence": self.evidence,
+        }

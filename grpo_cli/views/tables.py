@@ -1,4 +1,4 @@
-"""The table view of every report record: rich renderables (JSON: :mod:`grpo_cli._json`).
+"""The table view of every record: rich renderables (JSON: :mod:`grpo_cli.views.json`).
 
 Render functions return renderables and never print; nothing is computed here beyond
 formatting and picking which rows to show.
@@ -7,8 +7,7 @@ formatting and picking which rows to show.
 from __future__ import annotations
 
 import math
-import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from rich import box
@@ -17,23 +16,23 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from ._answers import AnswersReport
-from ._check import CheckReport
-from ._core import AGGREGATIONS
-from ._explain import Finding
-from ._report import (
+from ..records import (
     QUANTILES,
     AdvantagesReport,
+    CheckReport,
     Distribution,
+    Finding,
     GroupSummary,
     KLReport,
     ObjectiveReport,
+    TrendReport,
 )
-from ._trend import TrendReport
+
+if TYPE_CHECKING:
+    from .._answers import AnswersReport
 
 __all__ = [
-    "check_github",
-    "check_junit",
+    "fmt",
     "render_advantages",
     "render_answers",
     "render_check",
@@ -363,14 +362,14 @@ def _compare_table(r: ObjectiveReport) -> RenderableType:
     t.add_column("aggregation")
     t.add_column("objective J", justify="right")
     t.add_column("loss", justify="right")
-    for a in AGGREGATIONS:
+    for a in r.aggregations:
         mark = " ◀" if a == r.settings.agg else ""
         t.add_row(a + mark, fmt(r.aggregations[a], 10), fmt(-r.aggregations[a], 10))
     w = _table(f"Share of the objective one answer carries, by its length (L_max = {r.max_len})")
     w.add_column("aggregation", no_wrap=True, min_width=23)
     for row in r.length_weights:
         w.add_column(f"{row['length']}={row['tokens']:.4g}", justify="right", no_wrap=True)
-    for a in AGGREGATIONS:
+    for a in r.aggregations:
         w.add_row(a, *(fmt(row[f"{a}/answer"], 3) for row in r.length_weights))
     w.caption = (
         "seq-mean-token-mean gives every answer 1/N whatever its length; the others "
@@ -432,81 +431,8 @@ def render_check(r: CheckReport) -> RenderableType:
     return Group(*lines)
 
 
-def _gh_escape(text: str) -> str:
-    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
-
-
-def check_github(r: CheckReport) -> tuple[list[str], str]:
-    """GitHub Actions workflow commands (one per failing or warning rule) and a markdown
-    summary for ``$GITHUB_STEP_SUMMARY``."""
-    lines = []
-    for res in r.results:
-        if res.status not in ("fail", "warn"):
-            continue
-        kind = "error" if res.status == "fail" else "warning"
-        where = f" (at {_example(res.examples[0])})" if res.examples else ""
-        lines.append(f"::{kind} title=grpo-cli check {res.rule}::{_gh_escape(res.message + where)}")
-    icon = {"pass": "✅", "warn": "⚠️", "fail": "❌", "skip": "⏭️"}
-    md = [
-        f"### grpo-cli check: {'passed' if r.passed else 'FAILED'}",
-        "",
-        f"`{r.source}`",
-        "",
-        "| rule | status | value | threshold | message |",
-        "|---|---|---|---|---|",
-    ]
-    for res in r.results:
-        msg = res.message.replace("|", "\\|")
-        md.append(
-            f"| `{res.rule}` | {icon[res.status]} {res.status} | {_value(res.value)} | "
-            f"{_threshold(res.threshold)} | {msg} |"
-        )
-    return lines, "\n".join(md) + "\n"
-
-
-_XML_INVALID = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
-
-
-def _xml_text(text: str) -> str:
-    """Text XML 1.0 can hold: characters it forbids (control characters in a group id)
-    written as \\xNN."""
-    return _XML_INVALID.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
-
-
-def check_junit(r: CheckReport) -> str:
-    """A JUnit XML report: one test case per rule (fail: failure; skip: skipped)."""
-    import xml.etree.ElementTree as ET
-
-    suite = ET.Element(
-        "testsuite",
-        {
-            "name": "grpo-cli check",
-            "tests": str(len(r.results)),
-            "failures": str(sum(x.status == "fail" for x in r.results)),
-            "skipped": str(sum(x.status == "skip" for x in r.results)),
-            "errors": "0",
-        },
-    )
-    for res in r.results:
-        case = ET.SubElement(suite, "testcase", {"classname": "grpo-cli.check", "name": res.rule})
-        detail = _xml_text(res.message + "".join(f"\nat {_example(e)}" for e in res.examples))
-        message = _xml_text(res.message)
-        if res.status == "fail":
-            ET.SubElement(case, "failure", {"message": message}).text = detail
-        elif res.status == "skip":
-            ET.SubElement(case, "skipped", {"message": message})
-        elif res.status == "warn":
-            ET.SubElement(case, "system-out").text = "warning: " + detail
-    ET.indent(suite)
-    return (
-        '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suite, encoding="unicode") + "\n"
-    )
-
-
 def render_trend(r: TrendReport) -> RenderableType:
     """One row per step, a sparkline per metric, and the trend rules' verdicts."""
-    from ._trend import sparkline
-
     cols: list[tuple[str, str, int]] = [
         ("objective", "J", 3),
         ("clip_fraction_region", "clip", 3),
@@ -589,3 +515,22 @@ def render_explain(findings: list[Finding]) -> RenderableType:
         parts.append(head)
         parts.append(Padding(Text(f.message), (0, 0, 1, 7)))
     return Group(*parts)
+
+
+SPARK = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float | None]) -> str:
+    """One character per step, the step's value on an eight-level scale (· when absent)."""
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    if not finite:
+        return "·" * len(values)
+    lo, hi = min(finite), max(finite)
+    out = []
+    for v in values:
+        if v is None or not math.isfinite(v):
+            out.append("·")
+        else:
+            k = 0 if hi == lo else round((v - lo) / (hi - lo) * (len(SPARK) - 1))
+            out.append(SPARK[k])
+    return "".join(out)

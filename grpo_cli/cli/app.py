@@ -1,0 +1,711 @@
+"""The ``grpo-cli`` command line: parse options, call the library, render. Nothing more.
+
+Every :class:`~grpo_cli.errors.GrpoCliError` becomes one line on stderr and exit code 2
+(``check`` failures are exit code 1); stdout carries only tables or one JSON document.
+Options are defined once in :mod:`grpo_cli.cli.options`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import gc
+import math
+import os
+import re
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from typer.core import TyperGroup
+
+from .. import __version__
+from .._report import advantages_report, kl_report, objective_report
+from ..errors import GrpoCliError, UsageError
+from ..io import open_source, parse_column_map, write_advantages
+from ..views.json import advantages_json, dumps, kl_json, objective_json
+from .options import (
+    ADVANTAGE_CONVENTIONS,
+    ColumnOpt,
+    Conventions,
+    EngineOpt,
+    Files,
+    GroupScopeOpt,
+    JsonOpt,
+    LoggedOpt,
+    LoggedStepOpt,
+    LoggedTolOpt,
+    PlotOpt,
+    ProgressOpt,
+    RayAddressOpt,
+    WorkersOpt,
+    conventions,
+    engine_options,
+)
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from ..finalize import LoggedInput
+
+try:  # typer >= 0.24 vendors click
+    from typer._click.exceptions import ClickException, NoArgsIsHelpError
+except ImportError:  # pragma: no cover
+    from click.exceptions import (  # type: ignore[no-redef,assignment,unused-ignore]
+        ClickException,
+        NoArgsIsHelpError,
+    )
+
+__all__ = ["app", "main"]
+
+
+class _OneLineErrors(TyperGroup):
+    """Usage errors (an unknown option, a missing argument, a value of the wrong type) as
+    the one line every other error is: ``grpo-cli: error: …`` on stderr, exit code 2."""
+
+    def main(  # type: ignore[override]
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, **extra)
+        if sys.stdout is None or sys.stdout.closed:
+            typer.echo("grpo-cli: error: stdout is closed: nowhere to write the output", err=True)
+            sys.exit(2)
+        try:
+            rv = super().main(args, prog_name, complete_var, False, **extra)
+        except OSError as exc:  # stdout refused the output (a full disk, /dev/full)
+            if exc.errno == errno.EPIPE:  # `| head`: the reader has what it wanted
+                raise
+            typer.echo(
+                f"grpo-cli: error: cannot write the output ({exc.strerror or exc})", err=True
+            )
+            sys.exit(2)
+        except NoArgsIsHelpError as exc:  # `grpo-cli` alone: the help, as asked for
+            typer.echo(exc.ctx.get_help())
+            sys.exit(0)
+        except ClickException as exc:
+            where = ""
+            ctx = getattr(exc, "ctx", None)
+            if ctx is not None and ctx.command_path:
+                where = f" (see {ctx.command_path} --help)"
+            text = " ".join(exc.format_message().split())
+            typer.echo(f"grpo-cli: error: {text}{where}", err=True)
+            sys.exit(2)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+app = typer.Typer(
+    name="grpo-cli",
+    help="GRPO loss calculator and diagnostics for logged rollouts (npz or parquet).",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    cls=_OneLineErrors,
+    # plain help: no markup to escape in option texts, and nothing cut at 80 columns
+    rich_markup_mode=None,
+)
+
+
+# ----------------------------------------------------------------------- plumbing
+@contextmanager
+def _errors() -> Iterator[None]:
+    try:
+        yield
+    except GrpoCliError as exc:
+        typer.echo(f"grpo-cli: error: {exc}", err=True)
+        raise typer.Exit(exc.exit_code) from None
+    except KeyboardInterrupt:  # Ctrl-C: the work stops (a Ray run's tasks too), one line
+        typer.echo("grpo-cli: interrupted", err=True)
+        raise typer.Exit(130) from None
+    finally:
+        if "grpo_cli.engine.ray" in sys.modules:  # stop the Ray this run started or joined
+            sys.modules["grpo_cli.engine.ray"].close()
+
+
+# rich (tables, progress) and the check rules are imported where they are used: `--json`
+# runs, the ones a pipeline times, then start without them
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _stdout() -> Console:
+    """The console of tables: no markup is parsed (a group id like ``[INST]a[/INST]`` is
+    shown as it is) and control characters of user strings are shown escaped (``\x1b``),
+    never sent to the terminal."""
+    from rich.console import Console
+    from rich.text import Text
+
+    class SafeConsole(Console):
+        def render_str(self, text: str, **kwargs: Any) -> Text:
+            clean = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+            return super().render_str(clean, **kwargs)
+
+    return SafeConsole(soft_wrap=False, highlight=False, markup=False)
+
+
+def _emit_json(doc: dict[str, Any]) -> None:
+    sys.stdout.write(dumps(doc) + "\n")
+
+
+def _note(text: str) -> None:
+    typer.echo(f"grpo-cli: note: {text}", err=True)
+
+
+@contextmanager
+def _progress(
+    enabled: bool, total: int | None, what: str
+) -> Iterator[Callable[[int], None] | None]:
+    if not enabled or not sys.stderr.isatty() or not total or total < 10_000:
+        yield None  # a bar only where it helps: big inputs, a terminal to draw on
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    with Progress(
+        TextColumn(what),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as prog:
+        task = prog.add_task(what, total=total)
+        yield lambda n: prog.advance(task, n)
+
+
+def _logged(path: Path | None, step: int | None, tolerance: float) -> LoggedInput | None:
+    """What ``--logged`` names: the step's metrics as the trainer logged them."""
+    if path is None:
+        return None
+    from .._logged import load_logged
+    from ..finalize import LoggedInput
+
+    if not (math.isfinite(tolerance) and tolerance >= 0):
+        raise UsageError(f"--logged-tolerance: must be a finite number >= 0, got {tolerance}")
+    metrics, got = load_logged(path, step)
+    return LoggedInput(str(path), metrics, got, tolerance)
+
+
+# ----------------------------------------------------------------------- commands
+@app.command()
+@conventions(ADVANTAGE_CONVENTIONS)
+def advantages(
+    files: Files,
+    conventions: Conventions,
+    json_out: JsonOpt = False,
+    out: Annotated[
+        Path | None, typer.Option(help="Write the advantages to this .npz or .parquet file.")
+    ] = None,
+    max_groups: Annotated[int, typer.Option(help="Groups shown in the table.")] = 20,
+    column: ColumnOpt = None,
+    group_scope: GroupScopeOpt = "dataset",
+    engine: EngineOpt = "local",
+    ray_address: RayAddressOpt = None,
+) -> None:
+    """Group-relative advantages from rewards and group ids, with per-group statistics."""
+    with _errors():
+        settings = conventions.settings()
+        if out is not None and out.suffix.lower() not in (".npz", ".parquet", ".pq"):
+            raise UsageError(f"--out {out}: the file must end in .npz or .parquet")
+        src = open_source(files, parse_column_map(column), group_scope=group_scope)
+        report = advantages_report(src, settings, engine=engine_options(None, engine, ray_address))
+        for w in report.warnings:
+            _note(w)
+        if out is not None:
+            adv = report.advantages.reshape(report.shape) if report.shape else report.advantages
+            labels = [report.labels[c] for c in report.codes.tolist()]
+            write_advantages(out, adv, labels)
+        if json_out:
+            _emit_json(advantages_json(report))
+        else:
+            from ..views.tables import render_advantages
+
+            _stdout().print(render_advantages(report, max_groups=max_groups))
+
+
+@app.command()
+@conventions()
+def kl(
+    files: Files,
+    conventions: Conventions,
+    json_out: JsonOpt = False,
+    column: ColumnOpt = None,
+    group_scope: GroupScopeOpt = "dataset",
+    progress: ProgressOpt = True,
+    workers: WorkersOpt = None,
+    engine: EngineOpt = "local",
+    ray_address: RayAddressOpt = None,
+) -> None:
+    """KL(π_θ ‖ π_ref) estimate per token: statistics, quantiles, per-answer distribution."""
+    with _errors():
+        settings = conventions.settings()
+        src = open_source(files, parse_column_map(column), group_scope=group_scope)
+        with _progress(progress, src.n_rows(), "kl") as tick:
+            report = kl_report(
+                src, settings, progress=tick, engine=engine_options(workers, engine, ray_address)
+            )
+        for w in report.warnings:
+            _note(w)
+        if json_out:
+            _emit_json(kl_json(report))
+        else:
+            from ..views.tables import render_kl
+
+            _stdout().print(render_kl(report))
+
+
+@app.command()
+@conventions()
+def objective(
+    files: Files,
+    conventions: Conventions,
+    json_out: JsonOpt = False,
+    compare: Annotated[
+        bool,
+        typer.Option(
+            "--compare",
+            help="Show the objective under every aggregation and each answer's weight by length.",
+        ),
+    ] = False,
+    recompute_advantages: Annotated[
+        bool,
+        typer.Option(
+            "--recompute-advantages",
+            help="Ignore the file's advantages; compute them from rewards and groups.",
+        ),
+    ] = False,
+    plot: PlotOpt = None,
+    gradient: Annotated[
+        bool,
+        typer.Option(
+            "--gradient",
+            help="Also compute ‖∂J/∂logp‖ over the valid tokens and its policy and KL parts "
+            "(folds in numpy: slower).",
+        ),
+    ] = False,
+    column: ColumnOpt = None,
+    group_scope: GroupScopeOpt = "dataset",
+    logged: LoggedOpt = None,
+    logged_step: LoggedStepOpt = None,
+    logged_tolerance: LoggedTolOpt = 1e-3,
+    progress: ProgressOpt = True,
+    workers: WorkersOpt = None,
+    engine: EngineOpt = "local",
+    ray_address: RayAddressOpt = None,
+) -> None:
+    """GRPO objective J, loss −J, its policy and KL parts, clip fractions, ratio and KL stats."""
+    with _errors():
+        settings = conventions.settings()
+        from ..views.plot import require_plot
+
+        require_plot(plot)
+        logged_in = _logged(logged, logged_step, logged_tolerance)
+        src = open_source(files, parse_column_map(column), group_scope=group_scope)
+        with _progress(progress, src.n_rows(), "objective") as tick:
+            report = objective_report(
+                src,
+                settings,
+                progress=tick,
+                recompute_advantages=recompute_advantages,
+                engine=engine_options(workers, engine, ray_address),
+                gradient=gradient,
+                logged=logged_in,
+            )
+        if plot is not None:
+            from ..views.plot import plot_objective
+
+            plot_objective(report, plot)
+        for w in report.warnings:
+            _note(w)
+        if json_out:
+            _emit_json(objective_json(report))
+        else:
+            from ..views.tables import render_objective
+
+            _stdout().print(render_objective(report, compare=compare))
+
+
+CHECK_FORMATS = ("table", "json", "github", "junit")
+
+
+@app.command()
+@conventions()
+def check(
+    files: Files,
+    conventions: Conventions,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            help="TOML file of rule settings (default: [tool.grpo-cli.check] in ./pyproject.toml)."
+        ),
+    ] = None,
+    output_format: Annotated[
+        str,
+        typer.Option(
+            "--format", help="table, json, github (annotations + $GITHUB_STEP_SUMMARY) or junit."
+        ),
+    ] = "table",
+    baseline: Annotated[
+        Path | None,
+        typer.Option(
+            help="A previous `check --format json` report: fail on relative drift beyond baseline-tolerance."
+        ),
+    ] = None,
+    report_path: Annotated[
+        Path | None,
+        typer.Option(
+            "--report",
+            help="Also write the JSON report to this file (e.g. the next run's baseline).",
+        ),
+    ] = None,
+    rule: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--rule",
+            "-r",
+            metavar="RULE.KEY=VALUE",
+            help="Override a rule: RULE.warn=X, RULE.fail=X, RULE.enabled=false, RULE.severity=warn. Repeatable.",
+        ),
+    ] = None,
+    on_policy: Annotated[
+        bool,
+        typer.Option(
+            "--on-policy", help="Declare the log on-policy: logp must equal old_logp exactly."
+        ),
+    ] = False,
+    require: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--require",
+            metavar="RULE",
+            help="A rule that must be evaluated: its skip fails the check. Repeatable.",
+        ),
+    ] = None,
+    column: ColumnOpt = None,
+    group_scope: GroupScopeOpt = "dataset",
+    logged: LoggedOpt = None,
+    logged_step: LoggedStepOpt = None,
+    progress: ProgressOpt = True,
+    workers: WorkersOpt = None,
+    engine: EngineOpt = "local",
+    ray_address: RayAddressOpt = None,
+) -> None:
+    """Gate a rollout log in CI: integrity and training-health rules; exit 1 when one fails."""
+    from .._check import load_config, read_baseline, run_check, write_outputs
+
+    with _errors():
+        if output_format not in CHECK_FORMATS:
+            raise UsageError(
+                f"--format: {output_format!r} is not one of {', '.join(CHECK_FORMATS)}"
+            )
+        settings = conventions.settings()
+        cfg = load_config(config, rule, on_policy, require=require)
+        base = None if baseline is None else read_baseline(baseline)
+        logged_in = _logged(logged, logged_step, 0.0)
+        src = open_source(files, parse_column_map(column), group_scope=group_scope)
+        with _progress(progress, src.n_rows(), "check") as tick:
+            report = run_check(
+                src,
+                settings,
+                cfg,
+                baseline=base,
+                progress=tick,
+                engine=engine_options(workers, engine, ray_address),
+                logged=logged_in,
+            )
+        out = write_outputs(
+            report, output_format, report_path, os.environ.get("GITHUB_STEP_SUMMARY")
+        )
+        if out is None:
+            from ..views.tables import render_check
+
+            _stdout().print(render_check(report))
+        else:
+            sys.stdout.write(out)
+    if not report.passed:
+        raise typer.Exit(1)
+
+
+@app.command()
+@conventions()
+def trend(
+    files: Files,
+    conventions: Conventions,
+    json_out: JsonOpt = False,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check",
+            help="Judge the trend rules (entropy-drop, kl-growth, clip-growth, "
+            "zero-variance-growth); exit 1 when one fails.",
+        ),
+    ] = False,
+    rule: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--rule", metavar="RULE.KEY=VALUE", help="Set a trend rule, e.g. kl-growth.fail=50."
+        ),
+    ] = None,
+    plot: PlotOpt = None,
+    step_column: Annotated[
+        str | None,
+        typer.Option(
+            "--step-column",
+            metavar="NAME",
+            help="The files are one dataset; this integer column gives each row's step.",
+        ),
+    ] = None,
+    column: ColumnOpt = None,
+    progress: ProgressOpt = True,
+    workers: WorkersOpt = None,
+    engine: EngineOpt = "local",
+    ray_address: RayAddressOpt = None,
+) -> None:
+    """Health metrics step by step (one file a step, in step order) and rules over them."""
+    from .._check import rule_flags
+    from .._trend import TREND_RULES, trend_report
+
+    with _errors():
+        settings = conventions.settings()
+        rules = rule_flags(rule, TREND_RULES) if check or rule else None
+        from ..views.plot import require_plot
+
+        require_plot(plot)
+        report = trend_report(
+            files,
+            settings,
+            engine=engine_options(workers, engine, ray_address),
+            column_map=parse_column_map(column),
+            rules=rules if check else None,
+            step_column=step_column,
+        )
+        if plot is not None:
+            from ..views.plot import plot_trend
+
+            plot_trend(report, plot)
+        for w in report.warnings:
+            _note(w)
+        if json_out:
+            from ..views.json import trend_json
+
+            _emit_json(trend_json(report, checked=check))
+        else:
+            from ..views.tables import render_trend
+
+            _stdout().print(render_trend(report))
+    if check and not report.passed:
+        raise typer.Exit(1)
+
+
+@app.command()
+@conventions()
+def answers(
+    files: Files,
+    conventions: Conventions,
+    sort: Annotated[
+        str,
+        typer.Option(
+            "--sort",
+            metavar="KEY",
+            help="Rank by kl (mean KL to the reference), kl-max, ratio (max |log ρ|), "
+            "clip (share of clipped tokens), length or advantage (|A|).",
+        ),
+    ] = "kl",
+    top: Annotated[int, typer.Option("--top", help="How many answers to list.")] = 20,
+    json_out: JsonOpt = False,
+    column: ColumnOpt = None,
+    group_scope: GroupScopeOpt = "dataset",
+    progress: ProgressOpt = True,
+    workers: WorkersOpt = None,
+    engine: EngineOpt = "local",
+    ray_address: RayAddressOpt = None,
+) -> None:
+    """The answers to blame, worst first: each one's file, row, group, reward, advantage,
+    length, KL, largest log-ratio and share of clipped tokens."""
+    from .._answers import answers_report
+
+    with _errors():
+        settings = conventions.settings()
+        src = open_source(files, parse_column_map(column), group_scope=group_scope)
+        with _progress(progress, src.n_rows(), "answers") as tick:
+            report = answers_report(
+                src,
+                settings,
+                sort=sort,
+                top=top,
+                engine=engine_options(workers, engine, ray_address),
+                progress=tick,
+            )
+        for w in report.warnings:
+            _note(w)
+        if json_out:
+            from ..views.json import answers_json
+
+            _emit_json(answers_json(report))
+        else:
+            from ..views.tables import render_answers
+
+            _stdout().print(render_answers(report))
+
+
+@app.command()
+@conventions()
+def explain(
+    files: Files,
+    conventions: Conventions,
+    json_out: JsonOpt = False,
+    column: ColumnOpt = None,
+    group_scope: GroupScopeOpt = "dataset",
+    progress: ProgressOpt = True,
+    workers: WorkersOpt = None,
+    engine: EngineOpt = "local",
+    ray_address: RayAddressOpt = None,
+) -> None:
+    """The numbers read as findings, most severe first, each with its evidence and what to
+    do. Informational: exit 0 whatever it finds."""
+    from .._explain import explain_findings
+
+    with _errors():
+        settings = conventions.settings()
+        src = open_source(files, parse_column_map(column), group_scope=group_scope)
+        with _progress(progress, src.n_rows(), "explain") as tick:
+            report = objective_report(
+                src,
+                settings,
+                progress=tick,
+                engine=engine_options(workers, engine, ray_address),
+                gradient=True,
+            )
+        findings = explain_findings(report)
+        for w in report.warnings:
+            _note(w)
+        if json_out:
+            from ..views.json import explain_json
+
+            _emit_json(explain_json(report, findings))
+        else:
+            from ..views.tables import render_explain
+
+            _stdout().print(render_explain(findings))
+
+
+@app.command()
+def sample(
+    out: Annotated[
+        Path, typer.Argument(help="Output file, .parquet (streamed, ragged) or .npz (padded).")
+    ],
+    groups: Annotated[int, typer.Option(help="Number of groups (prompts).")] = 64,
+    group_size: Annotated[int, typer.Option(help="Answers per group.")] = 8,
+    mean_len: Annotated[int, typer.Option(help="Mean answer length in tokens (log-normal).")] = 200,
+    max_len: Annotated[int | None, typer.Option(help="Longest answer (default 8 × mean).")] = None,
+    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+    row_group_rows: Annotated[
+        int, typer.Option(help=".parquet: answers per row group (readers parallelise over them).")
+    ] = 1 << 14,
+    rewards_only: Annotated[
+        bool, typer.Option("--rewards-only", help=".npz only: write just rewards (P, G).")
+    ] = False,
+    extras: Annotated[
+        bool,
+        typer.Option(
+            "--extras", help="Also write rollout_logp (the sampler's log-probs) and entropy."
+        ),
+    ] = False,
+) -> None:
+    """Write synthetic GRPO rollouts of any size (for demos, tests and benchmarks)."""
+    with _errors():
+        if rewards_only and out.suffix.lower() != ".npz":
+            raise UsageError("--rewards-only writes .npz files only")
+        from .._sample import SampleSpec, write_sample  # only this command needs it
+
+        spec = SampleSpec(
+            extras=extras,
+            groups=groups,
+            group_size=group_size,
+            mean_len=mean_len,
+            max_len=max_len,
+            seed=seed,
+            rewards_only=rewards_only,
+            row_group_rows=row_group_rows,
+        )
+        try:
+            n, t = write_sample(out, spec)
+        except OSError as exc:
+            raise UsageError(f"{out}: cannot write ({exc.strerror or exc})") from None
+        typer.echo(f"wrote {out}: {n:,} answers, {t:,} tokens", err=True)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from .._fast import kernel_name
+
+        with _errors():  # a bad GRPO_CLI_KERNEL is a one-line error here too
+            kernel = kernel_name(engine_options().backend)
+        # the token kernel in use: results differ between kernels in the last digits only
+        typer.echo(f"grpo-cli {__version__} (token kernel: {kernel})")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Show the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """GRPO loss calculator and diagnostics for logged rollouts."""
+
+
+def _tune_allocator() -> None:
+    """Keep freed memory in glibc's heap instead of returning it to the OS after every batch.
+
+    Streaming allocates and frees the same few MB of temporaries per record batch; with
+    glibc's defaults the heap is trimmed (brk) and regrown each time, and the page faults
+    cost more system time than the arithmetic. Elsewhere (musl, macOS) this does nothing.
+    """
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    mallopt(m_mmap_threshold, 64 << 20)
+    mallopt(m_trim_threshold, 512 << 20)
+
+
+def _asked_for(first: list[str], commands: list[Any]) -> list[Any]:
+    """The command a run names as its first argument, alone: typer builds the options of
+    every registered command at each run (~14 ms of start-up for all of them). Anything
+    else (no command, ``--help``, ``--version``, a typo to report) gets them all."""
+    chosen = [
+        c for c in commands
+        if c.callback and first == [c.name or typer.main.get_command_name(c.callback.__name__)]
+    ]  # fmt: skip
+    return chosen or commands
+
+
+def main() -> None:
+    """Console-script entry point."""
+    _tune_allocator()
+    # everything imported so far lives as long as the process: keep the garbage collector
+    # from traversing it again on every full collection while batches stream
+    gc.freeze()
+    everything = app.registered_commands
+    app.registered_commands = _asked_for(sys.argv[1:2], everything)
+    try:
+        app()
+    except BrokenPipeError:  # `grpo-cli ... | head`
+        sys.stderr.close()
+        sys.exit(0)
+    finally:
+        app.registered_commands = everything

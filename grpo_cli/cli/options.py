@@ -1,0 +1,494 @@
+"""The command line's options: each defined once, the conventions as one group that every
+command whose numbers depend on them takes (:func:`conventions`), and the engine's options
+from flags and the environment (the only place the environment is read)."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from .._settings import OFF, PRESETS, TRAINERS, SettingError, Settings, resolve_settings
+from ..engine.options import DEFAULT_BATCH_TOKENS, DEFAULT_WORKERS, MAX_WORKERS, EngineOptions
+from ..errors import UsageError
+
+__all__ = [
+    "ADVANTAGE_CONVENTIONS",
+    "CONVENTIONS",
+    "Conventions",
+    "conventions",
+    "engine_options",
+    "env_int",
+]
+
+
+def _optional(name: str, text: str | None) -> object:
+    """``--dual-clip 3`` → 3.0; ``--dual-clip off`` → OFF; absent → None (keep preset's)."""
+    if text is None:
+        return None
+    if text.strip().lower() in ("off", "none", "no"):
+        return OFF
+    try:
+        value = float(text)
+    except ValueError:
+        raise UsageError(f"--{name}: expected a number or 'off', got {text!r}") from None
+    if not math.isfinite(value):
+        raise UsageError(f"--{name}: expected a finite number, got {text!r}")
+    return value
+
+
+def _trainer_presets() -> str:
+    named = [name for name, p in PRESETS.items() if p.trainer is not None]
+    return ", ".join(named[:-1]) + " and " + named[-1]
+
+
+Files = Annotated[
+    list[str],
+    typer.Argument(
+        help="Input: .npz or .parquet file(s), a directory, or a glob.", show_default=False
+    ),
+]
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="Print one JSON document on stdout instead of tables.")
+]
+ColumnOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--column",
+        "-c",
+        rich_help_panel="Input",
+        metavar="FIELD=NAME",
+        help="Read FIELD (group, reward, advantage, logp, old_logp, ref_logp, mask) "
+        "from the column/array NAME. Repeatable.",
+    ),
+]
+PresetOpt = Annotated[
+    str | None,
+    typer.Option(
+        rich_help_panel="Conventions",
+        help=f"Set every convention to a trainer's defaults: {', '.join(PRESETS)}.",
+    ),
+]
+ScaleOpt = Annotated[
+    str | None,
+    typer.Option(
+        rich_help_panel="Advantages",
+        help="Advantage scale: group (default), batch, none (Dr. GRPO).",
+        show_default=False,
+    ),
+]
+DdofOpt = Annotated[
+    int | None,
+    typer.Option(
+        rich_help_panel="Advantages",
+        help="Std of rewards: 0 population (default), 1 sample.",
+        show_default=False,
+    ),
+]
+EpsOpt = Annotated[
+    float | None,
+    typer.Option(
+        rich_help_panel="Advantages",
+        help="ε added to the reward std (default 1e-8).",
+        show_default=False,
+    ),
+]
+EstimatorOpt = Annotated[
+    str | None,
+    typer.Option(
+        rich_help_panel="Advantages",
+        help="Advantage baseline: grpo (group mean, default) or rloo (leave-one-out).",
+        show_default=False,
+    ),
+]
+SingletonOpt = Annotated[
+    str | None,
+    typer.Option(
+        rich_help_panel="Advantages",
+        help="Group of one answer: zero (A = 0, default) or raw (verl: A = r/(1+ε)).",
+        show_default=False,
+    ),
+]
+ClipOpt = Annotated[
+    float | None,
+    typer.Option(
+        rich_help_panel="Ratio and clipping",
+        help="Clip range ε (ε_low), default 0.2.",
+        show_default=False,
+    ),
+]
+ClipHighOpt = Annotated[
+    str | None,
+    typer.Option(
+        rich_help_panel="Ratio and clipping",
+        help="Upper clip ε_high (DAPO clip-higher); 'off' = ε.",
+        show_default=False,
+    ),
+]
+DualClipOpt = Annotated[
+    str | None,
+    typer.Option(
+        rich_help_panel="Ratio and clipping",
+        help="Dual clip c > 1: for A < 0 the term is bounded below by c·A; 'off' to disable.",
+        show_default=False,
+    ),
+]
+RatioClampOpt = Annotated[
+    str | None,
+    typer.Option(
+        rich_help_panel="Ratio and clipping",
+        help="Clamp log-ratios to [−X, X] before exp (verl/OpenRLHF: 20); 'off' to disable.",
+        show_default=False,
+    ),
+]
+SeqRatioClampOpt = Annotated[
+    str | None,
+    typer.Option(
+        rich_help_panel="Ratio and clipping",
+        help="Bound the sequence log-ratio from above at X, after the mean (verl GSPO: 10); "
+        "sequence level only; 'off' to disable.",
+        show_default=False,
+    ),
+]
+ClipUnitOpt = Annotated[
+    str | None,
+    typer.Option(
+        rich_help_panel="Ratio and clipping",
+        help="What clip fractions count: tokens (default) or sequences (TRL GSPO: a clipped "
+        "answer counts once; needs --ratio-level sequence).",
+        show_default=False,
+    ),
+]
+RatioLevelOpt = Annotated[
+    str | None,
+    typer.Option(
+        rich_help_panel="Ratio and clipping",
+        help="Importance ratio per token (default) or per sequence (GSPO).",
+        show_default=False,
+    ),
+]
+BetaOpt = Annotated[
+    float | None,
+    typer.Option(rich_help_panel="KL", help="KL weight β, default 0.04.", show_default=False),
+]
+KLEstOpt = Annotated[
+    str | None,
+    typer.Option(
+        rich_help_panel="KL", help="KL estimator: k1, k2, k3 (default).", show_default=False
+    ),
+]
+KLClampOpt = Annotated[
+    str | None,
+    typer.Option(
+        rich_help_panel="KL",
+        help="Clamp the KL estimate to [−X, X] (verl/OpenRLHF: 10); 'off' to disable.",
+        show_default=False,
+    ),
+]
+TrainerOpt = Annotated[
+    str | None,
+    typer.Option(
+        rich_help_panel="Conventions",
+        help=f"Also report the metrics this trainer logs ({', '.join(TRAINERS)}), under its "
+        f"names; the {_trainer_presets()} presets name theirs.",
+        show_default=False,
+    ),
+]
+KLBiasOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--kl-bias-correction/--no-kl-bias-correction",
+        rich_help_panel="KL",
+        help="Multiply the per-token KL in the loss by the importance ratio (TRL "
+        "use_bias_correction_kl; on in the trl, gspo and dr-grpo presets).",
+        show_default=False,
+    ),
+]
+KLModeOpt = Annotated[
+    str | None,
+    typer.Option(
+        rich_help_panel="KL",
+        help="Where β·KL goes: loss (default) or reward (the trainer's way: verl use_kl_in_reward, "
+        "OpenRLHF's default; needs --trainer verl|openrlhf or their preset).",
+        show_default=False,
+    ),
+]
+KLAggOpt = Annotated[
+    str | None,
+    typer.Option(
+        rich_help_panel="KL",
+        help="Aggregation of the KL term (default: as --agg; OpenRLHF: token-mean).",
+        show_default=False,
+    ),
+]
+AggOpt = Annotated[
+    str | None,
+    typer.Option(
+        rich_help_panel="Aggregation",
+        help="Aggregation: seq-mean-token-mean (default), token-mean, seq-mean-token-sum, seq-mean-token-sum-norm, token-sum.",
+        show_default=False,
+    ),
+]
+MaxLenOpt = Annotated[
+    int | None,
+    typer.Option(
+        rich_help_panel="Aggregation",
+        help="L of seq-mean-token-sum-norm (default: the widest row, masked tokens included; dr-grpo preset: 512, TRL's max_completion_length).",
+        show_default=False,
+    ),
+]
+NormScaleOpt = Annotated[
+    str | None,
+    typer.Option(
+        rich_help_panel="Aggregation",
+        help="seq-mean-token-sum-norm divisor: n-lmax (N·L, default: TRL, verl >= 0.7.1) or lmax (L: verl <= 0.7.0).",
+        show_default=False,
+    ),
+]
+WorkersOpt = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        help="Compute threads, 1 to 64 (default 2 on every machine, or GRPO_CLI_WORKERS; the "
+        "result depends on it only at the 1e-15 level, through the order of float additions; "
+        "JSON echoes it in engine).",
+        show_default=False,
+    ),
+]
+
+
+def _engine_name(value: str) -> str:
+    if value not in ("local", "ray"):
+        raise typer.BadParameter(f"expected local or ray, got {value!r}")
+    return value
+
+
+EngineOpt = Annotated[
+    str,
+    typer.Option(
+        "--engine",
+        callback=_engine_name,
+        metavar="local|ray",
+        help="local: this machine's threads; ray: Ray tasks over the dataset's blocks (needs "
+        "the [ray] extra; same numbers to the order of float additions).",
+    ),
+]
+RayAddressOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--ray-address",
+        metavar="ADDR",
+        help="The Ray cluster to run on (default: RAY_ADDRESS, else a private local Ray "
+        "started for the run and stopped after it).",
+        show_default=False,
+    ),
+]
+LoggedOpt = Annotated[
+    Path | None,
+    typer.Option(
+        rich_help_panel="Trainer",
+        help="Metrics the trainer logged (JSON object, or JSON lines with a step), in its names; "
+        "each is compared with grpo-cli's value.",
+        show_default=False,
+    ),
+]
+LoggedStepOpt = Annotated[
+    int | None,
+    typer.Option(
+        rich_help_panel="Trainer",
+        help="The step of --logged to compare (default: the last record).",
+        show_default=False,
+    ),
+]
+LoggedTolOpt = Annotated[
+    float,
+    typer.Option(
+        rich_help_panel="Trainer",
+        help="Relative difference from which a logged metric differs (objective; check: "
+        "the logged-metrics rule's fail threshold).",
+    ),
+]
+GroupScopeOpt = Annotated[
+    str,
+    typer.Option(
+        help="dataset: a group id is one group across files (the shards of one step); file: "
+        "ids are scoped to their file (one step per file).",
+    ),
+]
+ProgressOpt = Annotated[
+    bool,
+    typer.Option(
+        "--progress/--no-progress", help="Progress bar on stderr (only when it is a terminal)."
+    ),
+]
+
+
+PlotOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--plot",
+        metavar="PATH.png",
+        help="Also draw the figures to PATH (.png, .svg, .pdf); needs the [plot] extra.",
+    ),
+]
+
+
+def env_int(name: str, default: int, minimum: int = 1) -> int:
+    """An integer tuning knob from the environment (``default`` when unset); anything
+    else than an integer ``>= minimum`` is a :class:`UsageError`."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise UsageError(f"{name} must be an integer, got {text!r}") from None
+    if value < minimum:
+        raise UsageError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _backend() -> str:
+    """``GRPO_CLI_KERNEL``: auto (default), c, or numpy."""
+    m = os.environ.get("GRPO_CLI_KERNEL", "auto").strip().lower() or "auto"
+    if m not in ("auto", "c", "numpy"):
+        raise UsageError(f"GRPO_CLI_KERNEL must be auto, c or numpy, got {m!r}")
+    return m
+
+
+def engine_options(
+    workers: int | None = None, name: str = "local", ray_address: str | None = None
+) -> EngineOptions:
+    """The engine options from ``--workers``, ``--engine``, ``--ray-address`` and the
+    environment: ``GRPO_CLI_WORKERS`` (0: the default), ``GRPO_CLI_BATCH_TOKENS``,
+    ``GRPO_CLI_NO_PREFETCH`` (any value: decode in the computing threads),
+    ``GRPO_CLI_KERNEL`` and ``RAY_ADDRESS``. The only place the environment is read."""
+    if ray_address is not None and name != "ray":
+        raise UsageError("--ray-address: only with --engine ray")
+    if workers is not None and name == "ray":
+        raise UsageError(
+            "--workers: the local engine's threads; with --engine ray the cluster's CPUs fold "
+            "the blocks (engine.workers in JSON says how many)"
+        )
+    address = None
+    if name == "ray":
+        address = ray_address or os.environ.get("RAY_ADDRESS", "").strip() or None
+    if workers is None:
+        workers = env_int("GRPO_CLI_WORKERS", 0, minimum=0) or DEFAULT_WORKERS
+    if workers > MAX_WORKERS:
+        raise UsageError(f"--workers / GRPO_CLI_WORKERS: at most {MAX_WORKERS}, got {workers}")
+    try:
+        return EngineOptions(
+            workers=workers,
+            batch_tokens=env_int("GRPO_CLI_BATCH_TOKENS", DEFAULT_BATCH_TOKENS),
+            prefetch=not os.environ.get("GRPO_CLI_NO_PREFETCH"),
+            backend=_backend(),
+            name=name,
+            address=address,
+        ).resolved()
+    except UsageError as exc:
+        if "not built" in str(exc):
+            raise UsageError(f"GRPO_CLI_KERNEL=c but {str(exc).split(': ', 1)[1]}") from None
+        raise
+
+
+def _settings(**kw: Any) -> Settings:
+    """Settings from convention flags (flag values as typed: 'off' turns an optional
+    convention off); a :class:`SettingError` becomes a UsageError naming the flag."""
+    for name in ("clip_eps_high", "dual_clip", "log_ratio_clamp", "seq_ratio_clamp", "kl_clamp"):
+        kw[name] = _optional(name.replace("_", "-"), kw.get(name))
+    preset = kw.pop("preset", None)
+    trainer = kw.get("trainer")
+    named = PRESETS[preset].trainer if preset in PRESETS else None
+    if trainer is not None and named is not None and trainer != named:
+        raise UsageError(f"--trainer {trainer}: the {preset} preset mirrors {named}")
+    try:
+        return resolve_settings(preset, **kw)
+    except SettingError as exc:  # the library names the field; a user typed the flag
+        flag = "--" + exc.field.replace("_", "-")
+        problem = exc.problem.replace("ratio_level", "--ratio-level")
+        raise UsageError(f"{flag}: {problem}") from None
+
+
+# The convention options: every field of Settings a user can set, in the order --help
+# lists them. A command takes them all (CONVENTIONS) or the advantages' (``advantages``).
+CONVENTIONS: dict[str, Any] = {
+    "preset": PresetOpt,
+    "trainer": TrainerOpt,
+    "clip_eps": ClipOpt,
+    "clip_eps_high": ClipHighOpt,
+    "dual_clip": DualClipOpt,
+    "log_ratio_clamp": RatioClampOpt,
+    "seq_ratio_clamp": SeqRatioClampOpt,
+    "ratio_level": RatioLevelOpt,
+    "clip_unit": ClipUnitOpt,
+    "beta": BetaOpt,
+    "kl_estimator": KLEstOpt,
+    "kl_clamp": KLClampOpt,
+    "kl_bias_correction": KLBiasOpt,
+    "kl_mode": KLModeOpt,
+    "kl_agg": KLAggOpt,
+    "agg": AggOpt,
+    "max_len": MaxLenOpt,
+    "norm_scale": NormScaleOpt,
+    "scale": ScaleOpt,
+    "ddof": DdofOpt,
+    "eps": EpsOpt,
+    "estimator": EstimatorOpt,
+    "singleton": SingletonOpt,
+}
+ADVANTAGE_CONVENTIONS = ("preset", "scale", "ddof", "eps", "estimator", "singleton")
+
+
+@dataclass(frozen=True)
+class Conventions:
+    """The convention flags a command was given (None: not given, the preset's or the
+    default value holds): :meth:`settings` resolves them."""
+
+    values: dict[str, Any]
+
+    def settings(self, **extra: Any) -> Settings:
+        """The Settings of these flags (``extra``: more, from a command's own logic); a
+        bad value is a :class:`UsageError` naming its flag."""
+        return _settings(**{**self.values, **extra})
+
+
+def conventions(
+    names: tuple[str, ...] | None = None,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A command that takes the convention options (``names``: a subset; all by default),
+    given to it as one ``conventions: Conventions`` parameter: the options are written
+    once here, and every command lists them the same way in ``--help``."""
+    chosen = {k: CONVENTIONS[k] for k in (names or tuple(CONVENTIONS))}
+
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        sig = inspect.signature(command, eval_str=True)
+        own = [p for p in sig.parameters.values() if p.name != "conventions"]
+        added = [
+            inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=a)
+            for k, a in chosen.items()
+        ]
+        first_kw = next((i for i, p in enumerate(own) if p.kind == p.KEYWORD_ONLY), len(own))
+        params = [
+            p.replace(kind=inspect.Parameter.KEYWORD_ONLY) if i >= first_kw else p
+            for i, p in enumerate(own)
+        ]
+
+        @functools.wraps(command)
+        def wrapper(*args: Any, **kw: Any) -> Any:
+            given = {k: kw.pop(k, None) for k in chosen}
+            return command(*args, conventions=Conventions(given), **kw)
+
+        whole = [*params, *added]
+        wrapper.__signature__ = sig.replace(parameters=whole)  # type: ignore[attr-defined]
+        wrapper.__annotations__ = {p.name: p.annotation for p in whole}
+        return wrapper
+
+    return decorate
