@@ -55,6 +55,31 @@ def test_each_step_is_objective_on_its_own_file(cli: Cli, steps: Path) -> None:
     assert "check" not in doc
 
 
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ("--agg", "token-mean", "--clip-eps", "0.1", "--beta", "0.1"),
+        ("--preset", "openrlhf", "--kl-mode", "loss", "--dual-clip", "2.5", "--kl-agg",
+         "seq-mean-token-sum"),
+        ("--preset", "gspo", "--clip-eps-high", "0.01", "--scale", "batch"),
+    ],
+)  # fmt: skip
+def test_every_convention_reaches_each_step(cli: Cli, steps: Path, flags: tuple[str, ...]) -> None:
+    """trend takes the conventions objective takes: a step's row equals objective on that
+    step with the same flags (and those flags change the numbers: they are not ignored)."""
+    doc = cli.json("trend", steps, *flags)
+    assert doc["settings"] == cli.json("objective", steps / doc["steps"][0]["source"], *flags)[
+        "settings"
+    ]
+    for row in doc["steps"]:
+        one = cli.json("objective", steps / row["source"], *flags)
+        default = cli.json("objective", steps / row["source"])
+        assert row["objective"] == one["objective"] and row["loss"] == one["loss"]
+        assert row["clip_fraction_region"] == one["clip_fraction"]["region"]
+        assert row["kl_mean"] == one["kl"]["mean"]
+        assert row["objective"] != default["objective"]
+
+
 def test_step_numbers() -> None:
     assert step_number(Path("step_300_seed2.parquet"), 0) == 300
     assert step_number(Path("ckpt-12-part7.parquet"), 0) == 7
