@@ -33,7 +33,7 @@ from .errors import InputError, UsageError
 from .finalize import LoggedInput, objective_record
 from .io import TOKEN_VALUES, Answers, Source, load_answers
 from .plan import plan, run
-from .records import CheckReport, ObjectiveReport, Result
+from .records import EXTREME, CheckReport, ObjectiveReport, Result
 
 __all__ = [
     "RULES",
@@ -352,7 +352,7 @@ def rule_ratio_extreme(f: Facts, c: RuleConfig) -> Result:
     share = r.ratio_outside_band
     msg = (
         f"{100 * share:.4f}% of tokens have a ratio outside [1/{band:g}, {band:g}]; "
-        f"{r.extreme_tokens} with |log-ratio| >= 20, {r.overflow_tokens} overflow to inf; "
+        f"{r.extreme_tokens} with {EXTREME}, {r.overflow_tokens} overflow to inf; "
         f"ratio min {r.ratio.min:.4g}, max {r.ratio.max:.4g}"
     )
     return _judge("ratio-extreme", c, share, msg)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._check import RULES
-from .records import Finding, ObjectiveReport
+from .records import EXTREME, Finding, ObjectiveReport
 
 __all__ = ["SEVERITIES", "explain_findings"]
 
@@ -107,7 +107,7 @@ def explain_findings(r: ObjectiveReport) -> list[Finding]:
         out.append(Finding(
             "ratio-outliers", lvl,
             f"{100 * share:.4f}% of tokens have a ratio outside [1/{r.ratio_band:g}, "
-            f"{r.ratio_band:g}] ({r.extreme_tokens} with |log ρ| ≥ 20, {r.overflow_tokens} "
+            f"{r.ratio_band:g}] ({r.extreme_tokens} with {EXTREME}, {r.overflow_tokens} "
             "overflowing): stale or mismatched log-probs. grpo-cli answers --sort ratio "
             "names them.",
             {"outside_band_share": share, "band": r.ratio_band,

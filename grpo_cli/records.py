@@ -18,6 +18,7 @@ from ._stats import IntCounts
 from .engine.options import EngineOptions, Ran
 
 __all__ = [
+    "EXTREME",
     "QUANTILES",
     "QUANTILE_LEVELS",
     "STEP_KEYS",
@@ -39,6 +40,10 @@ __all__ = [
 
 F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
+
+# What ``ObjectiveReport.extreme_tokens`` counts, in words (the open end bins of the
+# log-ratio histogram: Δ < −20 or Δ ≥ 20, where verl and OpenRLHF clamp)
+EXTREME = "log-ratio outside [−20, 20)"
 
 QUANTILES: dict[str, float] = {
     "p01": 0.01,

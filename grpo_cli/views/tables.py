@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..records import (
+    EXTREME,
     QUANTILES,
     AdvantagesReport,
     CheckReport,
@@ -279,7 +280,7 @@ def render_objective(r: ObjectiveReport, compare: bool = False) -> RenderableTyp
     if r.overflow_tokens or r.extreme_tokens:
         parts.append(
             Text(
-                f"{r.extreme_tokens:,} token(s) with |log-ratio| > 20; "
+                f"{r.extreme_tokens:,} token(s) with {EXTREME}; "
                 f"{r.overflow_tokens:,} overflow to inf",
                 style="bold red",
             )
