@@ -53,6 +53,7 @@ from .io import Answers, Source, load_answers, open_source, raw_from_arrow
 from .plan import iter_batches
 from .records import (
     AdvantagesReport,
+    Calls,
     CheckReport,
     ClipFractions,
     Distribution,
@@ -92,6 +93,7 @@ __all__ = [
     "AdvantagesReport",
     "Answers",
     "Batch",
+    "Calls",
     "CheckConfig",
     "CheckReport",
     "ClipCounts",

@@ -14,14 +14,19 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import InputError
 from .records import LoggedComparison, LoggedReport
 
-__all__ = ["compare_logged", "load_logged"]
+if TYPE_CHECKING:
+    from .finalize import LoggedInput
+    from .io.run import RecordedStep
 
-PREFIXES = ("train/", "eval_", "eval/")
+__all__ = ["ABS_FLOOR", "compare_logged", "load_logged", "recorded_metrics"]
+
+PREFIXES = ("train/",)
+ABS_FLOOR = 1e-6
 
 
 def _name(key: str) -> str:
@@ -31,8 +36,18 @@ def _name(key: str) -> str:
     return key
 
 
-def load_logged(path: Path, step: int | None = None) -> tuple[dict[str, float], int | None]:
-    """The metrics of one logged step: the record whose ``step`` is ``step``, else the last.
+# Keys of the record transformers' Trainer.train() logs at its end: a run summary, not a step
+SUMMARY_KEYS = frozenset({"train_runtime", "train_loss", "total_flos"})
+
+
+def load_logged(
+    path: Path, step: int | None = None
+) -> tuple[dict[str, float], int | None, list[str]]:
+    """The metrics of one logged step: the record whose ``step`` is ``step``, else the last;
+    and notes on what was left out. The file is a JSON object of metrics, a list of them
+    (``trainer.state.log_history``), ``trainer_state.json`` (its ``log_history``), or JSON
+    lines; run-summary records (``train_runtime``, ``train_loss``) and evaluation records
+    (``eval_*``) are not steps' metrics and are left out, with a note.
 
     Raises:
         InputError: the file is unreadable, not JSON (the line is named), holds no object,
@@ -43,13 +58,16 @@ def load_logged(path: Path, step: int | None = None) -> tuple[dict[str, float], 
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"{path}: cannot read the logged metrics ({exc})") from None
     records: list[dict[str, Any]] = []
+    notes: list[str] = []
     try:
         whole = json.loads(text)
     except json.JSONDecodeError:
         whole = None
     except RecursionError:
         raise InputError(f"{path}: JSON nested too deeply") from None
-    if isinstance(whole, dict):
+    if isinstance(whole, dict) and isinstance(whole.get("log_history"), list):
+        records = [r for r in whole["log_history"] if isinstance(r, dict)]  # trainer_state.json
+    elif isinstance(whole, dict):
         records = [whole]
     elif isinstance(whole, list):
         records = [r for r in whole if isinstance(r, dict)]
@@ -64,6 +82,14 @@ def load_logged(path: Path, step: int | None = None) -> tuple[dict[str, float], 
             if not isinstance(rec, dict):
                 raise InputError(f"{path}: line {i} is not a JSON object of metric: value")
             records.append(rec)
+    steps_of = [r for r in records if not (SUMMARY_KEYS & r.keys()) and not _eval(r)]
+    if len(steps_of) < len(records):
+        left = len(records) - len(steps_of)
+        notes.append(
+            f"--logged {path}: {left} run-summary or evaluation record(s) (train_runtime, "
+            "train_loss, eval_*) left out: they are not a step's training metrics"
+        )
+    records = steps_of
     if not records:
         raise InputError(f"{path}: no JSON object of metric: value")
     if step is not None:
@@ -80,7 +106,26 @@ def load_logged(path: Path, step: int | None = None) -> tuple[dict[str, float], 
         for k, v in record.items()
         if k != "step" and isinstance(v, int | float) and not isinstance(v, bool)
     }
-    return metrics, got if isinstance(got, int) else None
+    return metrics, got if isinstance(got, int) else None, notes
+
+
+def _eval(record: dict[str, Any]) -> bool:
+    return any(k.startswith(("eval_", "eval/")) for k in record)
+
+
+def recorded_metrics(step: RecordedStep, tolerance: float) -> LoggedInput | None:
+    """What the trainer logged at a recorded step (its run's ``metrics.jsonl``): None, with
+    no comparison, when the run logged nothing at that step (``logging_steps`` > 1)."""
+    from .finalize import LoggedInput
+
+    path = step.run.metrics_path
+    if not path.is_file():
+        return None
+    try:
+        metrics, got, notes = load_logged(path, step.step)
+    except InputError:
+        return None
+    return LoggedInput(str(path), metrics, got, tolerance, tuple(notes))
 
 
 def compare_logged(
@@ -94,7 +139,9 @@ def compare_logged(
     """Compare each logged metric with grpo-cli's value of the same name.
 
     ``relative`` is ``|logged − recomputed| / max(|logged|, |recomputed|)`` (0 when both
-    are 0); ``match`` when it is at most ``tolerance``.
+    are 0); ``match`` when it is at most ``tolerance``, or when the two differ by at most
+    :data:`ABS_FLOOR` (an on-policy loss is ~0, where float32 noise is all the relative
+    difference there is).
     """
     out = []
     for name, value in logged.items():
@@ -107,7 +154,8 @@ def compare_logged(
         rel = abs(diff) / scale if scale > 0 else 0.0
         if not math.isfinite(rel):
             rel = math.inf
-        verdict = "match" if rel <= tolerance else "differs"
+        near = abs(diff) <= ABS_FLOOR  # two near-zero values (an on-policy loss) agree
+        verdict = "match" if rel <= tolerance or near else "differs"
         out.append(LoggedComparison(name, value, mine, diff, rel, verdict))
     out.sort(key=lambda c: (c.recomputed is None, c.metric))
     return LoggedReport(file, step, tolerance, out)

@@ -26,6 +26,7 @@ from ._core import (
 from ._partials import GroupTable, TokenPartial, answer_sums, group_table, suffix_sums
 from ._settings import Settings
 from .batch import Batch
+from .calls import Folded, fold_calls, logged_calls, logging_window
 from .engine.options import EngineOptions, Ran
 from .errors import InputError
 from .finalize import (
@@ -400,18 +401,62 @@ def objective_report(
     :func:`objective_pass1`, one fold of :class:`TokenPartial` s over the token batches,
     :func:`objective_record`."""
     engine = (engine or EngineOptions()).resolved()
+
+    def new() -> TokenPartial:
+        return TokenPartial(
+            settings, backend=engine.backend, exact_cap=exact_cap, gradient=gradient
+        )
+
+    t = trainer_of(settings.trainer)
+    if src.recorded is not None and t is not None and t.calls is not None:
+        return _recorded_calls(
+            src, settings, new, engine=engine, progress=progress, logged=logged,
+            recompute_advantages=recompute_advantages,
+        )  # fmt: skip
     # row-group streams start decoding now, while pass 1 reads the answer columns
     with Pipeline(plan(src, TOKEN_FIELDS, engine)) as pipe:
         p1 = objective_pass1(
             src, settings, recompute_advantages=recompute_advantages, engine=engine
         )
-
-        def new() -> TokenPartial:
-            return TokenPartial(
-                settings, backend=engine.backend, exact_cap=exact_cap, gradient=gradient
-            )
-
         acc, ran = pipe.run(new, p1.fold(src.label), progress)
     return objective_record(
         src, settings, acc, p1, engine=engine, ran=p1.ran.then(ran), logged=logged
     )
+
+
+def _recorded_calls(
+    src: Source,
+    settings: Settings,
+    new: Callable[[], TokenPartial],
+    *,
+    engine: EngineOptions,
+    progress: Progress | None,
+    logged: LoggedInput | None,
+    recompute_advantages: bool,
+) -> ObjectiveReport:
+    """A recorded step of a trainer that logs per loss call (TRL): each call folded on its
+    own, its metrics combined as the trainer logs the step (over the logging window's
+    steps), and the step's tokens as one batch for every other number."""
+    from .io import open_source
+
+    assert src.recorded is not None
+    config = src.recorded.run.config
+    p1 = objective_pass1(src, settings, recompute_advantages=recompute_advantages, engine=engine)
+    folded = Folded()
+    steps = logging_window(src, config)
+    for step in steps[:-1]:  # the window's earlier steps: their calls only
+        other = open_source([str(src.recorded.run.root / f"step_{step:06d}")])
+        p1o = objective_pass1(other, settings, engine=engine)
+        fold_calls(
+            other, settings, p1o, new, fields=TOKEN_FIELDS, engine=engine, config=config, out=folded
+        )
+    whole = new()
+    empty, ran = fold_calls(
+        src, settings, p1, new, fields=TOKEN_FIELDS, engine=engine, config=config,
+        out=folded, whole=whole, progress=progress,
+    )  # fmt: skip
+    calls = logged_calls(src, settings, folded, steps)
+    return objective_record(
+        src, settings, whole, p1, engine=engine, ran=p1.ran.then(ran), logged=logged,
+        calls=calls, empty=empty,
+    )  # fmt: skip

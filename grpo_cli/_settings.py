@@ -25,7 +25,15 @@ from ._core import (
 from .errors import UsageError
 from .trainers import TRAINERS as _TRAINERS
 
-__all__ = ["OFF", "PRESETS", "TRAINERS", "SettingError", "Settings", "resolve_settings"]
+__all__ = [
+    "OFF",
+    "PRESETS",
+    "TRAINERS",
+    "SettingError",
+    "Settings",
+    "resolve_run_settings",
+    "resolve_settings",
+]
 
 
 KLMode = Literal["loss", "reward"]
@@ -56,6 +64,8 @@ class Settings:
     preset: str | None = None
     trainer: str | None = None  # a registered trainer (grpo_cli.trainers)
     mirrors: str | None = None
+    # where the settings came from besides flags: "meta.json" for a recorded run's config
+    origin: str | None = None
     scale: Scale = "group"
     ddof: int = 0
     eps: float = 1e-8
@@ -114,7 +124,9 @@ class Settings:
         }
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out["from"] = out.pop("origin")
+        return out
 
     def __post_init__(self) -> None:
         self._check_fields()
@@ -266,3 +278,37 @@ def resolve_settings(preset: str | None = None, **overrides: Any) -> Settings:
     if preset is not None:
         values.update(_preset_rules(values, set(given)))
     return Settings(**values)
+
+
+def resolve_run_settings(
+    trainer: str | None,
+    version: str | None,
+    config: dict[str, Any],
+    **overrides: Any,
+) -> tuple[Settings, list[str]]:
+    """The settings of a recorded run: its trainer's preset, then what the trainer's config
+    (``meta.json``) sets (:attr:`grpo_cli.trainers.Trainer.from_config`), then every
+    non-None override (flags); and notes on what the config asks that is not computed.
+
+    Raises:
+        UsageError: the run's trainer is not one grpo-cli knows.
+    """
+    if trainer not in _TRAINERS:
+        known = ", ".join(_TRAINERS)
+        raise UsageError(
+            f"meta.json: trainer {trainer!r} is not one grpo-cli reproduces ({known}); "
+            "name the conventions with --preset and flags"
+        )
+    t = _TRAINERS[trainer]
+    read, notes = t.from_config(config)
+    values = {k: (OFF if v is None else v) for k, v in read.items()}  # None in a config: off
+    named = t.version.split()[-1]
+    if version is not None and version != named:
+        notes.insert(
+            0,
+            f"meta.json: {trainer} {version} recorded the run; the {t.preset} preset mirrors "
+            f"{t.version} and the run's config sets the conventions it names",
+        )
+    given = {k: v for k, v in overrides.items() if v is not None}
+    settings = resolve_settings(t.preset, **{**values, **given, "origin": "meta.json"})
+    return settings, notes

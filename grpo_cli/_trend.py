@@ -22,6 +22,7 @@ from ._settings import Settings
 from .engine.options import EngineOptions, Ran
 from .errors import InputError, UsageError
 from .io import InputPath, open_source
+from .io.run import find_run, recorded_step
 from .io.source import expand_input
 from .records import ObjectiveReport, Result, StepRow, TrendReport
 
@@ -70,6 +71,7 @@ def trend_report(
     rules: dict[str, RuleConfig] | None = None,
     progress: Callable[[int], None] | None = None,
     step_column: str | None = None,
+    notes: Sequence[str] = (),
 ) -> TrendReport:
     """Every step's row (``objective`` of its file alone), in step order; with ``rules``,
     the trend rules' verdicts. With ``step_column`` the files are one dataset whose rows
@@ -77,8 +79,18 @@ def trend_report(
     their own in a temporary directory, then read as one step file each."""
     engine = (engine or EngineOptions()).resolved()
     paths: list[InputPath] = []
+    skipped: list[str] = []
     for s in specs:
-        paths.extend(expand_input(s))
+        run = None if "://" in s or not Path(s).is_dir() else find_run(Path(s))
+        if run is None:
+            one = None if "://" in s else recorded_step(Path(s))
+            paths.extend([Path(s)] if one is not None else expand_input(s))
+            continue
+        for st in run.steps():  # a recorded run: its complete steps, in order
+            if st.done:
+                paths.append(st.directory)
+            else:
+                skipped.append(st.directory.name)
     if not paths:
         raise InputError("no step file given")
     if step_column is not None:
@@ -101,7 +113,14 @@ def trend_report(
         if step in seen:
             raise InputError(f"{p}: step {step} again (also {seen[step].name}): one file a step")
         seen[step] = p
-    return _trend(numbered, settings, engine, column_map, rules, progress, named=True)
+    report = _trend(numbered, settings, engine, column_map, rules, progress, named=True)
+    notes = list(notes)
+    if skipped:
+        notes.append(
+            f"{len(skipped)} recorded step(s) skipped, not completely written (no _DONE "
+            f"marker): {', '.join(skipped[:5])}{' ...' if len(skipped) > 5 else ''}"
+        )
+    return replace(report, warnings=[*notes, *report.warnings]) if notes else report
 
 
 def _step_report(
@@ -111,9 +130,11 @@ def _step_report(
     engine: EngineOptions,
     progress: Callable[[int], None] | None = None,
 ) -> ObjectiveReport:
-    """One step's objective, from its file alone (on Ray: inside a task)."""
+    """One step's objective, from its file (or recorded step directory) alone (on Ray:
+    inside a task)."""
+    spec: str | InputPath = str(p) if isinstance(p, Path) and p.is_dir() else p
     return objective_report(
-        open_source([p], column_map), settings, engine=engine, progress=progress
+        open_source([spec], column_map), settings, engine=engine, progress=progress
     )
 
 

@@ -12,6 +12,7 @@ answer's length).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ __all__ = [
     "BatchError",
     "Part",
     "RawBatch",
+    "drop_empty",
     "empty_answers",
     "length_mismatches",
     "nonfinite_flags",
@@ -166,6 +168,42 @@ def valid_lengths(raw: RawBatch) -> I64:
 def empty_answers(raw: RawBatch) -> I64:
     """The batch's answers without a valid token (an empty list, or a mask all False)."""
     return np.flatnonzero(valid_lengths(raw) == 0)
+
+
+def drop_empty(raw: RawBatch) -> tuple[RawBatch, int]:
+    """The batch without its answers that have no valid token, and how many there were
+    (a trainer's loss counts such answers, e.g. TRL's truncated completions under
+    ``mask_truncated_completions``: their row is all masked). Rows keep their order; the
+    batch's ``start`` is its first row's, so later messages count the kept rows."""
+    lengths = valid_lengths(raw)
+    keep = lengths > 0
+    dropped = int(np.count_nonzero(~keep))
+    if not dropped:
+        return raw, 0
+    rows = np.flatnonzero(keep)
+    offsets: dict[str, I64] = {}
+    values: dict[str, np.ndarray] = {}
+    mask = raw.mask
+    first = raw.fields[0]
+    for f, off in raw.offsets.items():
+        width = np.diff(off)[rows]
+        idx = _token_index(off, rows, width)
+        offsets[f] = np.concatenate([np.zeros(1, np.int64), np.cumsum(width, dtype=np.int64)])
+        if f in raw.values:
+            values[f] = raw.values[f][idx]
+        if f == first and mask is not None:
+            mask = mask[idx]
+    answer = {k: v.take(pa.array(rows)) for k, v in raw.answer.items()}
+    return dataclasses.replace(
+        raw, offsets=offsets, values=values, mask=mask, answer=answer
+    ), dropped
+
+
+def _token_index(off: I64, rows: I64, width: I64) -> I64:
+    """The flat token positions of answers ``rows`` (their widths ``width``), in order."""
+    total = int(width.sum())
+    starts = np.repeat(off[rows] - np.concatenate([[0], np.cumsum(width)[:-1]]), width)
+    return starts + np.arange(total, dtype=np.int64)
 
 
 def nonfinite_flags(values: np.ndarray, mask: NDArray[np.bool_] | None) -> NDArray[np.bool_]:

@@ -22,6 +22,7 @@ from .io import Source
 from .records import (
     QUANTILE_LEVELS,
     QUANTILES,
+    Calls,
     ClipFractions,
     Distribution,
     GroupSummary,
@@ -178,6 +179,7 @@ class LoggedInput:
     metrics: dict[str, float]
     step: int | None
     tolerance: float
+    notes: tuple[str, ...] = ()
 
 
 def objective_record(
@@ -190,12 +192,14 @@ def objective_record(
     ran: Ran | None = None,
     ratio_band: float = 10.0,
     logged: LoggedInput | None = None,
+    calls: Calls | None = None,
+    empty: int = 0,
 ) -> ObjectiveReport:
     """The record of a folded objective: checks that every answer was folded, then the
     aggregations, distributions, the trainer's metrics (compared with ``logged`` when
     given) and notes; ``ratio_band`` sets ``ratio_outside_band``."""
     adv = p1.adv
-    if acc.answers != adv.shape[0]:
+    if acc.answers + empty != adv.shape[0]:
         raise InputError(
             f"{src.label}: {acc.answers} token rows but {adv.shape[0]} answers (rewards/advantages)"
         )
@@ -255,6 +259,16 @@ def objective_record(
             )
     group_summary = group_summary_of(stats) if stats is not None else None
     metrics = trainer_metrics(settings, acc, policy, clip, group_summary, warnings)
+    whole_step = None
+    if calls is not None:  # what the trainer logs: from the step's calls, as it combines them
+        whole_step, metrics = metrics, calls.metrics
+        warnings += calls.notes
+    if empty:
+        warnings.append(
+            f"{empty} answer(s) have no valid token (their mask is all False: truncated "
+            "completions the trainer masks): left out of the step's numbers; the trainer's "
+            "loss and metrics, computed per call, count them as it does"
+        )
     warnings += [
         f"{n} valid token(s) of {src.name(f)!r} have a log-prob > 0 (a probability above 1): "
         "computed on as given; grpo-cli check fails on them (logp-range)"
@@ -262,6 +276,7 @@ def objective_record(
     ]
     compared = None
     if logged is not None:
+        warnings += logged.notes
         compared = compare_logged(
             logged.file, logged.metrics, logged.step, metrics, tolerance=logged.tolerance
         )
@@ -299,6 +314,8 @@ def objective_record(
         advantage=values_distribution(adv),
         group_summary=group_summary,
         trainer_metrics=metrics,
+        trainer_metrics_whole=whole_step,
+        calls=None if calls is None else calls.calls,
         length_weights=length_weights(acc),
         rollout=rollout,
         entropy=distribution(acc.entropy, acc.entropy_q) if acc.entropy.n else None,

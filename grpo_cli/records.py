@@ -23,6 +23,7 @@ __all__ = [
     "QUANTILE_LEVELS",
     "STEP_KEYS",
     "AdvantagesReport",
+    "Calls",
     "CheckReport",
     "ClipFractions",
     "Distribution",
@@ -204,8 +205,12 @@ class ObjectiveReport:
     length_weights: list[dict[str, float]]
     ratio_band: float = 10.0
     ratio_outside_band: float = 0.0  # share of tokens with ρ outside [1/band, band]
-    # the metrics the settings' trainer logs, under its names and as it computes them
+    # the metrics the settings' trainer logs, under its names and as it computes them (for
+    # a recorded step of several loss calls: from its calls, as the trainer logs the step)
     trainer_metrics: dict[str, float] = field(default_factory=dict)
+    # the same metrics of the step's tokens as one batch, when computed from calls
+    trainer_metrics_whole: dict[str, float] | None = None
+    calls: int | None = None  # the loss calls they were computed from
     rollout: RolloutReport | None = None  # sampler vs trainer, when rollout_logp is logged
     entropy: Distribution | None = None  # per-token policy entropy, when logged
     warnings: list[str] = field(default_factory=list)
@@ -263,6 +268,18 @@ class RolloutReport:
 
 
 # ---------------------------------------------------------------------- logged
+@dataclass(frozen=True)
+class Calls:
+    """What the trainer logs for a recorded step of several loss calls (TRL), computed
+    per call and combined as it combines them (``metrics``), the calls and files folded,
+    and notes."""
+
+    metrics: dict[str, float]
+    calls: int
+    files: int
+    notes: list[str] = field(default_factory=list)
+
+
 @dataclass(frozen=True)
 class LoggedComparison:
     """One logged metric: its value, grpo-cli's, their difference and the verdict

@@ -50,6 +50,8 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from ..finalize import LoggedInput
+    from ..io import Source
+    from ..io.run import RecordedRun
 
 try:  # typer >= 0.24 vendors click
     from typer._click.exceptions import ClickException, NoArgsIsHelpError
@@ -181,17 +183,35 @@ def _progress(
         yield lambda n: prog.advance(task, n)
 
 
-def _logged(path: Path | None, step: int | None, tolerance: float) -> LoggedInput | None:
-    """What ``--logged`` names: the step's metrics as the trainer logged them."""
-    if path is None:
-        return None
-    from .._logged import load_logged
+def _logged(
+    path: Path | None, step: int | None, tolerance: float, src: Source
+) -> LoggedInput | None:
+    """What ``--logged`` names: the step's metrics as the trainer logged them; for a
+    recorded step without ``--logged``, its record in the run's ``metrics.jsonl``."""
+    from .._logged import load_logged, recorded_metrics
     from ..finalize import LoggedInput
 
     if not (math.isfinite(tolerance) and tolerance >= 0):
         raise UsageError(f"--logged-tolerance: must be a finite number >= 0, got {tolerance}")
-    metrics, got = load_logged(path, step)
-    return LoggedInput(str(path), metrics, got, tolerance)
+    if path is None:
+        return None if src.recorded is None else recorded_metrics(src.recorded, tolerance)
+    metrics, got, notes = load_logged(path, step)
+    return LoggedInput(str(path), metrics, got, tolerance, tuple(notes))
+
+
+def _recorded_run(specs: Sequence[str]) -> RecordedRun | None:
+    """The recorded run ``trend``'s inputs are steps of (a run's directory, or step
+    directories of one run): its settings apply; None for other inputs."""
+    from ..io.run import find_run, recorded_step
+
+    for spec in specs:
+        if "://" in spec or not Path(spec).is_dir():
+            continue
+        run = find_run(Path(spec))
+        step = recorded_step(Path(spec)) if run is None else None
+        if run is not None or step is not None:
+            return run if run is not None else step.run  # type: ignore[union-attr]
+    return None
 
 
 # ----------------------------------------------------------------------- commands
@@ -212,10 +232,10 @@ def advantages(
 ) -> None:
     """Group-relative advantages from rewards and group ids, with per-group statistics."""
     with _errors():
-        settings = conventions.settings()
         if out is not None and out.suffix.lower() not in (".npz", ".parquet", ".pq"):
             raise UsageError(f"--out {out}: the file must end in .npz or .parquet")
         src = open_source(files, parse_column_map(column), group_scope=group_scope)
+        settings, src = conventions.for_source(src)
         report = advantages_report(src, settings, engine=engine_options(None, engine, ray_address))
         for w in report.warnings:
             _note(w)
@@ -246,8 +266,8 @@ def kl(
 ) -> None:
     """KL(π_θ ‖ π_ref) estimate per token: statistics, quantiles, per-answer distribution."""
     with _errors():
-        settings = conventions.settings()
         src = open_source(files, parse_column_map(column), group_scope=group_scope)
+        settings, src = conventions.for_source(src)
         with _progress(progress, src.n_rows(), "kl") as tick:
             report = kl_report(
                 src, settings, progress=tick, engine=engine_options(workers, engine, ray_address)
@@ -303,12 +323,12 @@ def objective(
 ) -> None:
     """GRPO objective J, loss −J, its policy and KL parts, clip fractions, ratio and KL stats."""
     with _errors():
-        settings = conventions.settings()
         from ..views.plot import require_plot
 
         require_plot(plot)
-        logged_in = _logged(logged, logged_step, logged_tolerance)
         src = open_source(files, parse_column_map(column), group_scope=group_scope)
+        settings, src = conventions.for_source(src)
+        logged_in = _logged(logged, logged_step, logged_tolerance, src)
         with _progress(progress, src.n_rows(), "objective") as tick:
             report = objective_report(
                 src,
@@ -406,11 +426,11 @@ def check(
             raise UsageError(
                 f"--format: {output_format!r} is not one of {', '.join(CHECK_FORMATS)}"
             )
-        settings = conventions.settings()
         cfg = load_config(config, rule, on_policy, require=require)
         base = None if baseline is None else read_baseline(baseline)
-        logged_in = _logged(logged, logged_step, 0.0)
         src = open_source(files, parse_column_map(column), group_scope=group_scope)
+        settings, src = conventions.for_source(src)
+        logged_in = _logged(logged, logged_step, 0.0, src)
         with _progress(progress, src.n_rows(), "check") as tick:
             report = run_check(
                 src,
@@ -474,7 +494,7 @@ def trend(
     from .._trend import TREND_RULES, trend_report
 
     with _errors():
-        settings = conventions.settings()
+        settings, notes = conventions.for_run(_recorded_run(files))
         rules = rule_flags(rule, TREND_RULES) if check or rule else None
         from ..views.plot import require_plot
 
@@ -486,6 +506,7 @@ def trend(
             column_map=parse_column_map(column),
             rules=rules if check else None,
             step_column=step_column,
+            notes=notes,
         )
         if plot is not None:
             from ..views.plot import plot_trend
@@ -533,8 +554,8 @@ def answers(
     from .._answers import answers_report
 
     with _errors():
-        settings = conventions.settings()
         src = open_source(files, parse_column_map(column), group_scope=group_scope)
+        settings, src = conventions.for_source(src)
         with _progress(progress, src.n_rows(), "answers") as tick:
             report = answers_report(
                 src,
@@ -574,8 +595,8 @@ def explain(
     from .._explain import explain_findings
 
     with _errors():
-        settings = conventions.settings()
         src = open_source(files, parse_column_map(column), group_scope=group_scope)
+        settings, src = conventions.for_source(src)
         with _progress(progress, src.n_rows(), "explain") as tick:
             report = objective_report(
                 src,

@@ -4,6 +4,7 @@ from flags and the environment (the only place the environment is read)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import math
@@ -11,13 +12,25 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, overload
 
 import typer
 
-from .._settings import OFF, PRESETS, TRAINERS, SettingError, Settings, resolve_settings
+from .._settings import (
+    OFF,
+    PRESETS,
+    TRAINERS,
+    SettingError,
+    Settings,
+    resolve_run_settings,
+    resolve_settings,
+)
 from ..engine.options import DEFAULT_BATCH_TOKENS, DEFAULT_WORKERS, MAX_WORKERS, EngineOptions
 from ..errors import UsageError
+
+if TYPE_CHECKING:
+    from ..io import Source
+    from ..io.run import RecordedRun
 
 __all__ = [
     "ADVANTAGE_CONVENTIONS",
@@ -399,17 +412,30 @@ def engine_options(
         raise
 
 
-def _settings(**kw: Any) -> Settings:
+@overload
+def _settings(*, run: None = None, **kw: Any) -> Settings: ...
+@overload
+def _settings(*, run: RecordedRun, **kw: Any) -> tuple[Settings, list[str]]: ...
+def _settings(
+    *, run: RecordedRun | None = None, **kw: Any
+) -> Settings | tuple[Settings, list[str]]:
     """Settings from convention flags (flag values as typed: 'off' turns an optional
-    convention off); a :class:`SettingError` becomes a UsageError naming the flag."""
+    convention off), on a recorded run's settings when ``run`` is given (then with the
+    notes); a :class:`SettingError` becomes a UsageError naming the flag."""
     for name in ("clip_eps_high", "dual_clip", "log_ratio_clamp", "seq_ratio_clamp", "kl_clamp"):
         kw[name] = _optional(name.replace("_", "-"), kw.get(name))
     preset = kw.pop("preset", None)
     trainer = kw.get("trainer")
     named = PRESETS[preset].trainer if preset in PRESETS else None
+    if run is not None:
+        named, preset = run.trainer, None
     if trainer is not None and named is not None and trainer != named:
-        raise UsageError(f"--trainer {trainer}: the {preset} preset mirrors {named}")
+        whose = f"the {preset} preset mirrors" if run is None else "the recorded run is of"
+        raise UsageError(f"--trainer {trainer}: {whose} {named}")
     try:
+        if run is not None:
+            kw.pop("trainer", None)  # the run's own (checked above)
+            return resolve_run_settings(run.trainer, run.trainer_version, run.config, **kw)
         return resolve_settings(preset, **kw)
     except SettingError as exc:  # the library names the field; a user typed the flag
         flag = "--" + exc.field.replace("_", "-")
@@ -458,6 +484,26 @@ class Conventions:
         """The Settings of these flags (``extra``: more, from a command's own logic); a
         bad value is a :class:`UsageError` naming its flag."""
         return _settings(**{**self.values, **extra})
+
+    def for_run(self, run: RecordedRun | None) -> tuple[Settings, list[str]]:
+        """The settings of a recorded run (its ``meta.json``: the trainer's preset and
+        config), each flag given overriding one setting; a ``--preset`` given replaces the
+        run's settings altogether. Without a run: :meth:`settings`. Notes say what the
+        run's config asks that is not computed."""
+        if run is None:
+            return self.settings(), []
+        if self.values.get("preset") is not None:
+            note = f"--preset {self.values['preset']}: {run.root / 'meta.json'} is not used"
+            return self.settings(), [note]
+        return _settings(run=run, **self.values)
+
+    def for_source(self, src: Source) -> tuple[Settings, Source]:
+        """The settings for ``src`` (:meth:`for_run` of its recorded run, if it is one), and
+        the source carrying their notes."""
+        settings, notes = self.for_run(None if src.recorded is None else src.recorded.run)
+        if notes:
+            src = dataclasses.replace(src, notes=(*src.notes, *notes))
+        return settings, src
 
 
 def conventions(

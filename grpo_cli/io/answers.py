@@ -143,7 +143,7 @@ def load_answers(
         n = r.shape[0] if r is not None else (a.shape[0] if a is not None else 0)
     answers = Answers(
         n=n, codes=codes, labels=labels, reward=r, advantage=a, shape=cols.shape,
-        group_ids=ids, notes=_shared_note(src, seen),
+        group_ids=ids, notes=[] if src.recorded is not None else _shared_note(src, seen),
     )  # fmt: skip
     if answers.n == 0:
         raise InputError(f"{src.label}: no answers (0 rows): nothing to compute")

@@ -3,9 +3,11 @@ each field."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -15,6 +17,7 @@ from ..errors import InputError, UsageError
 from .fields import map_columns
 from .paths import InputPath, expand
 from .readers import READERS, Reader, Unit, reader_for, suffix_list
+from .run import RecordedStep, find_run, recorded_step
 
 if TYPE_CHECKING:
     from ..batch import RawBatch
@@ -36,6 +39,10 @@ class Source:
     label: str
     present: tuple[str, ...] = ()
     group_scope: str = "dataset"
+    # a recorded step (grpo_cli.integrations): its run's meta.json and metrics.jsonl
+    recorded: RecordedStep | None = None
+    # what a report should say about the input before anything is read (in its warnings)
+    notes: tuple[str, ...] = ()
 
     @property
     def paths(self) -> tuple[InputPath, ...]:
@@ -77,6 +84,16 @@ class Source:
         rows = self.reader.rows_per_file()
         return None if rows is None else np.cumsum([0, *rows], dtype=np.int64)
 
+    def subset(self, files: list[int]) -> Source:
+        """The input of some of its files alone (a dataset format's files; a recorded
+        step's loss calls), named by its file when there is one."""
+        sub = getattr(self.reader, "subset", None)
+        if sub is None:
+            raise InputError(f"{self.label}: a {self.reader.format} input is one file")
+        reader = sub(files)
+        label = str(reader.paths[0]) if len(files) == 1 else self.label
+        return dataclasses.replace(self, reader=reader, label=label)
+
     def units(self) -> list[Unit]:
         """The reader's units, walked once (from metadata) and kept."""
         return self._units
@@ -96,6 +113,31 @@ def expand_input(spec: str) -> list[InputPath]:
     """The files one input argument names (a file, a directory of files some reader
     takes, a glob, a URI)."""
     return expand(spec, lambda p: reader_for(p) is not None, suffix_list())
+
+
+def _recorded(specs: Sequence[str | InputPath]) -> RecordedStep | None:
+    """The recorded step the input is (one local step directory of a recorded run), or
+    None; a run's own directory is refused (it is many steps)."""
+    if len(specs) != 1 or not isinstance(specs[0], str) or "://" in specs[0]:
+        return None
+    d = Path(specs[0])
+    if not d.is_dir():
+        return None
+    run = find_run(d)
+    if run is not None:
+        steps = run.steps()
+        example = steps[-1].directory if steps else d / "step_000001"
+        raise InputError(
+            f"{d}: a recorded run of {len(steps)} step(s): give one step ({example}), or "
+            f"its steps in order with grpo-cli trend {d}"
+        )
+    step = recorded_step(d)
+    if step is None:
+        return None
+    step.require_done()
+    if not step.files:
+        raise InputError(f"{d}: a recorded step without a micro-batch file (rank*-mb*.parquet)")
+    return step
 
 
 def _format(p: InputPath) -> type[Reader]:
@@ -120,8 +162,11 @@ def open_source(
         raise UsageError("no input file given")
     if group_scope not in ("dataset", "file"):
         raise UsageError(f"--group-scope: {group_scope!r} is not one of dataset, file")
+    step = _recorded(specs)
     paths: list[InputPath] = []
-    for s in specs:  # a path of an expanded input is taken as it is
+    if step is not None:
+        paths = list(step.files)
+    for s in specs if step is None else ():  # a path of an expanded input: as it is
         paths.extend(expand_input(s) if isinstance(s, str) else [s])
     kinds = {_format(p) for p in paths}
     if len(kinds) > 1:
@@ -129,9 +174,16 @@ def open_source(
         raise InputError(f"inputs mix {names} files; give one format at a time")
     cls = kinds.pop()
     label = str(paths[0]) if len(paths) == 1 else f"{paths[0].parent}/ ({len(paths)} files)"
+    if step is not None:
+        label = str(step.directory)
     reader = cls.open(paths)  # type: ignore[attr-defined]
     names = reader.names()
     columns = map_columns(names, column_map or {}, label, cls.what)
     return Source(
-        reader=reader, columns=columns, label=label, present=tuple(names), group_scope=group_scope
+        reader=reader,
+        columns=columns,
+        label=label,
+        present=tuple(names),
+        group_scope=group_scope,
+        recorded=step,
     )

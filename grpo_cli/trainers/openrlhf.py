@@ -69,6 +69,60 @@ def metrics(m: MetricInputs) -> dict[str, float | None]:
     return out
 
 
+AGGREGATIONS = (
+    "token-mean",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-sum-norm",
+)
+
+
+def from_config(c: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """OpenRLHF 0.11.2's arguments (dotted, as argparse holds them) as Settings: the
+    advantage estimator (group_norm; dr_grpo: no std), ``algo.kl.use_loss`` (the KL in the
+    loss, else in the reward), ``init_coef``, ``estimator``, the clip ``eps_clip`` (or
+    ``eps_clip_low_high``), ``dual_clip``, ``policy_loss_type`` (ppo: a token ratio; gspo: a
+    sequence ratio), ``loss_agg_mode`` and the reward clip range."""
+    out: dict[str, Any] = {}
+    notes: list[str] = []
+    est = c.get("algo.advantage.estimator")
+    if est == "dr_grpo" or c.get("algo.advantage.no_std_norm"):
+        out["scale"] = "none"
+    elif est not in (None, "group_norm"):
+        notes.append(f"algo.advantage.estimator {est!r}: grpo-cli computes group_norm and dr_grpo")
+    if isinstance(c.get("algo.kl.use_loss"), bool):
+        out["kl_mode"] = "loss" if c["algo.kl.use_loss"] else "reward"
+        if c["algo.kl.use_loss"]:
+            out["kl_agg"] = "token-mean"
+    if isinstance(c.get("algo.kl.init_coef"), int | float):
+        out["beta"] = float(c["algo.kl.init_coef"])
+    if c.get("algo.kl.estimator") in ("k1", "k2", "k3"):
+        out["kl_estimator"] = c["algo.kl.estimator"]
+    low_high = c.get("actor.eps_clip_low_high")
+    if isinstance(low_high, list | tuple) and len(low_high) == 2:
+        out["clip_eps"], out["clip_eps_high"] = float(low_high[0]), float(low_high[1])
+    elif isinstance(c.get("actor.eps_clip"), int | float):
+        out["clip_eps"] = float(c["actor.eps_clip"])
+    if "actor.dual_clip" in c:
+        out["dual_clip"] = None if c["actor.dual_clip"] is None else float(c["actor.dual_clip"])
+    kind = c.get("actor.policy_loss_type")
+    if kind == "gspo":
+        out["ratio_level"] = "sequence"
+    elif kind not in (None, "ppo"):
+        notes.append(f"actor.policy_loss_type {kind!r}: grpo-cli computes ppo and gspo")
+    if c.get("actor.loss_agg_mode") in AGGREGATIONS:
+        out["agg"] = c["actor.loss_agg_mode"]
+    clip = c.get("reward.clip_range")
+    if isinstance(clip, list | tuple) and len(clip) == 2 and -clip[0] == clip[1] > 0:
+        out["adv_clip"] = float(clip[1])
+    if c.get("algo.advantage.is_correction_level") not in (None, "off"):
+        notes.append(
+            "algo.advantage.is_correction reweights tokens by the sampler's log-probs: not "
+            "applied here (this grpo-cli does not compute it)"
+        )
+    return out, notes
+
+
 TRAINER = Trainer(
     name="openrlhf",
     version=VERSION,
@@ -77,4 +131,5 @@ TRAINER = Trainer(
     metrics=metrics,
     reward_kl="returns",
     dependent=dependent,
+    from_config=from_config,
 )

@@ -95,6 +95,88 @@ def metrics(m: MetricInputs) -> dict[str, float | None]:
     return out
 
 
+AGGREGATIONS = (
+    "token-mean",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-sum-norm",
+    "token-sum",
+)
+# kl_loss_type / kl_penalty -> the estimator (verl 0.9.1 ``kl_penalty_forward``)
+KL_ESTIMATORS = {"kl": "k1", "k1": "k1", "mse": "k2", "k2": "k2", "low_var_kl": "k3", "k3": "k3"}
+ACTOR = "actor_rollout_ref.actor."
+
+
+def from_config(c: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """verl 0.9.1's dotted config keys as Settings: the advantage estimator and its std
+    scaling, the actor's clip ratios, dual clip ``clip_ratio_c``, ``loss_agg_mode`` (and
+    ``loss_scale_factor``, the L of seq-mean-token-sum-norm), the policy loss (vanilla: a
+    token ratio; gspo: a sequence ratio), the KL loss (``use_kl_loss``, ``kl_loss_coef``,
+    ``kl_loss_type``) or the KL in the reward (``use_kl_in_reward``, ``kl_ctrl.kl_coef``,
+    ``kl_penalty``)."""
+    out: dict[str, Any] = {}
+    notes: list[str] = []
+    est = c.get("algorithm.adv_estimator")
+    if est not in (None, "grpo", "rloo"):
+        notes.append(f"algorithm.adv_estimator {est!r}: grpo-cli computes grpo and rloo")
+    elif est == "rloo":
+        out["estimator"] = "rloo"
+    if c.get("algorithm.norm_adv_by_std_in_grpo") is False:
+        out["scale"] = "none"
+    eps = c.get(ACTOR + "clip_ratio")
+    low, high = c.get(ACTOR + "clip_ratio_low"), c.get(ACTOR + "clip_ratio_high")
+    low, high = (eps if low is None else low), (eps if high is None else high)
+    if isinstance(low, int | float):
+        out["clip_eps"] = float(low)
+    if isinstance(high, int | float):
+        out["clip_eps_high"] = float(high)
+    gspo = c.get(ACTOR + "policy_loss.loss_mode") == "gspo"  # its loss has no dual clip
+    if isinstance(c.get(ACTOR + "clip_ratio_c"), int | float) and not gspo:
+        out["dual_clip"] = float(c[ACTOR + "clip_ratio_c"])
+    agg = c.get(ACTOR + "loss_agg_mode")
+    if agg in AGGREGATIONS:
+        out["agg"] = agg
+    elif agg is not None:
+        notes.append(f"loss_agg_mode {agg!r} is not one grpo-cli computes")
+    if isinstance(c.get(ACTOR + "loss_scale_factor"), int | float):
+        out["max_len"] = int(c[ACTOR + "loss_scale_factor"])
+    mode = c.get(ACTOR + "policy_loss.loss_mode")
+    if mode == "gspo":
+        out["ratio_level"] = "sequence"
+    elif mode not in (None, "vanilla"):
+        notes.append(
+            f"policy_loss.loss_mode {mode!r} is not computed by this grpo-cli (vanilla, "
+            "gspo): the numbers follow the clipped surrogate"
+        )
+    if c.get("algorithm.use_kl_in_reward"):
+        out["kl_mode"] = "reward"
+        if isinstance(c.get("algorithm.kl_ctrl.kl_coef"), int | float):
+            out["beta"] = float(c["algorithm.kl_ctrl.kl_coef"])
+        penalty = c.get("algorithm.kl_penalty")
+        if penalty in KL_ESTIMATORS:
+            out["kl_estimator"] = KL_ESTIMATORS[penalty]
+    elif c.get(ACTOR + "use_kl_loss") is False:
+        out["beta"] = 0.0
+    elif c.get(ACTOR + "use_kl_loss"):
+        if isinstance(c.get(ACTOR + "kl_loss_coef"), int | float):
+            out["beta"] = float(c[ACTOR + "kl_loss_coef"])
+        kind = c.get(ACTOR + "kl_loss_type")
+        if kind in KL_ESTIMATORS:
+            out["kl_estimator"] = KL_ESTIMATORS[kind]
+        elif kind is not None:
+            notes.append(
+                f"kl_loss_type {kind!r} is not one grpo-cli computes (kl, mse, low_var_kl)"
+            )
+    if c.get("algorithm.rollout_correction.rollout_is") or c.get(
+        "algorithm.rollout_correction.rollout_rs"
+    ):
+        notes.append(
+            "algorithm.rollout_correction reweights or rejects tokens by the sampler's "
+            "log-probs: not applied here (this grpo-cli does not compute it)"
+        )
+    return out, notes
+
+
 TRAINER = Trainer(
     name="verl",
     version=VERSION,
@@ -103,4 +185,5 @@ TRAINER = Trainer(
     metrics=metrics,
     reward_kl="score",
     dependent=dependent,
+    from_config=from_config,
 )

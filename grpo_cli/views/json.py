@@ -166,11 +166,7 @@ def objective_json(r: ObjectiveReport) -> dict[str, Any]:
         "reward": r.reward.to_json() if r.reward is not None else None,
         "groups": r.group_summary.to_json() if r.group_summary is not None else None,
         "length_weights": r.length_weights,
-        "trainer_metrics": {
-            "trainer": r.settings.trainer,
-            "version": r.settings.mirrors,
-            "metrics": r.trainer_metrics,
-        },
+        "trainer_metrics": _trainer_metrics(r),
         "rollout": r.rollout.to_json() if r.rollout is not None else None,
         "entropy": r.entropy.to_json() if r.entropy is not None else None,
         "settings": r.settings.to_json(),
@@ -258,6 +254,22 @@ def explain_json(r: ObjectiveReport, findings: list[Finding]) -> dict[str, Any]:
         "findings": [f.to_json() for f in findings],
         "warnings": r.warnings,
     }
+
+
+def _trainer_metrics(r: ObjectiveReport) -> dict[str, Any]:
+    """``trainer_metrics``: the trainer's metrics as it logs them; for a recorded step of
+    several loss calls also how (``computed``), from how many calls, and the step's
+    tokens as one batch (``whole_step``)."""
+    out: dict[str, Any] = {
+        "trainer": r.settings.trainer,
+        "version": r.settings.mirrors,
+        "metrics": r.trainer_metrics,
+    }
+    if r.calls is not None:
+        out["computed"] = "per loss call, combined as the trainer logs the step"
+        out["calls"] = r.calls
+        out["whole_step"] = r.trainer_metrics_whole
+    return out
 
 
 def _absent_note(r: ObjectiveReport) -> list[str]:

@@ -105,6 +105,12 @@ class ParquetReader:
     def names(self) -> list[str]:
         return list(self.columns)
 
+    def subset(self, files: list[int]) -> ParquetReader:
+        """The dataset of some of its files (their footers as parsed already)."""
+        return ParquetReader(
+            tuple(self.paths[i] for i in files), tuple(self.footers[i] for i in files), self.columns
+        )
+
     def default_name(self, field: str) -> str:
         return field
 

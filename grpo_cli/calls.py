@@ -1,0 +1,206 @@
+"""A recorded step's loss calls, each folded on its own and combined the way the trainer
+logs them (TRL: the mean over ``_compute_loss`` calls of each call's metrics, the loss
+summed over the calls).
+
+A step of TRL with gradient accumulation is several loss calls (micro-batches), each
+written as one file per rank (:mod:`grpo_cli.integrations.trl`). What TRL logs for the
+step is not what the step's tokens give as one batch: a token mean of each call, then a
+mean over calls, is not the token mean of the whole step. :func:`fold_calls` folds every
+file into its own partial (the whole step's partial is their merge: the step's other
+numbers are unchanged), and the trainer's :class:`~grpo_cli.trainers.base.CallRules` turn
+each call's partial (merged over ranks) and each file's into what the trainer logs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from ._partials import TokenPartial
+from ._settings import Settings
+from .batch import RawBatch, drop_empty, validate
+from .engine.options import EngineOptions, Ran
+from .io import Source
+from .plan import plan, run
+from .records import Calls
+from .trainers import trainer_of
+from .trainers.base import CallInputs, FileInputs
+
+if TYPE_CHECKING:
+    from ._report import Pass1
+
+__all__ = [
+    "Calls",
+    "Counted",
+    "Folded",
+    "fold_calls",
+    "generation_rows",
+    "logged_calls",
+    "logging_window",
+    "step_info",
+]
+
+Progress = Callable[[int], None]
+
+
+@dataclass
+class Counted:
+    """A token partial and the answers left out of it for having no valid token."""
+
+    tokens: TokenPartial
+    empty: int = 0
+
+    def merge(self, o: Counted) -> Counted:
+        self.tokens.merge(o.tokens)
+        self.empty += o.empty
+        return self
+
+
+def step_info(path: Any) -> dict[str, Any]:
+    """A recorded file's ``grpo_cli`` metadata (its step, rank, call, normalisers)."""
+    import json
+
+    md = pq.read_schema(path).metadata or {}
+    raw = md.get(b"grpo_cli")
+    try:
+        info = json.loads(raw) if raw else {}
+    except ValueError:
+        info = {}
+    return info if isinstance(info, dict) else {}
+
+
+@dataclass
+class Folded:
+    """What the trainer logs of each loss call of some recorded steps, as soon as the call
+    is folded (no call's partial is kept): the calls' metrics, each call's losses by rank,
+    and the generation batches the steps hold iteration 0 of, with the step each was
+    logged at."""
+
+    calls: list[dict[str, float | None]] = field(default_factory=list)
+    losses: list[list[float | None]] = field(default_factory=list)
+    generations: dict[int, int] = field(default_factory=dict)
+
+
+def fold_calls(
+    src: Source,
+    settings: Settings,
+    p1: Pass1,
+    new: Callable[[], TokenPartial],
+    *,
+    fields: Sequence[str],
+    engine: EngineOptions,
+    config: dict[str, Any],
+    out: Folded,
+    whole: TokenPartial | None = None,
+    progress: Progress | None = None,
+) -> tuple[int, Ran]:
+    """Fold each file of a recorded step on its own (answers without a valid token left
+    out and counted, as the trainer's loss counts them); each call's metrics and its files'
+    losses go to ``out`` at once (the trainer's :class:`CallRules`), and the files' partials
+    are merged into ``whole`` (the step's tokens as one batch) when given. Returns the
+    answers left out and what the engine did."""
+    assert src.recorded is not None
+    t = trainer_of(settings.trainer)
+    assert t is not None and t.calls is not None
+    rules = t.calls
+    fold_tokens = p1.fold(src.label)
+
+    def fold(part: Counted, raw: RawBatch) -> None:
+        kept, empty = drop_empty(raw)
+        part.empty += empty
+        if kept.n:
+            fold_tokens(part.tokens, validate(kept))
+
+    empty_total = 0
+    ran = Ran()
+    for index in src.recorded.calls().values():
+        merged: Counted | None = None
+        losses: list[float | None] = []
+        for i in index:
+            part, r = run(
+                plan(src.subset([i]), fields, engine), lambda: Counted(new()), fold,
+                validated=False, progress=progress,
+            )  # fmt: skip
+            ran = ran.then(r)
+            info = step_info(src.paths[i])
+            losses.append(
+                rules.file_loss(settings, FileInputs.of(part.tokens, part.empty, info), config)
+            )
+            if "generation" in info and info.get("iteration", 0) == 0:
+                out.generations[int(info["generation"])] = int(info.get("generated_at_step", -1))
+            merged = part if merged is None else merged.merge(part)
+        assert merged is not None
+        out.calls.append(
+            rules.call_metrics(settings, CallInputs(merged.tokens, merged.empty), config)
+        )
+        out.losses.append(losses)
+        empty_total += merged.empty
+        if whole is not None:
+            whole.merge(merged.tokens)
+    return empty_total, ran
+
+
+def generation_rows(src: Source, generations: set[int]) -> dict[int, dict[str, Any]]:
+    """Each generation batch's rewards and group ids (from the files of its first pass,
+    iteration 0, over every step of the run that holds one of its chunks), for the
+    metrics a trainer logs once per generation."""
+    from .io import open_source
+
+    assert src.recorded is not None
+    out: dict[int, dict[str, Any]] = {}
+    for st in src.recorded.run.steps():
+        if not st.done:
+            continue
+        for p in st.files:
+            info = step_info(p)
+            g = info.get("generation")
+            if g not in generations or info.get("iteration", 0) != 0:
+                continue
+            one = open_source([p])
+            cols = [one.name(f) for f in ("group", "reward") if one.has(f)]
+            if len(cols) < 2:
+                continue
+            t = pq.read_table(p, columns=cols)
+            rows = out.setdefault(g, {"group": [], "reward": []})
+            rows["group"] += t.column(cols[0]).to_pylist()
+            rows["reward"].append(np.asarray(t.column(cols[1]).to_pylist(), dtype=np.float64))
+    for rows in out.values():
+        rows["reward"] = np.concatenate(rows["reward"]) if rows["reward"] else np.zeros(0)
+    return out
+
+
+def logging_window(src: Source, config: dict[str, Any]) -> list[int]:
+    """The optimizer steps the trainer's record at this step covers: ``logging_steps`` of
+    them ending here when this step is logged, else this one alone."""
+    assert src.recorded is not None
+    every = config.get("logging_steps")
+    n = src.recorded.step
+    if not isinstance(every, int) or every <= 1 or n % every:
+        return [n]
+    return list(range(n - every + 1, n + 1))
+
+
+def logged_calls(src: Source, settings: Settings, folded: Folded, steps: list[int]) -> Calls:
+    """The record the trainer logs at the step, from the calls of the window's steps."""
+    assert src.recorded is not None
+    t = trainer_of(settings.trainer)
+    assert t is not None and t.calls is not None
+    rules = t.calls
+    generated = {g for g, at in folded.generations.items() if at in steps}
+    gen_metrics = [
+        rules.generation_metrics(settings, r) for r in generation_rows(src, generated).values()
+    ]
+    metrics = rules.combine(folded.calls, folded.losses, len(steps), gen_metrics)
+    clean = {k: v for k, v in metrics.items() if v is not None and not math.isnan(v)}
+    notes = []
+    if len(steps) > 1:
+        notes.append(
+            f"the trainer logs every {len(steps)} steps: its record at step {steps[-1]} "
+            f"covers steps {steps[0]}-{steps[-1]}, recomputed from their calls"
+        )
+    return Calls(clean, len(folded.calls), sum(len(x) for x in folded.losses), notes)
