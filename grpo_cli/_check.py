@@ -25,7 +25,14 @@ from . import batch as _batch
 from ._core import advantages_by_group
 from ._logged import compare_logged
 from ._partials import TokenPartial
-from ._report import Pass1, columns_reader, objective_pass1, ran_by
+from ._report import (
+    Pass1,
+    columns_reader,
+    logs_per_call,
+    objective_pass1,
+    ran_by,
+    recorded_calls,
+)
 from ._settings import Settings
 from .batch import RawBatch, length_mismatches, nonfinite_flags, token_ranges, valid_lengths
 from .engine.options import EngineOptions
@@ -92,6 +99,9 @@ class Scan:
     offpolicy: int = 0
     offpolicy_max: float = 0.0
     offpolicy_ex: list[dict[str, Any]] = field(default_factory=list)
+    # answers of a recorded step without a valid token: the trainer masks them whole (TRL's
+    # truncated completions), so they are left out, not an integrity problem
+    masked_whole: int = 0
 
     def problems(self) -> tuple[int, int, int]:
         """The counts that make a batch unusable for the objective."""
@@ -100,7 +110,16 @@ class Scan:
     def merge(self, o: Scan) -> Scan:
         """Counts add up; the examples kept are the first by row (then token), as if one
         scan had read every batch in row order."""
-        for name in ("tokens", "rows", "nonfinite", "positive", "zero", "mismatch", "empty"):
+        for name in (
+            "tokens",
+            "rows",
+            "nonfinite",
+            "positive",
+            "zero",
+            "mismatch",
+            "empty",
+            "masked_whole",
+        ):
             setattr(self, name, getattr(self, name) + getattr(o, name))
         self.offpolicy += o.offpolicy
         self.offpolicy_max = max(self.offpolicy_max, o.offpolicy_max)
@@ -229,14 +248,13 @@ def rule_lengths_match(f: Facts, c: RuleConfig) -> Result:
 
 def rule_mask_nonempty(f: Facts, c: RuleConfig) -> Result:
     s = f.scan
-    return _counted(
-        "mask-nonempty",
-        c,
-        s.empty,
-        s.empty_ex,
-        "answer(s) with no valid token",
-        "every answer has a valid token",
-    )
+    clean = "every answer has a valid token"
+    if s.masked_whole:
+        clean = (
+            f"{s.masked_whole} answer(s) of the recorded step have no valid token: the trainer "
+            "masks them whole (e.g. truncated completions), so they are left out as it does"
+        )
+    return _counted("mask-nonempty", c, s.empty, s.empty_ex, "answer(s) with no valid token", clean)
 
 
 def rule_group_size(f: Facts, c: RuleConfig) -> Result:
@@ -889,6 +907,11 @@ def run_check(
         return CheckPartial(Scan(), tokens)
 
     def fold(part: CheckPartial, raw: RawBatch) -> None:
+        if src.recorded is not None:  # the trainer's own masked answers: left out, counted
+            raw, dropped = _batch.drop_empty(raw)
+            part.scan.masked_whole += dropped
+            if not raw.n:
+                return
         before = part.scan.problems()
         _scan_batch(part.scan, raw, src, cfg)
         if fold_objective is None or part.objective is None or part.invalid:
@@ -904,9 +927,16 @@ def run_check(
     report = None
     if p1 is not None and total.objective is not None and not total.invalid:
         band = cfg.rules["ratio-extreme"].params.get("band", 10.0)
+        calls = None
+        if logs_per_call(src, s):  # the trainer logs its calls' metrics: so are they compared
+            calls, _, more = recorded_calls(
+                src, s, p1, lambda: TokenPartial(s, backend=engine.backend), engine=engine
+            )
+            ran = ran.then(more)
         report = objective_record(
-            src, s, total.objective, p1, engine=engine, ran=ran, ratio_band=band
-        )
+            src, s, total.objective, p1, engine=engine, ran=ran, ratio_band=band, calls=calls,
+            empty=total.scan.masked_whole,
+        )  # fmt: skip
     facts = Facts(
         src=src,
         answers=answers,

@@ -25,8 +25,8 @@ from ._core import (
 )
 from ._partials import GroupTable, TokenPartial, answer_sums, group_table, suffix_sums
 from ._settings import Settings
-from .batch import Batch
-from .calls import Folded, fold_calls, logged_calls, logging_window
+from .batch import Batch, RawBatch, drop_empty, validate
+from .calls import Counted, Folded, fold_calls, logged_calls, logging_window
 from .engine.options import EngineOptions, Ran
 from .errors import InputError
 from .finalize import (
@@ -39,7 +39,7 @@ from .finalize import (
 from .io import TOKEN_VALUES, Answers, Source, load_answers, numpy_of
 from .io.readers import ReadColumns
 from .plan import Pipeline, plan, run
-from .records import AdvantagesReport, Distribution, KLReport, ObjectiveReport
+from .records import AdvantagesReport, Calls, Distribution, KLReport, ObjectiveReport
 from .trainers import RewardKL, trainer_of
 
 __all__ = [
@@ -82,7 +82,7 @@ def advantages_report(
     adv, stats = _advantages(answers, settings, src.label)
     assert answers.codes is not None and answers.labels is not None and answers.reward is not None
     diff = None
-    notes = list(answers.notes)
+    notes = [*src.notes, *answers.notes]
     if answers.advantage is not None:
         gap = np.abs(difference(answers.advantage, adv))
         diff = float(np.max(gap)) if adv.size else 0.0
@@ -299,7 +299,7 @@ def objective_pass1(
             f"{src.label}: {src.name('ref_logp')!r} is missing, but beta = {settings.beta} > 0 "
             f"needs the reference log-probs (give them, or pass --beta 0)"
         )
-    warnings: list[str] = []
+    warnings: list[str] = list(src.notes)
     on_policy = not src.has("old_logp")
     if on_policy:
         warnings.append(f"no {src.name('old_logp')!r}: treating the batch as on-policy (ratio = 1)")
@@ -407,11 +407,30 @@ def objective_report(
             settings, backend=engine.backend, exact_cap=exact_cap, gradient=gradient
         )
 
-    t = trainer_of(settings.trainer)
-    if src.recorded is not None and t is not None and t.calls is not None:
+    if logs_per_call(src, settings):
         return _recorded_calls(
             src, settings, new, engine=engine, progress=progress, logged=logged,
             recompute_advantages=recompute_advantages,
+        )  # fmt: skip
+    if src.recorded is not None:  # answers the trainer masked whole: left out, counted
+        p1 = objective_pass1(
+            src, settings, recompute_advantages=recompute_advantages, engine=engine
+        )
+        fold_tokens = p1.fold(src.label)
+
+        def fold(part: Counted, raw: RawBatch) -> None:
+            kept, empty = drop_empty(raw)
+            part.empty += empty
+            if kept.n:
+                fold_tokens(part.tokens, validate(kept))
+
+        counted, ran = run(
+            plan(src, TOKEN_FIELDS, engine), lambda: Counted(new()), fold, validated=False,
+            progress=progress,
+        )  # fmt: skip
+        return objective_record(
+            src, settings, counted.tokens, p1, engine=engine, ran=p1.ran.then(ran),
+            logged=logged, empty=counted.empty,
         )  # fmt: skip
     # row-group streams start decoding now, while pass 1 reads the answer columns
     with Pipeline(plan(src, TOKEN_FIELDS, engine)) as pipe:
@@ -424,6 +443,46 @@ def objective_report(
     )
 
 
+def recorded_calls(
+    src: Source,
+    settings: Settings,
+    p1: Pass1,
+    new: Callable[[], TokenPartial],
+    *,
+    engine: EngineOptions,
+    whole: TokenPartial | None = None,
+    progress: Progress | None = None,
+) -> tuple[Calls, int, Ran]:
+    """A recorded step of a trainer that logs per loss call (TRL): each call of the
+    logging window's steps folded on its own and combined as the trainer logs the step;
+    this step's files merged into ``whole`` when given. Returns the logged record, this
+    step's answers without a valid token, and what the engine did."""
+    from .io import open_source
+
+    assert src.recorded is not None
+    config = src.recorded.run.config
+    folded = Folded()
+    steps = logging_window(src, config)
+    for step in steps[:-1]:  # the window's earlier steps: their calls only
+        other = open_source([str(src.recorded.run.root / f"step_{step:06d}")])
+        p1o = objective_pass1(other, settings, engine=engine)
+        fold_calls(
+            other, settings, p1o, new, fields=TOKEN_FIELDS, engine=engine, config=config,
+            out=folded,
+        )  # fmt: skip
+    empty, ran = fold_calls(
+        src, settings, p1, new, fields=TOKEN_FIELDS, engine=engine, config=config,
+        out=folded, whole=whole, progress=progress,
+    )  # fmt: skip
+    return logged_calls(src, settings, folded, steps), empty, ran
+
+
+def logs_per_call(src: Source, settings: Settings) -> bool:
+    """Whether the input is a recorded step of a trainer that logs per loss call."""
+    t = trainer_of(settings.trainer)
+    return src.recorded is not None and t is not None and t.calls is not None
+
+
 def _recorded_calls(
     src: Source,
     settings: Settings,
@@ -434,28 +493,13 @@ def _recorded_calls(
     logged: LoggedInput | None,
     recompute_advantages: bool,
 ) -> ObjectiveReport:
-    """A recorded step of a trainer that logs per loss call (TRL): each call folded on its
-    own, its metrics combined as the trainer logs the step (over the logging window's
-    steps), and the step's tokens as one batch for every other number."""
-    from .io import open_source
-
-    assert src.recorded is not None
-    config = src.recorded.run.config
+    """The objective of a recorded step logged per loss call: the trainer's metrics from
+    the calls, every other number from the step's tokens as one batch."""
     p1 = objective_pass1(src, settings, recompute_advantages=recompute_advantages, engine=engine)
-    folded = Folded()
-    steps = logging_window(src, config)
-    for step in steps[:-1]:  # the window's earlier steps: their calls only
-        other = open_source([str(src.recorded.run.root / f"step_{step:06d}")])
-        p1o = objective_pass1(other, settings, engine=engine)
-        fold_calls(
-            other, settings, p1o, new, fields=TOKEN_FIELDS, engine=engine, config=config, out=folded
-        )
     whole = new()
-    empty, ran = fold_calls(
-        src, settings, p1, new, fields=TOKEN_FIELDS, engine=engine, config=config,
-        out=folded, whole=whole, progress=progress,
-    )  # fmt: skip
-    calls = logged_calls(src, settings, folded, steps)
+    calls, empty, ran = recorded_calls(
+        src, settings, p1, new, engine=engine, whole=whole, progress=progress
+    )
     return objective_record(
         src, settings, whole, p1, engine=engine, ran=p1.ran.then(ran), logged=logged,
         calls=calls, empty=empty,

@@ -64,6 +64,13 @@ class Batch:
     fields: Mapping[str, FloatArray]
     width: I64
     answer: Mapping[str, pa.Array] = dataclass_field(default_factory=dict)
+    # the input row of each answer when they are not ``start, start + 1, ...`` (answers
+    # left out before: :func:`drop_empty`), else None
+    rows: I64 | None = None
+
+    def row(self, i: int) -> int:
+        """The input row of answer ``i`` of the batch."""
+        return self.start + i if self.rows is None else int(self.rows[i])
 
     @property
     def n(self) -> int:
@@ -82,6 +89,7 @@ class Batch:
             fields={k: v[lo:hi] for k, v in self.fields.items()},
             width=self.width[i:j],
             answer={k: v.slice(i, j - i) for k, v in self.answer.items()},
+            rows=None if self.rows is None else self.rows[i:j],
         )
 
     def tokens(self, lo: int, hi: int) -> Batch:
@@ -93,6 +101,7 @@ class Batch:
             fields={k: v[lo:hi] for k, v in self.fields.items()},
             width=np.array([hi - lo], dtype=np.int64),
             answer=self.answer,
+            rows=self.rows,
         )
 
 
@@ -120,6 +129,7 @@ class RawBatch:
     names: Mapping[str, str] = dataclass_field(default_factory=dict)
     what: str = "column"
     padded: bool = False
+    rows: I64 | None = None  # as Batch.rows
 
     @property
     def n(self) -> int:
@@ -276,7 +286,10 @@ def _ragged(raw: RawBatch, checked: bool) -> Batch:
         if not checked:
             _raise_nonfinite(values, m, offsets, start, label, f"column {raw.name(f)!r}", "row")
         out[f] = _floating(values if m is None else values[m])
-    return Batch(start=raw.start, offsets=new_offsets, fields=out, width=width, answer=raw.answer)
+    return Batch(
+        start=raw.start, offsets=new_offsets, fields=out, width=width, answer=raw.answer,
+        rows=raw.rows,
+    )  # fmt: skip
 
 
 def _padded(raw: RawBatch, checked: bool) -> Batch:
@@ -305,7 +318,10 @@ def _padded(raw: RawBatch, checked: bool) -> Batch:
             _raise_nonfinite(values, flat_mask, padded_offsets, 0, label, what, "answer")
         flat[f] = _floating(values if full else values[flat_mask])
     width = np.full(N, L, dtype=np.int64)
-    return Batch(start=raw.start, offsets=offsets, fields=flat, width=width, answer=raw.answer)
+    return Batch(
+        start=raw.start, offsets=offsets, fields=flat, width=width, answer=raw.answer,
+        rows=raw.rows,
+    )  # fmt: skip
 
 
 def _raise_nonfinite(

@@ -144,7 +144,7 @@ def kl_record(
         token=distribution(acc.kl_values, acc.kl_d, acc.kl_function()),
         per_answer=distribution(acc.kl_answer, acc.kl_answer_q),
         lengths=int_distribution(acc.lengths),
-        warnings=nonfinite_kl_warnings(acc),
+        warnings=[*src.notes, *nonfinite_kl_warnings(acc)],
     )
 
 

@@ -18,7 +18,7 @@ from contextlib import closing
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from .batch import Batch, BatchError, RawBatch, validate
+from .batch import Batch, BatchError, RawBatch, drop_empty, validate
 from .engine.local import Mergeable, Prefetch, fold_batches, fold_streams, prefetch
 from .engine.options import EngineOptions, Ran
 from .errors import InputError
@@ -103,12 +103,19 @@ def batches(
     *,
     validated: bool = True,
 ) -> Iterator[Any]:
-    """The batches of ``units`` (None: the whole input) in order: raw, or validated;
-    unreadable or invalid data raises :class:`BatchError` at the row where it starts."""
+    """The batches of ``units`` (None: the whole input) in order: raw, or validated (a
+    recorded step's answers without a valid token left out: the trainer masks them
+    whole); unreadable or invalid data raises :class:`BatchError` at the row where it
+    starts."""
+    recorded = source.recorded is not None
     for raw in source.raw_batches(units, fields, batch_tokens):
         if not validated:
             yield raw
             continue
+        if recorded:  # a trainer's answers masked whole (truncated completions): left out
+            raw, _ = drop_empty(raw)
+            if not raw.n:
+                continue
         try:
             yield validate(raw)
         except InputError as exc:

@@ -15,6 +15,10 @@ from typer.testing import CliRunner
 
 from grpo_cli.cli import app
 
+from .trl_runs import trl_run
+
+__all__ = ["trl_run"]  # real TRL runs, trained once a session (tests/trl_runs.py)
+
 SAMPLE = Path(__file__).resolve().parent.parent / "sample_data"
 
 

@@ -68,9 +68,10 @@ def test_every_convention_reaches_each_step(cli: Cli, steps: Path, flags: tuple[
     """trend takes the conventions objective takes: a step's row equals objective on that
     step with the same flags (and those flags change the numbers: they are not ignored)."""
     doc = cli.json("trend", steps, *flags)
-    assert doc["settings"] == cli.json("objective", steps / doc["steps"][0]["source"], *flags)[
-        "settings"
-    ]
+    assert (
+        doc["settings"]
+        == cli.json("objective", steps / doc["steps"][0]["source"], *flags)["settings"]
+    )
     for row in doc["steps"]:
         one = cli.json("objective", steps / row["source"], *flags)
         default = cli.json("objective", steps / row["source"])

@@ -43,11 +43,8 @@ from .trl_runs import (
     require_trl,
     step_records,
     train,
-    trl_run,
     without_timing,
 )
-
-__all__ = ["trl_run"]  # the session fixture, imported for pytest
 
 RECORDED = list(CONFIGS)
 BASELINE = "ga2_dapo"  # training-unchanged and never-harm runs compare with its plain run

@@ -1,0 +1,179 @@
+"""Recorded runs read with no flags: ``grpo-cli objective runs/x/step_N`` gives the number
+the trainer logged. The real runs are TRL 1.16.0's GRPOTrainer (tests/trl_runs.py); the
+logged values are taken from ``trainer.state.log_history`` in the test, never from the
+recorded ``metrics.jsonl``. Crafted runs (the writer of grpo_cli.integrations) test the
+layout's edge cases without a trainer."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from grpo_cli.integrations._writer import RunWriter, rollout_table
+
+from .conftest import Cli
+from .trl_runs import STEPS, step_records
+
+# every configuration whose conventions grpo-cli computes (masks: TRL's entropy mask of
+# top_entropy_quantile is not applied, and the run says so: tested below)
+EXACT = ("defaults", "beta", "iterations", "gspo", "ga2_bnpo", "ga2_dapo", "log2")
+
+
+def close(ours: float, logged: float) -> bool:
+    return abs(ours - logged) <= 1e-6 or abs(ours - logged) <= 1e-5 * max(abs(logged), abs(ours))
+
+
+@pytest.mark.parametrize("name", EXACT)
+def test_every_logged_metric_with_no_flag(cli: Cli, trl_run: Any, name: str) -> None:
+    run = trl_run(name)
+    logged = step_records(run.log_history)
+    compared: set[str] = set()
+    for step, record in logged.items():
+        doc = cli.json("objective", run.directory / f"step_{step:06d}")
+        assert doc["settings"]["from"] == "meta.json" and doc["settings"]["trainer"] == "trl"
+        tm = doc["trainer_metrics"]
+        ours = tm["metrics"]
+        bad = [
+            f"step {step} {k}: ours {ours[k]!r}, logged {v!r}"
+            for k, v in record.items()
+            if k in ours and not (v is None and ours[k] is None) and not close(ours[k], v)
+        ]
+        assert not bad, "\n".join(bad)
+        compared |= {k for k in record if k in ours}
+        # the logged record was compared with no --logged flag: the run's metrics.jsonl
+        verdicts = {m["metric"]: m["verdict"] for m in doc["logged"]["metrics"]}
+        assert all(verdicts[k] == "match" for k in ours if k in verdicts), verdicts
+        if tm.get("calls", 1) > 1:  # the whole step as one batch, alongside and labelled
+            assert tm["computed"].startswith("per loss call") and tm["whole_step"]
+    assert {"loss", "entropy", "clip_ratio/region_mean", "clip_ratio/high_max"} <= compared
+    if run.settings.get("beta"):
+        assert "kl" in compared
+
+
+def test_gradient_accumulation_is_what_a_whole_step_file_cannot_give(
+    cli: Cli, trl_run: Any
+) -> None:
+    """With two loss calls a step, TRL's logged numbers are means over calls: the step's
+    tokens as one batch differ (the reason the recorder writes one file a call)."""
+    run = trl_run("ga2_bnpo")
+    record = step_records(run.log_history)[2]
+    doc = cli.json("objective", run.directory / "step_000002")
+    whole, per_call = doc["trainer_metrics"]["whole_step"], doc["trainer_metrics"]["metrics"]
+    assert doc["trainer_metrics"]["calls"] == 2
+    assert close(per_call["clip_ratio/high_max"], record["clip_ratio/high_max"])
+    assert not close(whole["clip_ratio/high_max"], record["clip_ratio/high_max"])
+
+
+def test_what_is_not_applied_is_said(cli: Cli, trl_run: Any) -> None:
+    run = trl_run("masks")
+    r = cli("objective", run.directory / "step_000002", "--json")
+    doc = json.loads(r.stdout)
+    assert any("top_entropy_quantile" in w for w in doc["warnings"])
+    # the numbers that do not involve the entropy mask still match
+    record = step_records(run.log_history)[2]
+    ours = doc["trainer_metrics"]["metrics"]
+    for k in ("entropy", "kl", "clip_ratio/region_mean"):
+        assert close(ours[k], record[k]), k
+
+
+def test_check_and_trend_read_a_run(cli: Cli, trl_run: Any) -> None:
+    run = trl_run("ga2_dapo")
+    doc = json.loads(cli("check", run.directory / "step_000003", "--format", "json").stdout)
+    logged = next(x for x in doc["results"] if x["rule"] == "logged-metrics")
+    assert logged["status"] == "pass" and logged["value"] <= 1e-5
+    trend = cli.json("trend", run.directory)
+    assert [s["step"] for s in trend["steps"]] == list(range(1, STEPS + 1))
+    one = cli.json("objective", run.directory / "step_000004")
+    assert trend["steps"][-1]["objective"] == one["objective"]
+
+
+def test_a_flag_overrides_one_setting(cli: Cli, trl_run: Any) -> None:
+    run = trl_run("beta")
+    base = cli.json("objective", run.directory / "step_000001")
+    doc = cli.json("objective", run.directory / "step_000001", "--clip-eps", "0.1")
+    s0, s1 = base["settings"], doc["settings"]
+    assert s1["clip_eps"] == 0.1 and s0["clip_eps"] == 0.2
+    assert {k: v for k, v in s1.items() if k != "clip_eps"} == {
+        k: v for k, v in s0.items() if k != "clip_eps"
+    }
+    other = cli.json("objective", run.directory / "step_000001", "--preset", "verl")
+    assert other["settings"]["preset"] == "verl" and other["settings"]["from"] is None
+
+
+# ------------------------------------------------------------ crafted recorded runs
+def _run(tmp_path: Path, *, steps: tuple[int, ...] = (1, 2), done: tuple[int, ...] = (1, 2),
+         config: dict[str, Any] | None = None, version: str = "1.16.0",
+         trainer: str = "trl", ref: bool = False) -> Path:  # fmt: skip
+    rng = np.random.default_rng(5)
+    root = tmp_path / "run"
+    w = RunWriter(root, trainer=trainer, trainer_version=version,
+                  config=config or {"loss_type": "bnpo", "beta": 0.0})  # fmt: skip
+    for step in steps:
+        n, width = 8, 6
+        old = -rng.exponential(1.0, (n, width))
+        tokens = {"logp": old + rng.normal(0, 0.1, (n, width)), "old_logp": old}
+        if ref:
+            tokens["ref_logp"] = old
+        t = rollout_table(
+            group=[f"g{step}-{i // 4}" for i in range(n)],
+            reward=rng.integers(0, 2, n).astype(float),
+            advantage=rng.normal(0, 1, n),
+            mask=np.ones((n, width), bool),
+            tokens=tokens,
+        )
+        w.write_micro_batch(step, 0, t, {"micro_batches": 1, "num_items_in_batch": n * width})
+        if step in done:
+            w.finish_step(step)
+    return root
+
+
+def test_a_step_not_completely_written(cli: Cli, tmp_path: Path) -> None:
+    root = _run(tmp_path, done=(1,))
+    cli.error(["objective", str(root / "step_000002")], "no _DONE marker")
+    r = cli("trend", root, "--json")
+    doc = json.loads(r.stdout)
+    assert [s["step"] for s in doc["steps"]] == [1]
+    assert any("skipped" in w and "step_000002" in w for w in doc["warnings"])
+
+
+def test_a_run_directory_is_many_steps(cli: Cli, tmp_path: Path) -> None:
+    root = _run(tmp_path)
+    cli.error(["objective", str(root)], "a recorded run of 2 step(s): give one step")
+
+
+def test_an_unknown_release_warns_and_names_the_conventions(cli: Cli, tmp_path: Path) -> None:
+    root = _run(tmp_path, version="9.0.0")
+    doc = cli.json("objective", root / "step_000001")
+    assert any("trl 9.0.0 recorded the run" in w for w in doc["warnings"])
+    assert doc["settings"]["agg"] == "token-mean"  # bnpo, from the run's config
+
+
+def test_an_unknown_trainer_is_refused(cli: Cli, tmp_path: Path) -> None:
+    root = _run(tmp_path, trainer="nemo-rl")
+    cli.error(["objective", str(root / "step_000001")], "trainer 'nemo-rl' is not one")
+
+
+def test_a_column_the_config_needs_is_named(cli: Cli, tmp_path: Path) -> None:
+    root = _run(tmp_path, config={"loss_type": "bnpo", "beta": 0.04})
+    cli.error(["objective", str(root / "step_000001")], "'ref_logp' is missing, but beta = 0.04")
+
+
+def test_the_recorded_loss_by_hand(cli: Cli, tmp_path: Path) -> None:
+    """bnpo, one call, on-policy-free: the loss is minus the token mean of the clipped
+    surrogate, computed here by hand from the written arrays."""
+    import pyarrow.parquet as pq
+
+    root = _run(tmp_path, steps=(1,), done=(1,))
+    t = pq.read_table(root / "step_000001" / "rank000-mb000.parquet").to_pydict()
+    terms = []
+    for lp, old, a in zip(t["logp"], t["old_logp"], t["advantage"], strict=True):
+        r = np.exp(np.array(lp, float) - np.array(old, float))
+        terms.append(np.minimum(r * a, np.clip(r, 0.8, 1.2) * a))
+    want = -float(np.concatenate(terms).mean())
+    doc = cli.json("objective", root / "step_000001")
+    assert math.isclose(doc["trainer_metrics"]["metrics"]["loss"], want, rel_tol=1e-12)
