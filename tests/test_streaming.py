@@ -259,9 +259,19 @@ def test_workers_option(cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     for d in docs[1:]:
         assert math.isclose(d["objective"], docs[0]["objective"], rel_tol=1e-12)
     assert cli("objective", path, "--workers", "0").exit_code == 2
-    commands: list[list[str | Path]] = [["kl", path, "--json"], ["check", path, "--format", "json"]]
-    for cmd in commands:
-        assert cli(*cmd, "--workers", "3").exit_code in (0, 1)
+    # kl and check take the workers too, and give the numbers one worker gives
+    kl = [cli.json("kl", path, "--workers", str(w))["kl"] for w in (1, 3)]
+    assert kl[0]["count"] == kl[1]["count"]
+    assert math.isclose(kl[0]["mean"], kl[1]["mean"], rel_tol=1e-12)
+    checks = []
+    for w in (1, 3):
+        r = cli("check", path, "--format", "json", "--workers", str(w))
+        assert r.exit_code in (0, 1) and r.stderr == "", r.stderr  # 1: a rule failed
+        checks.append(json.loads(r.stdout))
+    assert [x["status"] for x in checks[0]["results"]] == [
+        x["status"] for x in checks[1]["results"]
+    ]
+    assert checks[1]["engine"]["workers"] == 3
 
 
 # ------------------------------------------------------------- row groups in parallel
