@@ -271,9 +271,7 @@ def test_token_scores_are_summed_per_answer(cli: Cli, tmp_path: Path, name: str)
         close(got, want, str(p))
 
 
-def test_token_scores_outside_the_mask_count_as_verl_counts_them(
-    cli: Cli, tmp_path: Path
-) -> None:
+def test_token_scores_outside_the_mask_count_as_verl_counts_them(cli: Cli, tmp_path: Path) -> None:
     # verl 0.9.1 compute_grpo_outcome_advantage: scores = token_level_rewards.sum(dim=-1),
     # no mask: a score in the padding is part of the answer's reward (and noted)
     d = rollouts()
@@ -284,7 +282,7 @@ def test_token_scores_outside_the_mask_count_as_verl_counts_them(
     arrays["token_level_scores"] = scores
     for p in every_format(tmp_path, arrays)[:2]:  # the padded layouts (npz, parquet)
         got = cli.json("advantages", p)
-        g = [x for x in got["groups"] if x["id"] == d["uid"][short]][0]
+        g = next(x for x in got["groups"] if x["id"] == d["uid"][short])
         members = d["uid"] == d["uid"][short]
         assert math.isclose(g["mean"], float(scores.sum(axis=1)[members].mean()), rel_tol=1e-12)
         assert any("1 answer(s) hold nonzero scores outside the mask" in w for w in got["warnings"])
@@ -316,9 +314,10 @@ def test_token_scores_match_verl_itself(tmp_path: Path) -> None:
     )
     per_answer = want.numpy()[np.arange(12), d["response_mask"].sum(axis=1) - 1]
     s: Settings = resolve_settings("verl")
-    for p in every_format(tmp_path, arrays)[:4]:
+    npz, parquet, _, jsonl, gz, _ = every_format(tmp_path, arrays)  # the padded layouts
+    for p in (npz, parquet, jsonl, gz):
         got = advantages_report(open_source([str(p)]), s)
-        np.testing.assert_allclose(got.advantages, per_answer, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got.advantages, per_answer, rtol=1e-5, atol=1e-6, err_msg=p)
 
 
 # ---------------------------------------------------------------------------- JSONL
@@ -372,7 +371,7 @@ def test_jsonl_nan_and_infinity_are_floats(cli: Cli, tmp_path: Path) -> None:
     cli.error(["objective", str(f)], "column 'log_probs' has nan inside the mask at row 3, token 0")
     r = cli("check", f, "--format", "json")
     assert r.exit_code == 1
-    finite = [x for x in json.loads(r.stdout)["results"] if x["rule"] == "finite"][0]
+    finite = next(x for x in json.loads(r.stdout)["results"] if x["rule"] == "finite")
     assert finite["status"] == "fail" and finite["value"] == 1
 
 
@@ -396,9 +395,32 @@ def test_jsonl_lines_as_people_write_them(cli: Cli, tmp_path: Path) -> None:
     a = 0.5 / (0.5 + 1e-8)
     adv = [a, -a, -a, a]
     rho = [np.exp([-0.1, 0.1]), np.exp([0.1]), np.exp([0.0, 0.25, 0.0]), np.exp([0.0])]
-    per = [np.mean(np.minimum(r * x, np.clip(r, 0.8, 1.2) * x)) for r, x in zip(rho, adv)]
+    per = [
+        np.mean(np.minimum(r * x, np.clip(r, 0.8, 1.2) * x)) for r, x in zip(rho, adv, strict=True)
+    ]
     assert math.isclose(got["objective"], float(np.mean(per)), rel_tol=1e-12)
     assert got["counts"] == {"groups": 2, "answers": 4, "tokens": 7}
+
+
+def test_jsonl_on_a_pyarrow_filesystem(tmp_path: Path) -> None:
+    # a file on a filesystem that is not the local one (here a sub-tree filesystem, the
+    # same path as s3:// takes): read through its streams, gzip too, as the local file
+    import pyarrow.fs as pafs
+
+    from grpo_cli import objective_report, resolve_settings
+    from grpo_cli.io import RemoteFile
+
+    d = rollouts(n=20)
+    arrays = {k: v for k, v in d.items() if k != "advantage"}
+    write_jsonl(tmp_path / "x.jsonl.gz", arrays)
+    nemo = write_nemo(tmp_path / "n.jsonl", nemo_step())
+    fs = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
+    for name, s in (("x.jsonl.gz", resolve_settings()), (nemo.name, resolve_settings(beta=0.0))):
+        remote = open_source([RemoteFile(fs, name, f"sub://{name}")])
+        local = open_source([str(tmp_path / name)])
+        assert type(remote.reader) is type(local.reader)
+        a, b = objective_report(remote, s), objective_report(local, s)
+        assert a.objective == b.objective and a.tokens == b.tokens
 
 
 def test_jsonl_files_are_told_apart_from_nemo_rl(tmp_path: Path) -> None:
@@ -610,7 +632,20 @@ def test_nemo_rl_without_prev_logprobs_is_said(cli: Cli, tmp_path: Path) -> None
     assert math.isclose(fixed["objective"], got["objective"], rel_tol=1e-12)
 
 
-def test_nemo_rl_streams_in_batches(cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_nemo_rl_steps_in_trend(cli: Cli, tmp_path: Path) -> None:
+    # one file a step: trend reads a directory of them, each row objective's on its file
+    for step in (3, 10):
+        write_nemo(tmp_path / f"train_data_step{step}.jsonl", nemo_step(seed=step))
+    t = cli.json("trend", tmp_path, "--beta", "0")
+    assert [r["step"] for r in t["steps"]] == [3, 10]
+    for r in t["steps"]:
+        one = cli.json("objective", tmp_path / r["source"], "--beta", "0")
+        assert r["objective"] == one["objective"] and r["answers"] == one["counts"]["answers"]
+
+
+def test_nemo_rl_streams_in_batches(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # small batches (a chunk of lines each) give the numbers of one batch
     log = nemo_step(prompts=16, g=8, s=120)
     f = write_nemo(tmp_path / "s.jsonl", log)
@@ -640,6 +675,7 @@ def test_refusals_name_the_field_and_what_to_do(cli: Cli, tmp_path: Path) -> Non
         return str(tmp_path / f"{name}.jsonl")
 
     scores = verl_scores(d)
+    obj = ["objective", "--beta", "0"]
     cases = [
         # npz: per-token rewards need their groups
         (["advantages", npz("a", token_level_scores=scores)],
@@ -650,41 +686,41 @@ def test_refusals_name_the_field_and_what_to_do(cli: Cli, tmp_path: Path) -> Non
         (["advantages", npz("c", token_level_scores=scores, uid=d["uid"],
                             response_mask=m[:, :3])],
          "array 'response_mask' has shape (4, 3), but 'token_level_scores' has (4, 7)"),
-        (["objective", "--beta", "0", npz("d", **tok, advantages=np.zeros((4, 5)), response_mask=m)],
+        ([*obj, npz("d", **tok, advantages=np.zeros((4, 5)), response_mask=m)],
          "array 'advantages' has shape (4, 5), but 'log_probs' has (4, 7): per-token "
          "advantages are (N, L)"),
-        (["objective", "--beta", "0", npz("e", **tok, advantages=np.zeros((3, 7)))],
+        ([*obj, npz("e", **tok, advantages=np.zeros((3, 7)))],
          "array 'advantages' has shape (3, 7), expected (4,) or (4, L)"),
         # parquet: a per-token column must line up with the mask and the tokens
-        (["objective", "--beta", "0", parquet("f", {"log_probs": [[-1.0, -1.0]], "advantages": [[1.0]],
+        ([*obj, parquet("f", {"log_probs": [[-1.0, -1.0]], "advantages": [[1.0]],
                                      "mask": [[True, True]]})],
          "row 0: column 'advantages' has 1 values but the mask 'mask' has 2"),
-        (["objective", "--beta", "0", parquet("g", {"log_probs": [[-1.0, -1.0]], "advantages": [[1.0]]})],
+        ([*obj, parquet("g", {"log_probs": [[-1.0, -1.0]], "advantages": [[1.0]]})],
          "row 0: column 'advantages' has 1 values but column 'log_probs' has 2 (per-token "
          "advantages need one value per token)"),
         (["advantages", parquet("h", {"uid": ["a"], "token_level_scores": [[True, False]]})],
          "column 'token_level_scores' holds booleans, expected numbers"),
-        (["objective", "--beta", "0", parquet("i", {"log_probs": [[-1.0, -1.0]], "advantages": [[1.0, None]]})],
+        ([*obj, parquet("i", {"log_probs": [[-1.0, -1.0]], "advantages": [[1.0, None]]})],
          "column 'advantages' has a null value at row 0, token 1"),
-        (["objective", "--beta", "0", parquet("j", {"log_probs": [[-1.0, -1.0]],
+        ([*obj, parquet("j", {"log_probs": [[-1.0, -1.0]],
                                      "advantages": [[1.0, float("nan")]]})],
          "column 'advantages' has non-finite value nan at row 0"),
         (["advantages", parquet("k", {"uid": ["a"], "acc_reward": [1.0], "logp": [[-1.0]]})],
          "'reward' is missing (the file has: uid, acc_reward, logp); if 'acc_reward' holds "
          "them, pass --column reward=acc_reward"),
         # JSONL
-        (["objective", "--beta", "0", jsonl("l", '{"logp": [-1.0], "advantage": 1}\n'
+        ([*obj, jsonl("l", '{"logp": [-1.0], "advantage": 1}\n'
                                   '{"logp": "x", "advantage": 1}\n')],
          "field 'logp' holds a string at row 1 where a array was expected (as on the first "
          "line): give every line the same JSON types"),
-        (["objective", "--beta", "0", jsonl("m", '{"logp": [-1.0], "advantage": 1}\n[1, 2]\n')],
+        ([*obj, jsonl("m", '{"logp": [-1.0], "advantage": 1}\n[1, 2]\n')],
          "row 1 is not a JSON object (one answer per line)"),
-        (["objective", "--beta", "0", jsonl("n", '{"logp": [-1.0], "advantage": 1}\n{"logp": [-1.0], '
+        ([*obj, jsonl("n", '{"logp": [-1.0], "advantage": 1}\n{"logp": [-1.0], '
                                   '"advantage": 1\n')],
          "cannot read row 1 as JSON (Missing a comma or '}' after an object member)"),
-        (["objective", "--beta", "0", jsonl("o", '{"logp": [-1.0], "advantage": 1}\n{"advantage": 2}\n')],
+        ([*obj, jsonl("o", '{"logp": [-1.0], "advantage": 1}\n{"advantage": 2}\n')],
          "field 'logp' is null at row 1"),
-        (["objective", "--beta", "0", jsonl("p", "\n \n")], "no answers (the file is empty)"),
+        ([*obj, jsonl("p", "\n \n")], "no answers (the file is empty)"),
         (["advantages", jsonl("q", '{"group": 1.5, "reward": 1}\n')],
          "field 'group' has type double, expected integers or strings"),
         (["advantages", jsonl("r", '{"group": 1, "reward": [true]}\n')],

@@ -324,7 +324,7 @@ def list_column(
         t = arr.type
     if not (pa.types.is_list(t) or pa.types.is_large_list(t)):
         raise InputError(
-            f"{label}: {what} {name!r} has type {t}, expected a list "
+            f"{label}: {what} {name!r} has type {t}, expected a list {what} "
             f"(one list of per-token values per answer)"
         )
     vt = t.value_type
