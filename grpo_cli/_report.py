@@ -37,6 +37,7 @@ from .finalize import (
     values_distribution,
 )
 from .io import TOKEN_VALUES, Answers, Source, load_answers, numpy_of
+from .io.lists import batch_token_advantages
 from .io.readers import ReadColumns
 from .plan import Pipeline, plan, run
 from .records import AdvantagesReport, Calls, Distribution, KLReport, ObjectiveReport
@@ -170,6 +171,8 @@ class Pass1:
     # logged advantages nonzero in zero-variance groups: (how many, largest |A|), or None
     residual: tuple[int, float] | None = None
     ran: Ran = field(default_factory=Ran)  # what pass 1 did on the engine (Ray: its tasks)
+    # the file's advantages vary within answers: each batch's come per token
+    per_token: bool = False
 
     @property
     def stats(self) -> GroupStats | None:
@@ -177,9 +180,11 @@ class Pass1:
 
     def advantages(self, b: Batch, label: str) -> F64:
         """The advantages of a batch's answers, from the columns it carries: ``(b.n,)``, or
-        ``(T_b,)`` per token with OpenRLHF's KL in the reward."""
+        ``(T_b,)`` per token with OpenRLHF's KL in the reward or the file's own varying."""
         where = f"{label} (rows {b.start}-{b.start + b.n - 1})"
         if self.source == "file":
+            if self.per_token:
+                return batch_token_advantages(b, where)
             return _answer_floats(b, "advantage", where)
         if self.table is None or "group" not in b.answer:
             raise InputError(f"{where}: the batch carries no group ids")
@@ -345,7 +350,10 @@ def objective_pass1(
             "gives exact zeros)"
         )
     reward = None if task_reward is None else values_distribution(task_reward)
-    return Pass1(adv, adv_source, table, settings, on_policy, warnings, reward, residual, ran)
+    per_token = adv_source == "file" and answers.per_token_advantage
+    return Pass1(
+        adv, adv_source, table, settings, on_policy, warnings, reward, residual, ran, per_token
+    )
 
 
 def _residual(answers: Answers, codes: I64, table: GroupTable) -> tuple[int, float] | None:

@@ -1,6 +1,8 @@
 """Pass 1: the answer fields of the whole input (group ids, rewards, advantages), for any
 format: each reader gives its answer columns (:meth:`Reader.answer_columns`), this module
-checks and encodes them the same way for all."""
+checks and encodes them the same way for all. Rewards and advantages stored one value per
+token come reduced to one per answer with a flag column each (:mod:`grpo_cli.io.lists`):
+this module says which they were, and whether the advantages must be folded per token."""
 
 from __future__ import annotations
 
@@ -15,12 +17,14 @@ from numpy.typing import NDArray
 
 from ..errors import InputError
 from .arrow import group_ids, null_rows, numpy_of
+from .lists import OUTSIDE, VARIES
 from .readers.base import ReadColumns
 
 if TYPE_CHECKING:
+    from ..batch import RawBatch
     from .source import Source
 
-__all__ = ["Answers", "encode_groups", "load_answers", "token_scores_hint"]
+__all__ = ["Answers", "encode_groups", "load_answers", "reward_hint", "scoped"]
 
 F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
@@ -42,6 +46,9 @@ class Answers:
     shape: tuple[int, int] | None
     group_ids: pa.Array | None = None  # ``labels`` as an Arrow array, for joins by group id
     notes: list[str] = dataclass_field(default_factory=list)  # e.g. ids shared by files
+    # the file's advantages are per token and vary within answers: folded per token
+    # (``advantage`` then holds each answer's mean over its valid tokens)
+    per_token_advantage: bool = False
 
 
 def encode_groups(
@@ -63,16 +70,18 @@ def encode_groups(
     return codes, enc.dictionary.to_pylist(), enc.dictionary
 
 
-def token_scores_hint(src: Source) -> str:
-    """What to do with verl's per-token scores, when they are what the input has."""
-    for name in ("token_level_scores", "token_level_rewards"):
-        if name in src.present:
-            return (
-                f"; {name!r} is verl's per-token score: grpo-cli takes one reward per answer, "
-                f"its sum over the response mask (verl's sequence score): save that as "
-                f"{src.name('reward')!r}"
-            )
-    return ""
+def reward_hint(src: Source) -> str:
+    """What to do when no reward is found: the input's names that look like one (a name
+    no alias knows), for ``--column reward=NAME``."""
+    taken = {c for c in src.columns.values() if c is not None}
+    like = [
+        n
+        for n in src.present
+        if n not in taken and any(w in n.lower() for w in ("reward", "score", "return"))
+    ]
+    if not like:
+        return ""
+    return f"; if {like[0]!r} holds them, pass --column reward={like[0]}"
 
 
 def scoped_ids(src: Source, ids: pa.Array | pa.ChunkedArray, file: int) -> pa.Array:
@@ -83,6 +92,17 @@ def scoped_ids(src: Source, ids: pa.Array | pa.ChunkedArray, file: int) -> pa.Ar
         return ids
     prefix = pa.scalar(f"{src.paths[file].name}:")
     return pc.binary_join_element_wise(prefix, pc.cast(ids, pa.string()), "")
+
+
+def scoped(src: Source, raw: RawBatch, file: int) -> RawBatch:
+    """A batch of file ``file`` with its group ids as pass 1 read them
+    (``--group-scope``)."""
+    import dataclasses
+
+    if src.group_scope != "file" or "group" not in raw.answer:
+        return raw
+    answer = {**raw.answer, "group": scoped_ids(src, raw.answer["group"], file)}
+    return dataclasses.replace(raw, answer=answer)
 
 
 def load_answers(
@@ -114,7 +134,7 @@ def load_answers(
     if need_rewards and not src.has("reward"):
         raise InputError(
             f"{src.label}: {what} {src.name('reward')!r} is missing "
-            f"(the file has: {', '.join(src.present)})" + token_scores_hint(src)
+            f"(the file has: {', '.join(src.present)})" + reward_hint(src)
         )
     table = None
     if tables and tables[0].num_columns:
@@ -141,13 +161,64 @@ def load_answers(
     n = cols.n
     if n is None:
         n = r.shape[0] if r is not None else (a.shape[0] if a is not None else 0)
+    # a recorded step's calls split its groups: shared ids across its files are expected
+    notes = [*cols.notes, *([] if src.recorded is not None else _shared_note(src, seen))]
+    per_token = False
+    if table is not None:
+        per_token, said = _per_token_notes(table, cols.names, src)
+        notes += said
     answers = Answers(
         n=n, codes=codes, labels=labels, reward=r, advantage=a, shape=cols.shape,
-        group_ids=ids, notes=[] if src.recorded is not None else _shared_note(src, seen),
+        group_ids=ids, notes=notes, per_token_advantage=per_token,
     )  # fmt: skip
     if answers.n == 0:
         raise InputError(f"{src.label}: no answers (0 rows): nothing to compute")
     return answers
+
+
+def _flag_column(table: pa.Table, name: str) -> NDArray[np.bool_] | None:
+    if name not in table.column_names:
+        return None
+    col = table.column(name).combine_chunks().fill_null(False)
+    return numpy_of(col)
+
+
+def _per_token_notes(table: pa.Table, names: dict[str, str], src: Source) -> tuple[bool, list[str]]:
+    """Whether the advantages vary within answers (then folded per token), and what pass 1
+    says of per-token rewards and advantages (which way each was read)."""
+    what, notes, per_token = src.reader.what, [], False
+    if "reward" in names:
+        name = names["reward"]
+        outside = _flag_column(table, name + OUTSIDE)
+        if outside is not None:
+            note = (
+                f"{what} {name!r} holds one reward per token: each answer's reward is their "
+                "sum over its row, masked positions included, as verl 0.9.1's "
+                "compute_grpo_outcome_advantage sums token_level_rewards"
+            )
+            k = int(np.count_nonzero(outside))
+            if k:
+                note += f" ({k} answer(s) hold nonzero scores outside the mask, counted)"
+            notes.append(note)
+    if "advantage" in names:
+        name = names["advantage"]
+        varies = _flag_column(table, name + VARIES)
+        if varies is not None:
+            k = int(np.count_nonzero(varies))
+            per_token = k > 0
+            if per_token:
+                notes.append(
+                    f"{what} {name!r} holds one advantage per token, varying within {k} of "
+                    f"{varies.shape[0]} answers (e.g. OpenRLHF's KL in the reward): folded "
+                    "per token; an answer's advantage in the statistics is its mean over "
+                    "its valid tokens"
+                )
+            else:
+                notes.append(
+                    f"{what} {name!r} holds one advantage per token, constant over each "
+                    "answer's valid tokens: read as that answer's advantage"
+                )
+    return per_token, notes
 
 
 def _shared_note(src: Source, seen: dict[Any, list[int]]) -> list[str]:

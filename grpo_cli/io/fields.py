@@ -3,6 +3,9 @@
 An answer has ``group``, ``reward`` and ``advantage``; its tokens carry ``logp``,
 ``old_logp``, ``ref_logp``, ``rollout_logp``, ``entropy`` and ``mask``. Every reader maps
 its columns or arrays onto these through :data:`ALIASES` and ``--column FIELD=NAME``.
+``reward`` and ``advantage`` may also be stored one value per token (:data:`PER_TOKEN`):
+the readers recognise them by their layout (a list column, an ``(N, L)`` array) and reduce
+them to one value per answer (:mod:`grpo_cli.io.lists`).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ __all__ = [
     "ALIASES",
     "ANSWER_FIELDS",
     "FIELDS",
+    "PER_TOKEN",
     "TOKEN_FIELDS",
     "TOKEN_VALUES",
     "map_columns",
@@ -26,23 +30,54 @@ ANSWER_FIELDS = ("group", "reward", "advantage")
 TOKEN_VALUES = ("logp", "old_logp", "ref_logp", "rollout_logp", "entropy")
 TOKEN_FIELDS = (*TOKEN_VALUES, "mask")
 FIELDS = ANSWER_FIELDS + TOKEN_FIELDS
+# answer fields a file may hold one value per token of (verl keeps both (N, L))
+PER_TOKEN = ("reward", "advantage")
 
 # Canonical name first; then the names trainers use for the same thing (DESIGN.md).
+# verl's per-token rewards: ``token_level_scores`` (the task's score, before any KL) before
+# ``token_level_rewards`` (the scores minus β·KL with ``use_kl_in_reward``, which grpo-cli's
+# ``--kl-mode reward`` computes itself). NeMo-RL (``train_data_step{N}.jsonl``): the rewards
+# its advantages used are ``filtered_rewards`` with dynamic sampling (its ``rewards`` are
+# then the unfiltered batch's), ``prev_logprobs`` the trainer's before the step's update
+# (what its loss's ``curr_logprobs`` equal at the first update: logp, the file holding no
+# other), ``generation_logprobs`` the sampler's.
 ALIASES: dict[str, tuple[str, ...]] = {
     "group": ("group", "groups", "group_id", "prompt_id", "uid"),
-    "reward": ("reward", "rewards", "score", "scores"),
+    "reward": (
+        "reward",
+        "filtered_rewards",
+        "rewards",
+        "score",
+        "scores",
+        "token_level_scores",
+        "token_level_rewards",
+    ),
     "advantage": ("advantage", "advantages"),
-    "logp": ("logp", "log_prob", "log_probs", "per_token_logps"),
+    "logp": ("logp", "log_prob", "log_probs", "per_token_logps", "prev_logprobs"),
     "old_logp": ("old_logp", "old_log_probs", "old_per_token_logps", "action_log_probs"),
-    "ref_logp": ("ref_logp", "ref_log_prob", "ref_per_token_logps", "base_action_log_probs"),
+    "ref_logp": (
+        "ref_logp",
+        "ref_log_prob",
+        "ref_per_token_logps",
+        "base_action_log_probs",
+        "reference_policy_logprobs",
+    ),
     "rollout_logp": (
         "rollout_logp",
         "rollout_log_probs",
         "sampling_per_token_logps",
         "rollout_logprobs",
+        "generation_logprobs",
     ),
     "entropy": ("entropy", "entropys", "entropies", "token_entropy"),
-    "mask": ("mask", "response_mask", "completion_mask", "action_mask", "loss_mask"),
+    "mask": (
+        "mask",
+        "response_mask",
+        "completion_mask",
+        "action_mask",
+        "loss_mask",
+        "token_loss_mask",
+    ),
 }
 
 

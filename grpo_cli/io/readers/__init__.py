@@ -2,13 +2,17 @@
 
 Adding a format: a module with a reader class (the :class:`~grpo_cli.io.readers.base.Reader`
 protocol: its names, rows, answer columns, units and raw batches), one line below, and its
-tests. Nothing outside the readers tests a format's name.
+tests. Nothing outside the readers tests a format's name. Formats sharing a file name
+ending are told apart by their ``claims``; the first reader that takes a file reads it, so
+a reader that claims files by their content comes before the one that takes the rest.
 """
 
 from __future__ import annotations
 
 from ..paths import InputPath
-from .base import AnswerColumns, ReadColumns, Reader, Unit
+from .base import AnswerColumns, ReadColumns, Reader, Unit, claims
+from .jsonl import JsonlReader
+from .nemo_rl import NemoRLReader
 from .npz import NpzReader
 from .parquet import ParquetReader
 
@@ -22,16 +26,22 @@ __all__ = [
     "suffix_list",
 ]
 
-READERS: tuple[type[Reader], ...] = (ParquetReader, NpzReader)
+READERS: tuple[type[Reader], ...] = (
+    ParquetReader,
+    NpzReader,
+    NemoRLReader,  # NeMo-RL's train_data_step{N}.jsonl, told apart by its fields
+    JsonlReader,  # every other .jsonl: grpo-cli's own fields
+)
 
 
 def reader_for(p: InputPath) -> type[Reader] | None:
-    """The reader of a file by its name's ending, in any case (None: no reader takes it)."""
-    suffix = p.suffix.lower()
-    return next((r for r in READERS if suffix in r.suffixes), None)
+    """The reader of a file by its name's ending, in any case, and (for endings several
+    formats share) by its claims (None: no reader takes it)."""
+    return next((r for r in READERS if claims(r, p)), None)
 
 
 def suffix_list(conjunction: str = "or") -> str:
-    """Every suffix a reader takes, for messages: ``.parquet, .pq or .npz``."""
-    every = [s for r in READERS for s in r.suffixes]
+    """Every suffix a reader takes, once, for messages: ``.parquet, .pq, .npz, .jsonl or
+    .jsonl.gz``."""
+    every = list(dict.fromkeys(s for r in READERS for s in r.suffixes))
     return ", ".join(every[:-1]) + f" {conjunction} " + every[-1]

@@ -5,6 +5,11 @@ reads the answer columns for pass 1, describes its *units* (the pieces it can re
 independently: parquet row groups, one npz) for the plan, and decodes a list of units into
 :class:`~grpo_cli.batch.RawBatch` es. Everything after that (validation, folding,
 engines) is the same for every format.
+
+Formats that share a file name ending (NeMo-RL's ``train_data_step{N}.jsonl`` and
+grpo-cli's own JSONL) tell their files apart with an optional classmethod
+``claims(path) -> bool`` (see :func:`claims`): the registry takes the first reader whose
+ending matches and which claims the file.
 """
 
 from __future__ import annotations
@@ -50,6 +55,8 @@ class AnswerColumns:
     names: dict[str, str]
     n: int | None
     shape: tuple[int, int] | None = None
+    # what the reader says about what it read (samples it left out, how it grouped them)
+    notes: tuple[str, ...] = ()
 
 
 # How pass 1 reads the answer columns of each file (here, or in Ray tasks): (source,
@@ -59,8 +66,9 @@ ReadColumns = Callable[["Source", list[str]], list[pa.Table]]
 
 class Reader(Protocol):
     """One input format. ``what`` names where a field lives in messages (``column``,
-    ``array``), ``unit`` how an answer is named (``row``, ``answer``); ``suffixes`` are
-    the file name endings the format is recognised by (lower case)."""
+    ``array``, ``field``), ``unit`` how an answer is named (``row``, ``answer``);
+    ``suffixes`` are the file name endings the format is recognised by (lower case, e.g.
+    ``.jsonl.gz``). A reader may also define ``claims`` (see :func:`claims`)."""
 
     format: ClassVar[str]
     suffixes: ClassVar[tuple[str, ...]]
@@ -118,3 +126,20 @@ class Reader(Protocol):
 
 def suffix_of(p: InputPath | Path | Any) -> str:
     return str(getattr(p, "suffix", "")).lower()
+
+
+def ending_of(p: InputPath | Path | Any, suffixes: Sequence[str]) -> str | None:
+    """The longest of ``suffixes`` that ``p``'s name ends with, in any case (None: none)."""
+    name = str(getattr(p, "name", "")).lower()
+    found = [s for s in suffixes if name.endswith(s)]
+    return max(found, key=len) if found else None
+
+
+def claims(reader: type[Reader], p: InputPath) -> bool:
+    """Whether ``reader`` takes ``p``: its name ends with one of the reader's suffixes and,
+    when the reader defines ``claims(path) -> bool`` (formats sharing an ending, told
+    apart by the file's start), the reader claims it."""
+    if ending_of(p, reader.suffixes) is None:
+        return False
+    check: Callable[[InputPath], bool] | None = getattr(reader, "claims", None)
+    return True if check is None else bool(check(p))

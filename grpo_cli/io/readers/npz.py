@@ -1,6 +1,9 @@
 """npz: padded ``(N, L)`` token arrays with a mask, rewards ``(P, G)`` (a group a row) or
-``(N,)`` with a ``group`` array, optional ``advantages (N,)``. One local file, read whole
-(its declared sizes are checked in the ``.npy`` headers before anything is decompressed)."""
+``(N,)`` with a ``group`` array, optional ``advantages (N,)``; verl's per-token layouts too:
+rewards ``(N, L)`` with a group array (``token_level_scores``: summed over each row, as
+verl sums them) and advantages ``(N, L)`` (one value per answer when constant over its
+valid tokens, else per token). One local file, read whole (its declared sizes are checked
+in the ``.npy`` headers before anything is decompressed)."""
 
 from __future__ import annotations
 
@@ -12,11 +15,21 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
+from numpy.typing import NDArray
 
 from ...batch import RawBatch, mask_values
 from ...errors import InputError
 from ..arrow import arrow_of, why
 from ..fields import ANSWER_FIELDS
+from ..lists import (
+    OUTSIDE,
+    TOKEN_ADVANTAGE,
+    VARIES,
+    constant_advantages,
+    flag_array,
+    list_array,
+    score_sums,
+)
 from ..paths import InputPath, RemoteFile
 from .base import AnswerColumns, ReadColumns, Unit
 
@@ -30,6 +43,13 @@ __all__ = ["NPZ_MAX_BYTES", "NpzReader", "npz_declared"]
 NPZ_MAX_BYTES = 1 << 30
 # Where the groups of (P, G) rewards are, in pass 1's table (no array holds them).
 _ROWS = "(rows of the rewards)"
+# verl's names of per-token rewards: (N, L), never (P, G)
+TOKEN_SCORES = ("token_level_scores", "token_level_rewards")
+
+
+def _padded_offsets(shape: tuple[int, ...]) -> NDArray[np.int64]:
+    N, L = shape[0], shape[1]
+    return np.arange(N + 1, dtype=np.int64) * L
 
 
 def npz_declared(path: Path, name: str) -> tuple[tuple[int, ...], np.dtype[Any]] | None:
@@ -163,16 +183,31 @@ class NpzReader:
         cols: dict[str, pa.Array] = {}
         if reward is not None:
             r2 = _real(f"{path}", f"array {rname!r}", reward)
-            if r2.ndim == 2:
-                if group is not None:
+            if r2.ndim == 2 and group is None:
+                if rname in TOKEN_SCORES:
                     raise InputError(
-                        f"{path}: array {rname!r} is 2-D (P, G), so array {gname!r} must not "
-                        "be given"
+                        f"{path}: array {rname!r} holds per-token rewards (N, L): give each "
+                        f"answer's group id as an (N,) array {gname!r} (or --column "
+                        "group=NAME)"
                     )
                 P, G = r2.shape
                 shape = (P, G)
                 cols[_ROWS] = arrow_of(np.repeat(np.arange(P, dtype=np.int64), G))
                 r = r2.reshape(-1)
+            elif r2.ndim == 2:  # (N, L) per-token rewards, each answer's group given
+                assert group is not None
+                if group.ndim != 1 or group.shape[0] != r2.shape[0]:
+                    raise InputError(
+                        f"{path}: array {rname!r} is 2-D {r2.shape} and {gname!r} has shape "
+                        f"{group.shape}: per-token rewards (N, L) need {gname!r} of shape "
+                        f"({r2.shape[0]},); rewards (P, G), a group a row, take no "
+                        f"{gname!r} array"
+                    )
+                cols[gname] = _group_array(group, str(path), f"array {gname!r}")
+                r, outside = score_sums(
+                    r2.reshape(-1), _padded_offsets(r2.shape), self._mask(src, r2.shape, rname)
+                )
+                cols[rname + OUTSIDE] = flag_array(outside)
             elif r2.ndim == 1:
                 r = r2
                 if group is None:
@@ -196,8 +231,22 @@ class NpzReader:
             a = _real(str(path), f"array {aname!r}", adv)
             if a.ndim == 2 and shape is not None and a.shape == shape:
                 a = a.reshape(-1)
+            elif a.ndim == 2 and (n is None or a.shape[0] == n):  # (N, L): one a token
+                if declared is not None and tuple(declared[0]) != a.shape:
+                    raise InputError(
+                        f"{path}: array {aname!r} has shape {a.shape}, but "
+                        f"{src.name('logp')!r} has {tuple(declared[0])}: per-token "
+                        "advantages are (N, L) like the token arrays"
+                    )
+                a, varies, _, _ = constant_advantages(
+                    a.reshape(-1), _padded_offsets(a.shape), self._mask(src, a.shape, aname)
+                )
+                cols[aname + VARIES] = flag_array(varies)
             if a.ndim != 1 or (n is not None and a.shape[0] != n):
-                raise InputError(f"{path}: array {aname!r} has shape {adv.shape}, expected ({n},)")
+                raise InputError(
+                    f"{path}: array {aname!r} has shape {adv.shape}, expected ({n},)"
+                    + ("" if n is None else f" or ({n}, L), one value per token")
+                )
             cols[aname] = arrow_of(a)
             n = a.shape[0]
         if n is None and not (need_rewards and reward is None):
@@ -217,6 +266,21 @@ class NpzReader:
         }
         tables = [pa.table(cols)] if cols else []
         return AnswerColumns(tables, names, n, shape)
+
+    def _mask(self, src: Source, shape: tuple[int, ...], of: str) -> NDArray[np.bool_] | None:
+        """The file's mask, flat, for a per-token answer array of ``shape`` (``of``
+        names it); None when the file has none (every position valid)."""
+        if not src.has("mask"):
+            return None
+        with np.load(self.path, allow_pickle=False) as z:
+            m = self._get(z, src, "mask")
+        assert m is not None
+        mname = src.name("mask")
+        if m.shape != shape:
+            raise InputError(
+                f"{self.path}: array {mname!r} has shape {m.shape}, but {of!r} has {shape}"
+            )
+        return mask_values(m, str(self.path), f"array {mname!r}").reshape(-1)
 
     # ---- units and token batches
     def units(self, src: Source) -> list[Unit]:
@@ -299,15 +363,18 @@ class NpzReader:
             offsets={f: offsets for f in raw},
             values={f: a.reshape(-1) for f, a in raw.items()},
             mask=mask.reshape(-1),
-            answer=self._answer_columns(src),
+            answer=self._answer_columns(src, mask.reshape(-1), ref_shape),
             names=names,
             what="array",
             padded=True,
         )
 
-    def _answer_columns(self, src: Source) -> dict[str, pa.Array]:
+    def _answer_columns(
+        self, src: Source, mask: NDArray[np.bool_], shape: tuple[int, ...]
+    ) -> dict[str, pa.Array]:
         """The answer fields of the file (group ids per answer, rewards, advantages) as
-        columns, as parquet batches carry them."""
+        columns, as parquet batches carry them; per-token advantages ``(N, L)`` (``shape``)
+        also as their valid tokens' values (under the flat ``mask``)."""
         from ..answers import load_answers
 
         if not any(src.has(f) for f in ANSWER_FIELDS):
@@ -320,4 +387,10 @@ class NpzReader:
             out["reward"] = arrow_of(a.reward)
         if a.advantage is not None:
             out["advantage"] = arrow_of(a.advantage)
+            with np.load(self.path, allow_pickle=False) as z:
+                adv = self._get(z, src, "advantage")
+            if adv is not None and adv.ndim == 2 and adv.shape == shape:
+                values = _real(str(self.path), "advantages", adv).reshape(-1)
+                _, _, valid, off = constant_advantages(values, _padded_offsets(shape), mask)
+                out[TOKEN_ADVANTAGE] = list_array(valid, off)
         return out

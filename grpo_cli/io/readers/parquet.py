@@ -1,6 +1,9 @@
 """Parquet: one row per answer, token fields as list columns of the answer's own length.
 Several files (a directory, a glob, a prefix on object storage) are one dataset; row
-groups are the units, read in batches of about ``batch_tokens`` tokens, page by page."""
+groups are the units, read in batches of about ``batch_tokens`` tokens, page by page.
+A reward or advantage may be a list column (one value per token, as verl keeps them):
+pass 1 reads it with the mask a record batch at a time and reduces it to one value per
+answer (:func:`grpo_cli.io.lists.answer_table`)."""
 
 from __future__ import annotations
 
@@ -18,8 +21,8 @@ import pyarrow.parquet as pq
 from ...batch import BatchError, RawBatch
 from ...errors import InputError
 from ..arrow import why
-from ..fields import ANSWER_FIELDS, TOKEN_VALUES
-from ..lists import joined, raw_record_batch
+from ..fields import ANSWER_FIELDS, PER_TOKEN, TOKEN_VALUES
+from ..lists import answer_table, is_list, joined, raw_record_batch
 from ..paths import InputPath, RemoteFile
 from .base import AnswerColumns, ReadColumns, Unit
 
@@ -34,6 +37,8 @@ __all__ = ["READ_SPLIT", "ParquetReader"]
 # times the tokens (2,000 answers of 32k tokens among 200k of 20: 3.2-4.2 GiB peak before,
 # 0.5 GiB now); on the 70M-token benchmark the time is the same in paired runs.
 READ_SPLIT = 64
+# Tokens a record batch of pass 1 holds when it reads a per-token reward or advantage.
+PASS1_TOKENS = 1 << 20
 
 
 def parquet_file(p: InputPath, footer: pq.FileMetaData | None = None) -> pq.ParquetFile:
@@ -123,12 +128,33 @@ class ParquetReader:
 
     # ---- pass 1
     def read_file_columns(self, src: Source, i: int, cols: list[str]) -> pa.Table:
+        """Columns ``cols`` of file ``i``; a reward or advantage stored per token (a list
+        column) is read with the mask a record batch at a time (bounded memory) and reduced
+        to one value per answer, with its flag column."""
+        fields = {src.name(f): f for f in ANSWER_FIELDS if src.has(f)}
+        schema = self.file(i).schema_arrow
+        listed = [c for c in cols if fields.get(c) in PER_TOKEN and is_list(schema.field(c).type)]
         try:
-            return self.file(i).read(columns=cols)
+            if not listed:
+                return self.file(i).read(columns=cols)
         except InputError:
             raise
         except Exception as exc:
             raise InputError(f"{self.paths[i]}: cannot read columns {cols} ({why(exc)})") from None
+        mname = src.name("mask") if src.has("mask") else None
+        read = cols + ([mname] if mname is not None and mname not in cols else [])
+        p, label, row = self.paths[i], str(self.paths[i]), 0
+        rows = self._rows_per_read(src, i, PASS1_TOKENS)
+        it = self.file(i).iter_batches(batch_size=rows, columns=read, use_threads=False)
+        pieces = []
+        by_field = {fields.get(c, c): c for c in cols}
+        for rb in read_batches(p, it, read):
+            pieces.append(answer_table(rb, by_field, mname, label, row))
+            row += rb.num_rows
+        if not pieces:
+            empty = pa.table({c: pa.array([], schema.field(c).type) for c in read})
+            return answer_table(empty, by_field, mname, label, 0)
+        return pa.concat_tables(pieces)
 
     def answer_columns(
         self, src: Source, need_rewards: bool, allow_nonfinite: bool, read: ReadColumns | None
@@ -200,6 +226,8 @@ class ParquetReader:
         wanted = [f for f in fields if src.has(f)]
         if not wanted:
             return
+        from ..answers import scoped
+
         names, mname, cols, answer = self._token_columns(src, wanted)
         for i, start, records in self._record_batches(src, units, cols, batch_tokens):
             p = str(self.paths[i])
@@ -208,7 +236,7 @@ class ParquetReader:
                     raw = raw_record_batch(
                         rb, wanted, names, mname, start, p, answer, self._file_starts[i]
                     )
-                    yield _scoped(src, raw, i)
+                    yield scoped(src, raw, i)
                     start += raw.n
             except InputError as exc:
                 raise BatchError(start, exc) from None
@@ -303,13 +331,3 @@ class ParquetReader:
                 for w in writers.values():
                     w.close()
         return [(step, out / f"{step}.parquet") for step in steps]
-
-
-def _scoped(src: Source, raw: RawBatch, file: int) -> RawBatch:
-    """The batch with its group ids as pass 1 read them (``--group-scope``)."""
-    if src.group_scope != "file" or "group" not in raw.answer:
-        return raw
-    from ..answers import scoped_ids
-
-    answer = {**raw.answer, "group": scoped_ids(src, raw.answer["group"], file)}
-    return dataclasses.replace(raw, answer=answer)
