@@ -40,7 +40,7 @@ def test_missing_file(cli: Cli, tmp_path: Path) -> None:
 
 def test_unknown_extension(cli: Cli, tmp_path: Path) -> None:
     (tmp_path / "x.csv").write_text("a,b\n")
-    _fails(cli, "kl", tmp_path / "x.csv", contains=["x.csv", "expected .npz or .parquet"])
+    _fails(cli, "kl", tmp_path / "x.csv", contains=["x.csv", "expected .parquet", ".npz", ".jsonl"])
 
 
 @pytest.mark.parametrize("suffix", [".npz", ".parquet"])
@@ -485,15 +485,6 @@ def test_logged_advantages_beyond_float64_are_null_with_a_warning(cli: Cli, tmp_
     doc = cli.json("advantages", f, "--preset", "verl")
     assert doc["logged_advantages_max_abs_diff"] is None
     assert any("logged_advantages_max_abs_diff is null" in w for w in doc["warnings"])
-
-
-def test_verl_token_level_scores_are_refused_with_what_to_do(cli: Cli, tmp_path: Path) -> None:
-    f = tmp_path / "tls.npz"
-    np.savez(f, token_level_scores=np.zeros((4, 3)), uid=np.array(["a", "a", "b", "b"]))
-    cli.error(["advantages", str(f)], "'token_level_scores' is verl's per-token score")
-    g = tmp_path / "tls.parquet"
-    pq.write_table(pa.table({"uid": ["a", "a"], "token_level_scores": [[0.0, 1.0], [0.0]]}), g)
-    cli.error(["advantages", str(g)], "its sum over the response mask")
 
 
 def _warnings(x: Any) -> list[str]:

@@ -220,14 +220,14 @@ def test_bad_batch_is_one_warning_naming_the_field(tmp_path: Path) -> None:
 
 
 # ----------------------------------------------------- grpo-cli equals verl's loss
-def actor_config(agg: str, n: int) -> ActorConfig:
+def actor_config(agg: str, n: int, high: float = 0.2) -> ActorConfig:
     return ActorConfig(
         strategy="fsdp",
         ppo_mini_batch_size=n,
         ppo_micro_batch_size_per_gpu=n,
         clip_ratio=0.2,
         clip_ratio_low=0.2,
-        clip_ratio_high=0.2,
+        clip_ratio_high=high,
         loss_agg_mode=agg,
         use_dynamic_bsz=False,
         rollout_n=1,
@@ -269,6 +269,38 @@ def test_cli_on_the_step_equals_verl(tmp_path: Path, cli: Cli, agg: str) -> None
     single = x["uid"] == "uid-6-3"
     np.testing.assert_allclose(np.array(ours)[~single], theirs[~single], rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(np.array(ours)[single], theirs[single], rtol=1e-7)
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+def test_cli_with_no_flag_reads_the_config(tmp_path: Path, cli: Cli, agg: str) -> None:
+    """The recorded step with no flag: the settings come from meta.json (verl's own
+    config: loss_agg_mode, the KL loss with low_var_kl and its coefficient, the clip ratios
+    and clip_ratio_c), and the loss is verl's."""
+    batch, x = rollouts(8, dtype=torch.float64)
+    actor = "actor_rollout_ref.actor."
+    cfg = verl_config(**{
+        actor + "loss_agg_mode": agg, actor + "use_kl_loss": True, actor + "kl_loss_coef": 0.002,
+        actor + "kl_loss_type": "low_var_kl", actor + "clip_ratio_low": 0.2,
+        actor + "clip_ratio_high": 0.28, "algorithm.adv_estimator": "grpo",
+    })  # fmt: skip
+    rec.write_batch(
+        batch, tmp_path, 1, config=cfg, log_probs=x["log_probs"], token_dtype=pa.float64()
+    )
+    b = batch.batch
+    m = b["response_mask"].bool()
+    vanilla: Any = ca.compute_policy_loss_vanilla
+    config = actor_config(agg, m.shape[0], high=0.28)
+    pg_loss, _ = vanilla(
+        b["old_log_probs"], x["log_probs"], b["advantages"], m, loss_agg_mode=agg, config=config
+    )
+    kld = ca.kl_penalty(x["log_probs"], b["ref_log_prob"], kl_penalty="low_var_kl")
+    kl_loss = float(ca.agg_loss(loss_mat=kld, loss_mask=m, loss_agg_mode=agg))
+    doc = cli.json("objective", tmp_path / "step_000001")
+    s = doc["settings"]
+    assert (s["from"], s["trainer"], s["agg"], s["beta"]) == ("meta.json", "verl", agg, 0.002)
+    assert (s["clip_eps"], s["clip_eps_high"], s["dual_clip"]) == (0.2, 0.28, 3.0)
+    assert doc["policy_term"] == pytest.approx(-float(pg_loss), rel=1e-7)
+    assert doc["loss"] == pytest.approx(float(pg_loss) + 0.002 * kl_loss, rel=1e-7)
 
 
 # ------------------------------------------------------------ install: _update_actor

@@ -13,7 +13,7 @@ Fields read, under verl's names (``verl/trainer/ppo/ray_trainer.py``, ``fit``)::
 
     response_mask                  (N, L)  the loss mask            -> mask
     uid                            (N,)    the prompt's group       -> group ("g{step}-{uid}")
-    token_level_scores | _rewards  (N, L)  Σ over the mask          -> reward
+    token_level_scores | _rewards  (N, L)  Σ over the row           -> reward
     advantages                     (N, L)  per answer if constant   -> advantage
     old_log_probs                  (N, L)                           -> old_logp
     ref_log_prob                   (N, L)                           -> ref_logp
@@ -23,9 +23,10 @@ Fields read, under verl's names (``verl/trainer/ppo/ray_trainer.py``, ``fit``)::
     responses                      (N, L)  token ids, decoded with a tokenizer -> completion
 
 The reward is ``token_level_scores`` (the task reward) when present, else
-``token_level_rewards``, summed over the answer's valid tokens: ``compute_grpo_outcome_advantage``
-sums the token rewards it is given (``core_algos.py``), and verl's reward managers put the
-score on the last valid token. With ``algorithm.use_kl_in_reward`` the two differ by
+``token_level_rewards``, summed over the whole row as ``compute_grpo_outcome_advantage``
+sums the token rewards it is given (``core_algos.py``: ``sum(dim=-1)``, masked positions
+included; verl's reward managers put the score on the last valid token), as grpo-cli's
+readers sum per-token rewards. With ``algorithm.use_kl_in_reward`` the two differ by
 β·KL(old, ref) per token, which grpo-cli's ``--kl-mode reward`` computes from
 ``old_logp`` and ``ref_logp`` as ``apply_kl_penalty`` does; which one was written is the
 file's ``reward_source``. verl's advantages are ``(N, L)``: they are written per answer
@@ -282,7 +283,7 @@ def batch_table(
         r = get(key)
         if r is not None:
             r = _token_array(r, key, shape).astype(np.float64)
-            reward = np.where(mask, r, 0.0).sum(axis=1)
+            reward = r.sum(axis=1)  # verl: token_level_rewards.sum(dim=-1), no mask
             info["reward_source"] = key
             break
     advantage = None

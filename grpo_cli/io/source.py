@@ -16,7 +16,7 @@ from numpy.typing import NDArray
 from ..errors import InputError, UsageError
 from .fields import map_columns
 from .paths import InputPath, expand
-from .readers import READERS, Reader, Unit, reader_for, suffix_list
+from .readers import Reader, Unit, reader_for, suffix_list
 from .run import RecordedStep, find_run, recorded_step
 
 if TYPE_CHECKING:
@@ -144,8 +144,7 @@ def _format(p: InputPath) -> type[Reader]:
     cls = reader_for(p)
     if cls is None:
         suffix = p.suffix.lower()
-        expected = " or ".join(sorted(r.suffixes[0] for r in READERS))
-        raise InputError(f"{p}: unknown file type {suffix or '(none)'!r}; expected {expected}")
+        raise InputError(f"{p}: unknown file type {suffix or '(none)'!r}; expected {suffix_list()}")
     return cls
 
 
@@ -170,7 +169,7 @@ def open_source(
         paths.extend(expand_input(s) if isinstance(s, str) else [s])
     kinds = {_format(p) for p in paths}
     if len(kinds) > 1:
-        names = " and ".join(sorted(k.suffixes[0] for k in kinds))
+        names = " and ".join(sorted(k.format for k in kinds))
         raise InputError(f"inputs mix {names} files; give one format at a time")
     cls = kinds.pop()
     label = str(paths[0]) if len(paths) == 1 else f"{paths[0].parent}/ ({len(paths)} files)"
