@@ -407,7 +407,7 @@ def test_cli_interrupted_stops(tmp_path: Path) -> None:
     deadline = time.monotonic() + 20
     while _raylets() > before and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert _raylets() == before
+    assert _raylets() <= before  # (fewer: another process's Ray on this machine ended meanwhile)
 
 
 def test_cli_refused_token_and_dead_address_are_one_line(
