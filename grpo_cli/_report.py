@@ -138,10 +138,7 @@ def kl_report(
     engine = (engine or EngineOptions()).resolved()
     for f in ("logp", "ref_logp"):
         if not src.has(f):
-            raise InputError(
-                f"{src.label}: {src.name(f)!r} is missing (the KL needs logp and "
-                f"ref_logp; the file has: {', '.join(src.present)})"
-            )
+            raise src.missing(f, " (the KL needs logp and ref_logp)")
     acc, ran = run(
         plan(src, ["logp", "ref_logp"], engine),
         lambda: TokenPartial(settings, backend=engine.backend, exact_cap=exact_cap),
@@ -296,13 +293,13 @@ def objective_pass1(
     """Pass 1 of the objective: the fields it needs are there, and every answer's
     advantage (the file's own unless ``recompute_advantages``, else from rewards)."""
     if not src.has("logp"):
-        raise InputError(
-            f"{src.label}: {src.name('logp')!r} is missing (the file has: {', '.join(src.present)})"
-        )
+        raise src.missing("logp", " (the current policy's log-probs)")
     if settings.beta > 0 and not src.has("ref_logp"):
-        raise InputError(
-            f"{src.label}: {src.name('ref_logp')!r} is missing, but beta = {settings.beta} > 0 "
-            f"needs the reference log-probs (give them, or pass --beta 0)"
+        whose = "meta.json's config sets" if settings.origin == "meta.json" else "with"
+        raise src.missing(
+            "ref_logp",
+            f", but {whose} beta = {settings.beta} > 0 the KL term needs the reference "
+            "log-probs (give them, or pass --beta 0)",
         )
     warnings: list[str] = list(src.notes)
     on_policy = not src.has("old_logp")

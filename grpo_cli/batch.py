@@ -284,7 +284,8 @@ def _ragged(raw: RawBatch, checked: bool) -> Batch:
     for f in wanted:
         values = raw.values[f]
         if not checked:
-            _raise_nonfinite(values, m, offsets, start, label, f"column {raw.name(f)!r}", "row")
+            what = f"column {raw.name(f)!r}"
+            _raise_nonfinite(values, m, offsets, start, label, what, "row", m is not None)
         out[f] = _floating(values if m is None else values[m])
     return Batch(
         start=raw.start, offsets=new_offsets, fields=out, width=width, answer=raw.answer,
@@ -315,7 +316,8 @@ def _padded(raw: RawBatch, checked: bool) -> Batch:
     for f, values in raw.values.items():
         if not checked:
             what = f"{raw.what} {raw.name(f)!r}"
-            _raise_nonfinite(values, flat_mask, padded_offsets, 0, label, what, "answer")
+            given = "mask" in raw.names  # an npz without a mask array: every token counts
+            _raise_nonfinite(values, flat_mask, padded_offsets, 0, label, what, "answer", given)
         flat[f] = _floating(values if full else values[flat_mask])
     width = np.full(N, L, dtype=np.int64)
     return Batch(
@@ -332,16 +334,20 @@ def _raise_nonfinite(
     label: str,
     what: str,
     unit: str,
+    masked: bool,
 ) -> None:
     """Raise on the first NaN/inf of ``raw`` where the mask ``m`` (None: everywhere) is True,
-    naming the answer and its token position (in a padded array, the column)."""
+    naming the answer and its token position (in a padded array, the column); without a
+    mask in the input (``masked`` False), how to give one."""
     got = _first_nonfinite(raw, m, offsets)
     if got is None:
         return
     k, i, count = got
+    where = "inside the mask" if masked else "(no mask: every token counts)"
+    hint = "" if masked else "; if it marks padding, give the mask (--column mask=NAME)"
     raise InputError(
-        f"{label}: {what} has {raw[k]} inside the mask at {unit} {start + i}, "
-        f"token {k - int(offsets[i])} ({count} non-finite valid token(s) in this batch)"
+        f"{label}: {what} has {raw[k]} {where} at {unit} {start + i}, "
+        f"token {k - int(offsets[i])} ({count} non-finite valid token(s) in this batch){hint}"
     )
 
 

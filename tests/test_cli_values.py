@@ -206,7 +206,10 @@ def test_entropy_statistics_and_checks(cli: Cli, tmp_path: Path) -> None:
     col = pa.array([x.tolist() for x in ent], type=pa.list_(pa.float64()))
     bad = write_parquet(tmp_path / "b.parquet", b, entropys=col)
     r = cli("objective", bad)
-    assert r.exit_code == 2 and "'entropys' has nan inside the mask at row 4, token 2" in r.stderr
+    assert (
+        r.exit_code == 2
+        and "'entropys' has nan (no mask: every token counts) at row 4, token 2" in r.stderr
+    )
     r = cli("check", bad, "--format", "json")
     finite = next(x for x in json.loads(r.stdout)["results"] if x["rule"] == "finite")
     assert r.exit_code == 1 and finite["examples"][0]["field"] == "entropys"

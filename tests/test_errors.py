@@ -559,3 +559,69 @@ def test_every_null_of_every_command_has_its_warning(
     for p in nulls:
         parts = [q.split("[")[0] for q in p[1:].split(".")]
         assert any(part and part in said for part in parts), (p, doc.get("warnings"))
+
+
+# ------------------------------------------------------------- one hint policy (issue 21)
+def test_a_missing_field_names_its_aliases_what_the_file_has_and_the_fix(
+    cli: Cli, tmp_path: Path
+) -> None:
+    p = tmp_path / "a.parquet"
+    pq.write_table(
+        pa.table({"prompt": ["a", "a"], "reward": [1.0, 0.0], "logp": [[-1.0], [-2.0]]}), p
+    )
+    line = _fails(cli, "advantages", p, contains=["'group' is missing", "--column group=prompt"])
+    assert "group_id" in line and "uid" in line and "the file has: prompt, reward, logp" in line
+    line = _fails(cli, "kl", p, contains=["'ref_logp' is missing", "--column ref_logp=NAME"])
+    assert "ref_log_prob" in line and "base_action_log_probs" in line
+
+
+def test_nan_without_a_mask_says_there_is_no_mask(cli: Cli, tmp_path: Path) -> None:
+    lp = np.full((2, 3), -1.0)
+    lp[1, 2] = np.nan  # padding written as NaN, and no mask array
+    p = tmp_path / "a.npz"
+    np.savez(p, logp=lp, rewards=np.array([[1.0, 0.0]]))
+    want = ["no mask: every token counts", "answer 1, token 2", "--column mask="]
+    _fails(cli, "objective", p, "--beta", "0", contains=want)
+
+
+def test_a_token_array_of_the_wrong_rank_says_the_shape_expected(cli: Cli, tmp_path: Path) -> None:
+    p = tmp_path / "a.npz"
+    np.savez(p, logp=np.full(6, -1.0), rewards=np.array([[1.0, 0.0]]))
+    _fails(cli, "objective", p, "--beta", "0", contains=["'logp' has shape (6,)", "(N, L)"])
+
+
+def test_an_absurd_declared_shape_names_its_array(cli: Cli, tmp_path: Path) -> None:
+    import io
+    import zipfile
+
+    path = tmp_path / "absurd.npz"
+    with zipfile.ZipFile(path, "w") as zf:
+        buf = io.BytesIO()
+        np.lib.format.write_array_header_1_0(
+            buf, {"descr": "<f8", "fortran_order": False, "shape": (1 << 20, 1 << 17)}
+        )
+        zf.writestr("ref_logp.npy", buf.getvalue())  # a header and no data
+        for name, arr in (("logp", np.zeros((1, 1))), ("rewards", np.zeros((1, 1)))):
+            b = io.BytesIO()
+            np.save(b, arr)
+            zf.writestr(f"{name}.npy", b.getvalue())
+    _fails(cli, "objective", path, contains=["array 'ref_logp' alone declares", "parquet"])
+
+
+def test_files_of_incompatible_types_name_the_file(cli: Cli, tmp_path: Path) -> None:
+    d = tmp_path / "d"
+    d.mkdir()
+    base = {"group": ["a", "a"], "logp": [[-1.0], [-2.0]]}
+    pq.write_table(pa.table({**base, "reward": [1.0, 0.0]}), d / "a.parquet")
+    pq.write_table(pa.table({**base, "reward": ["1", "0"]}), d / "b.parquet")
+    want = ["b.parquet: column 'reward' has type string", "a.parquet has double"]
+    _fails(cli, "objective", d, "--beta", "0", contains=want)
+
+
+def test_a_deeply_nested_baseline_is_one_line(cli: Cli, tmp_path: Path) -> None:
+    base = tmp_path / "base.json"
+    base.write_text("[" * 100_000 + "]" * 100_000)
+    r = cli("check", SAMPLE / "batch.parquet", "--baseline", base)
+    assert r.exit_code == 2 and r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("grpo-cli: error: --baseline"), r.stderr

@@ -178,7 +178,10 @@ def test_bad_row_same_one_line_error_naming_file_and_row(
 ) -> None:
     monkeypatch.setenv("GRPO_CLI_BATCH_TOKENS", BATCH_TOKENS)
     bad = _with_bad_row(dataset, tmp_path)
-    want = f"{bad / 'step_1.parquet'}: column 'logp' has nan inside the mask at row 70, token 2"
+    want = (
+        f"{bad / 'step_1.parquet'}: column 'logp' has nan (no mask: every token counts) at "
+        "row 70, token 2"
+    )
     for cmd in ("objective", "kl", "answers"):
         cli.error([cmd, str(bad)], want)
         cli.error([cmd, str(bad), "--engine", "ray"], want)

@@ -706,8 +706,8 @@ def test_refusals_name_the_field_and_what_to_do(cli: Cli, tmp_path: Path) -> Non
                                      "advantages": [[1.0, float("nan")]]})],
          "column 'advantages' has non-finite value nan at row 0"),
         (["advantages", parquet("k", {"uid": ["a"], "acc_reward": [1.0], "logp": [[-1.0]]})],
-         "'reward' is missing (the file has: uid, acc_reward, logp); if 'acc_reward' holds "
-         "them, pass --column reward=acc_reward"),
+         "the file has: uid, acc_reward, logp; if 'acc_reward' holds it, pass --column "
+         "reward=acc_reward"),
         # JSONL
         ([*obj, jsonl("l", '{"logp": [-1.0], "advantage": 1}\n'
                                   '{"logp": "x", "advantage": 1}\n')],
@@ -740,8 +740,8 @@ def test_nemo_rl_refusals(cli: Cli, tmp_path: Path) -> None:
     f = write_nemo(tmp_path / "train_data_step1.jsonl", log)
     cli.error(
         ["objective", str(f)],
-        "'reference_policy_logprobs' is missing, but beta = 0.04 > 0 needs the reference "
-        "log-probs (give them, or pass --beta 0)",
+        "'reference_policy_logprobs' is missing, but with beta = 0.04 > 0 the KL term needs "
+        "the reference log-probs (give them, or pass --beta 0)",
     )
     write_nemo(tmp_path / "train_data_step2.jsonl", log)
     cli.error(

@@ -243,7 +243,7 @@ def test_bad_row_late_in_a_stream_is_a_clean_error(
             assert r.exit_code == 0
             continue
         assert r.exit_code == 2 and r.stdout == ""
-        assert "'old_logp' has inf inside the mask at row 97, token 0" in r.stderr
+        assert "'old_logp' has inf (no mask: every token counts) at row 97, token 0" in r.stderr
     r = cli("check", path, "--format", "json")
     assert r.exit_code == 1
     doc = json.loads(r.stdout)
@@ -331,7 +331,9 @@ def test_first_bad_row_is_reported_whichever_stream_meets_it(
     monkeypatch.setenv("GRPO_CLI_BATCH_TOKENS", "16")
     r = cli("objective", path, "--json")
     assert r.exit_code == 2 and r.stdout == ""
-    assert f"'old_logp' has nan inside the mask at row {reported}, token 0" in r.stderr
+    assert (
+        f"'old_logp' has nan (no mask: every token counts) at row {reported}, token 0" in r.stderr
+    )
 
 
 def test_streams_stop_when_pass_one_fails(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from ..batch import RawBatch
     from .source import Source
 
-__all__ = ["Answers", "encode_groups", "load_answers", "reward_hint", "scoped"]
+__all__ = ["Answers", "encode_groups", "load_answers", "scoped"]
 
 F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
@@ -68,20 +68,6 @@ def encode_groups(
         enc = enc.unify_dictionaries().combine_chunks()
     codes = numpy_of(enc.indices).astype(np.int64)
     return codes, enc.dictionary.to_pylist(), enc.dictionary
-
-
-def reward_hint(src: Source) -> str:
-    """What to do when no reward is found: the input's names that look like one (a name
-    no alias knows), for ``--column reward=NAME``."""
-    taken = {c for c in src.columns.values() if c is not None}
-    like = [
-        n
-        for n in src.present
-        if n not in taken and any(w in n.lower() for w in ("reward", "score", "return"))
-    ]
-    if not like:
-        return ""
-    return f"; if {like[0]!r} holds them, pass --column reward={like[0]}"
 
 
 def scoped_ids(src: Source, ids: pa.Array | pa.ChunkedArray, file: int) -> pa.Array:
@@ -132,28 +118,19 @@ def load_answers(
             t = t.set_column(t.schema.get_field_index(gname), gname, scoped_ids(src, ids, i))
         tables.append(t)
     if need_rewards and not src.has("reward"):
-        raise InputError(
-            f"{src.label}: {what} {src.name('reward')!r} is missing "
-            f"(the file has: {', '.join(src.present)})" + reward_hint(src)
-        )
+        raise src.missing("reward", " (the advantages are computed from the rewards)")
     table = None
     if tables and tables[0].num_columns:
         try:  # int64 in one file, double in another; nullable or not: one type
             table = pa.concat_tables(tables, promote_options="permissive")
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-            names = [c for c in tables[0].column_names]
-            raise InputError(
-                f"{src.label}: the files' columns {names} have incompatible types ({exc})"
-            ) from None
+            raise InputError(_incompatible(src, tables, exc)) from None
     codes = labels = r = a = ids = None
     if table is not None and "reward" in cols.names:
         name = cols.names["reward"]
         r = _float_column(table.column(name), src, name, allow_nonfinite)
         if gname is None:
-            raise InputError(
-                f"{src.label}: {what} {src.name('group')!r} is missing "
-                f"(every answer needs its group id)"
-            )
+            raise src.missing("group", " (every answer needs its group id)")
         codes, labels, ids = encode_groups(table.column(gname), src.label, f"{what} {gname!r}")
     if table is not None and "advantage" in cols.names:
         name = cols.names["advantage"]
@@ -219,6 +196,26 @@ def _per_token_notes(table: pa.Table, names: dict[str, str], src: Source) -> tup
                     "answer's valid tokens: read as that answer's advantage"
                 )
     return per_token, notes
+
+
+def _incompatible(src: Source, tables: list[pa.Table], exc: BaseException) -> str:
+    """Which file's answer column has a type the first file's cannot take."""
+    first = tables[0].schema
+    for i, t in enumerate(tables[1:], start=1):
+        for name in t.column_names:
+            a, b = first.field(name).type, t.schema.field(name).type
+            if a == b:
+                continue
+            try:
+                pa.concat_tables(
+                    [tables[0].select([name]), t.select([name])], promote_options="permissive"
+                )
+            except (pa.ArrowInvalid, pa.ArrowTypeError):
+                return (
+                    f"{src.paths[i]}: column {name!r} has type {b}, but {src.paths[0].name} "
+                    f"has {a}: the files of one dataset need compatible types (write them alike)"
+                )
+    return f"{src.label}: the files' answer columns have incompatible types ({exc})"
 
 
 def _shared_note(src: Source, seen: dict[Any, list[int]]) -> list[str]:

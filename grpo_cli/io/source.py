@@ -14,7 +14,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..errors import InputError, UsageError
-from .fields import map_columns
+from .fields import ALIASES, map_columns
 from .paths import InputPath, expand
 from .readers import Reader, Unit, reader_for, suffix_list
 from .run import RecordedStep, find_run, recorded_step
@@ -57,6 +57,21 @@ class Source:
 
     def has(self, field: str) -> bool:
         return self.columns.get(field) is not None
+
+    def missing(self, field: str, why: str = "") -> InputError:
+        """The one error of a field the input lacks, for every command: its name, why it
+        is needed, the names tried (its aliases), what the input has, a name of the input
+        that looks like it, and the ``--column FIELD=NAME`` fix."""
+        what = self.reader.what
+        tried = [a for a in ALIASES.get(field, (field,)) if a != self.name(field)]
+        has = ", ".join(self.present) or "no column"
+        like = _looks_like(self, field)
+        fix = f"--column {field}={like or 'NAME'}"
+        hint = f"if {like!r} holds it, pass {fix}" if like else f"map yours with {fix}"
+        return InputError(
+            f"{self.label}: {what} {self.name(field)!r} is missing{why}; also tried "
+            f"{', '.join(tried) or 'no other name'}; the file has: {has}; {hint}"
+        )
 
     def n_rows(self) -> int | None:
         """Answers in the input from metadata (no data read); None when the format does
@@ -107,6 +122,27 @@ class Source:
     ) -> Iterator[RawBatch]:
         """The token ``fields`` of ``units`` (None: the whole input), raw."""
         return self.reader.raw_batches(self, units, fields, batch_tokens)
+
+
+# words of the names people give each field, for the missing-field hint
+_LIKE = {
+    "group": ("group", "prompt", "uid", "query", "question"),
+    "reward": ("reward", "score", "return"),
+    "advantage": ("adv",),
+    "logp": ("logp", "logprob", "log_prob"),
+    "old_logp": ("old",),
+    "ref_logp": ("ref", "base"),
+    "mask": ("mask",),
+}
+
+
+def _looks_like(src: Source, field: str) -> str | None:
+    """A name of the input no field took that looks like ``field``'s (None: none)."""
+    taken = {c for c in src.columns.values() if c is not None}
+    words = _LIKE.get(field, (field,))
+    return next(
+        (n for n in src.present if n not in taken and any(w in n.lower() for w in words)), None
+    )
 
 
 def expand_input(spec: str) -> list[InputPath]:

@@ -177,7 +177,12 @@ class NpzReader:
             group = self._get(z, src, "group")
             adv = self._get(z, src, "advantage")
         declared = npz_declared(path, src.name("logp")) if src.has("logp") else None
-        n_tokens = declared[0][0] if declared is not None and len(declared[0]) >= 1 else None
+        if declared is not None and len(declared[0]) != 2:
+            raise InputError(
+                f"{path}: array {src.name('logp')!r} has shape {declared[0]}, expected (N, L): "
+                "one row of token log-probs per answer (padded, with a mask)"
+            )
+        n_tokens = declared[0][0] if declared is not None else None
         rname, gname, aname = src.name("reward"), src.name("group"), src.name("advantage")
         shape: tuple[int, int] | None = None
         cols: dict[str, pa.Array] = {}
@@ -288,7 +293,8 @@ class NpzReader:
 
     def _check_size(self, src: Source, fields: Sequence[str]) -> None:
         """Refuse an npz whose token arrays declare more than :data:`NPZ_MAX_BYTES`."""
-        total = 0
+        total = 0.0
+        sizes: list[tuple[float, str, tuple[int, ...]]] = []
         for f in fields:
             if not src.has(f):
                 continue
@@ -296,12 +302,16 @@ class NpzReader:
             if declared is None:
                 continue
             shape, dtype = declared
-            total += int(np.prod(shape, dtype=np.float64)) * max(dtype.itemsize, 1)
+            size = float(np.prod(shape, dtype=np.float64)) * max(dtype.itemsize, 1)
+            sizes.append((size, src.name(f), shape))
+            total += size
         if total > NPZ_MAX_BYTES:
+            _, name, shape = max(sizes)
             raise InputError(
                 f"{self.path}: its token arrays declare {total / 2**30:.1f} GiB once "
-                f"decompressed (more than {NPZ_MAX_BYTES / 2**30:.0f} GiB read at once): give "
-                "the rollouts as parquet, which is streamed"
+                f"decompressed (array {name!r} alone declares shape {shape}), more than "
+                f"{NPZ_MAX_BYTES / 2**30:.0f} GiB read at once: give the rollouts as parquet, "
+                "which is streamed"
             )
 
     def raw_batches(
@@ -355,7 +365,9 @@ class NpzReader:
         shape: tuple[int, ...] = np.shape(mask)
         N, L = shape[0], shape[1]
         offsets = np.arange(N + 1, dtype=np.int64) * L
-        names = {f: src.name(f) for f in [*wanted, "mask"]}
+        names = {f: src.name(f) for f in wanted}
+        if mask_raw is not None:
+            names["mask"] = src.name("mask")
         yield RawBatch(
             start=0,
             label=str(path),
