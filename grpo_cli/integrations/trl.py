@@ -35,12 +35,21 @@ trainer INSTANCE, never of its class, and calls TRL's own method unchanged):
   after it, the micro-batch is written from those and from the call's ``inputs``
   (``advantages``, ``completion_mask``, ``tool_mask``, ``old_per_token_logps``,
   ``ref_per_token_logps``, ``sampling_per_token_logps``, ``num_items_in_batch``).
-- A ``transformers.TrainerCallback``: ``on_step_end`` writes the step's ``_DONE`` (and
-  calls ``on_step_written``: after the optimizer step, before the trainer logs that
-  step, so its ``metrics.jsonl`` line is not there yet), ``on_log`` appends the logged
-  record to ``metrics.jsonl``
-  (the run-summary record of ``train()``'s end, with ``train_runtime``, and evaluation
-  records, ``eval_*``, are not written).
+- A ``transformers.TrainerCallback``: ``on_step_end`` writes the step's ``_DONE`` (then
+  runs the gate, and calls ``on_step_written``: after the optimizer step, before the
+  trainer logs that step, so its ``metrics.jsonl`` line is not there yet), ``on_log``
+  appends the logged record to ``metrics.jsonl`` (the run-summary record of ``train()``'s
+  end, with ``train_runtime``, and evaluation records, ``eval_*``, are not written, nor
+  the gate's own ``grpo_cli/…`` numbers) and gives the gate the step's log.
+
+The gate (``record(..., check=True)``, :mod:`grpo_cli.integrations._gate`): the step's
+check runs in ``on_step_end``, its numbers are appended to ``GRPOTrainer._metrics["train"]``
+(which ``GRPOTrainer.log`` averages into the next log), a stop is
+``control.should_training_stop`` with ``control.should_log`` (our callback runs after
+``DefaultFlowCallback``, whose ``should_log`` tells whether the step will be logged);
+``logged-metrics`` is judged in ``on_log`` on the record just logged, the same record
+``metrics.jsonl`` gets (transformers 5.24.0 ``Trainer._inner_training_loop``: ``on_step_end``,
+then ``_maybe_log_save_evaluate``, then the ``should_training_stop`` test).
 
 Columns: ``logp`` is exactly TRL's ``per_token_logps`` of the call; ``old_logp`` is
 ``old_per_token_logps`` when TRL computed it (``gradient_accumulation_steps`` not a
