@@ -56,15 +56,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._gate import Gate, check_config
+from ._gate import CheckFailedWarning, Gate, check_config
 from ._writer import Guard, RunWriter, rollout_table
 from .verl import NO_LOGP, NO_LOGP_COLUMNS, _array, per_answer
 
 if TYPE_CHECKING:
     from ..records import CheckReport
 
-__all__ = ["CONFIG_KEYS", "config_items", "experiences_table", "install", "recording",
-           "write_experiences"]  # fmt: skip
+__all__ = ["CONFIG_KEYS", "CheckFailedWarning", "config_items", "experiences_table",
+           "install", "recording", "write_experiences"]  # fmt: skip
 
 TRAINER = "openrlhf"
 

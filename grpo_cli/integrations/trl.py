@@ -105,13 +105,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from ._gate import PREFIX, Gate, check_config
+from ._gate import PREFIX, CheckFailedWarning, Gate, check_config
 from ._writer import Guard, RunWriter, _padded_list, rollout_table
 
 if TYPE_CHECKING:
     from ..records import CheckReport
 
-__all__ = ["CONFIG_KEYS", "record"]
+__all__ = ["CONFIG_KEYS", "CheckFailedWarning", "record"]
 
 ROW_KEY = "_grpo_cli_row"
 _ROW_BITS = 32

@@ -52,13 +52,20 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._gate import Gate, check_config
+from ._gate import CheckFailedWarning, Gate, check_config
 from ._writer import Guard, RunWriter, rollout_table
 
 if TYPE_CHECKING:
     from ..records import CheckReport
 
-__all__ = ["CONFIG_KEYS", "TOKEN_FIELDS", "config_items", "install", "write_batch"]
+__all__ = [
+    "CONFIG_KEYS",
+    "TOKEN_FIELDS",
+    "CheckFailedWarning",
+    "config_items",
+    "install",
+    "write_batch",
+]
 
 TRAINER = "verl"
 
