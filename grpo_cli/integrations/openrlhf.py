@@ -29,6 +29,20 @@ Groups: ``compute_advantages_and_returns`` puts the sample at rollout position `
 per-sample reward after the length penalties, which the group normalisation starts from;
 with the KL in the reward (OpenRLHF's default) the advantages vary over an answer's
 tokens and are written per token.
+
+The gate (``install(..., check=True)``): after the step's ``_DONE``, the step is checked
+as ``grpo-cli check DIR -c logp=old_logp`` checks it (the actor before the update stands
+for the current policy: ratio 1, the clip and ratio rules trivially met; KL to the
+reference, zero-variance groups, advantages, sampler mismatch and integrity are the
+experiences'), ``logged-metrics`` skipped (the logged update metrics come from the current
+log-probs, not recorded). The numbers of :data:`grpo_cli.integrations._gate.KEYS` go
+into the step's status, which ``fit`` logs (``logger.info``, W&B, TensorBoard) with the
+rest. ``stop_on_fail``: ``PPOTrainer.fit`` ends an episode when
+``samples_generator.generate_samples`` reports its prompts exhausted (an empty list and
+``is_exhausted``); after a failing step, the wrapped ``generate_samples`` reports just
+that, without generating, to every later call: ``fit`` leaves its remaining episodes at
+once and closes its trackers, after the failing step's own logging, checkpoint and
+evaluation.
 """
 
 from __future__ import annotations
@@ -38,15 +52,19 @@ from collections.abc import Callable, Sequence
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _pkg_version
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ._gate import CheckFailedWarning, Gate, check_config
 from ._writer import Guard, RunWriter, rollout_table
-from .verl import _array, per_answer
+from .verl import NO_LOGP, NO_LOGP_COLUMNS, _array, per_answer
 
-__all__ = ["CONFIG_KEYS", "config_items", "experiences_table", "install", "recording",
-           "write_experiences"]  # fmt: skip
+if TYPE_CHECKING:
+    from ..records import CheckReport
+
+__all__ = ["CONFIG_KEYS", "CheckFailedWarning", "config_items", "experiences_table",
+           "install", "recording", "write_experiences"]  # fmt: skip
 
 TRAINER = "openrlhf"
 
@@ -341,6 +359,9 @@ class _Recorder:
         self.guard = Guard(TRAINER)
         self.writer: RunWriter | None = None
         self.step: int | None = None  # the step being recorded, set by train_step
+        self.gate: Gate | None = None
+        self.generate_samples: Callable[..., Any] | None = None  # wrapped for stop_on_fail
+        self.stopped = False
 
     def _writer(self) -> RunWriter:
         if self.writer is None:
@@ -375,6 +396,17 @@ class _Recorder:
             self._writer().append_metrics({"step": step, **logged})
         self._writer().finish_step(step)
 
+    def gate_step(self, gate: Gate, status: Any, step: int) -> None:
+        """Check the step; its numbers into the status ``fit`` logs; a stop as the prompts
+        being exhausted (module docstring)."""
+        verdict = gate.step_written(self._writer().step_dir(step), step, logged=True)
+        if verdict is None:
+            return
+        if isinstance(status, dict):
+            status.update(verdict.numbers)
+        if verdict.stop:
+            self.stopped = True
+
 
 def install(
     trainer: Any,
@@ -383,6 +415,9 @@ def install(
     every_steps: int = 1,
     tokenizer: Any = None,
     token_dtype: Any = None,
+    check: bool | str | os.PathLike[str] = False,
+    stop_on_fail: bool = False,
+    on_check: Callable[[int, CheckReport], object] | None = None,
 ) -> Any:
     """Make an OpenRLHF ``PPOTrainer`` (a ``BasePPOTrainer``) record every
     ``every_steps``-th step under ``directory``; returns ``trainer``.
@@ -397,9 +432,21 @@ def install(
     ``meta.json`` comes from ``trainer.args``. Nothing the trainer computes changes. A
     recording failure is one ``RuntimeWarning`` and recording stops; training goes on.
 
+    ``check`` (``True`` or a check config file) checks every recorded step after its
+    ``_DONE`` and adds the gate's numbers to the status ``fit`` logs; ``stop_on_fail``
+    ends ``fit`` after a failing step (module docstring: "The gate"; it needs
+    ``PPOTrainer``'s ``samples_generator``); ``on_check(step, report)`` gets each step's
+    check report. A failing rule is one ``CheckFailedWarning``; an exception in the gate
+    is one ``RuntimeWarning`` and turns the gate off (recording goes on).
+
     ``PPOTrainer`` runs as a Ray actor; :func:`recording` gives the actor class that
     calls this at the end of its ``__init__``.
     """
+    if every_steps < 1:
+        raise ValueError(f"every_steps: expected an integer >= 1, got {every_steps}")
+    if stop_on_fail and not check:
+        raise ValueError("stop_on_fail: needs check=True or a check config file")
+    config = check_config(check)
     maker: Any = getattr(trainer, "experience_maker", None)
     if not callable(getattr(trainer, "train_step", None)) or not callable(
         getattr(maker, "make_experience_batch", None)
@@ -408,16 +455,34 @@ def install(
             f"install: {type(trainer).__name__} has no train_step and "
             "experience_maker.make_experience_batch (expected OpenRLHF 0.11.2's PPOTrainer)"
         )
-    if every_steps < 1:
-        raise ValueError(f"every_steps: expected an integer >= 1, got {every_steps}")
+    generator: Any = getattr(trainer, "samples_generator", None)
+    if stop_on_fail and not callable(getattr(generator, "generate_samples", None)):
+        raise TypeError(
+            f"install: stop_on_fail needs {type(trainer).__name__}.samples_generator."
+            "generate_samples (OpenRLHF 0.11.2's PPOTrainer: fit() stops when it reports "
+            "the prompts exhausted)"
+        )
     previous = getattr(trainer, "_grpo_cli_recorder", None)
     if isinstance(previous, _Recorder):
         originals = (previous.train_step, previous.make_experience_batch)
+        if previous.generate_samples is not None:
+            generator.generate_samples = previous.generate_samples
     else:
         originals = (trainer.train_step, maker.make_experience_batch)
     if tokenizer is None:
         tokenizer = getattr(trainer, "tokenizer", None)
     rec = _Recorder(trainer, directory, every_steps, tokenizer, token_dtype, originals)
+    if config is not None:
+        rec.gate = Gate(
+            config,
+            trainer=TRAINER,
+            stop_on_fail=stop_on_fail,
+            on_check=on_check,
+            how_stopped="fit() ends now (samples_generator.generate_samples reports the "
+            "prompts exhausted from here on)",
+            column_map=NO_LOGP_COLUMNS,
+            no_logged=NO_LOGP,
+        )
 
     def train_step(rollout_samples: Any, global_step: int) -> Any:
         step = global_step + 1
@@ -429,6 +494,9 @@ def install(
         if recorded is not None and rec.guard.active:
             status = result[0] if isinstance(result, tuple) and result else None
             rec.guard.run(lambda: rec.finish(status, recorded))
+            gate = rec.gate
+            if gate is not None and gate.active and rec.guard.active:
+                gate.run(lambda: rec.gate_step(gate, status, recorded), recorded)
         return result
 
     def make_experience_batch(rollout_samples: Any) -> Any:
@@ -442,6 +510,17 @@ def install(
     make_experience_batch.__wrapped__ = originals[1]  # type: ignore[attr-defined]
     trainer.train_step = train_step
     maker.make_experience_batch = make_experience_batch
+    if stop_on_fail:
+        generate = generator.generate_samples
+        rec.generate_samples = generate
+
+        def generate_samples(**generate_kwargs: Any) -> Any:
+            if rec.stopped:  # fit(): "if not rollout_samples: if is_exhausted: break"
+                return [], None, 0, True
+            return generate(**generate_kwargs)
+
+        generate_samples.__wrapped__ = generate  # type: ignore[attr-defined]
+        generator.generate_samples = generate_samples
     trainer._grpo_cli_recorder = rec
     return trainer
 

@@ -35,12 +35,21 @@ trainer INSTANCE, never of its class, and calls TRL's own method unchanged):
   after it, the micro-batch is written from those and from the call's ``inputs``
   (``advantages``, ``completion_mask``, ``tool_mask``, ``old_per_token_logps``,
   ``ref_per_token_logps``, ``sampling_per_token_logps``, ``num_items_in_batch``).
-- A ``transformers.TrainerCallback``: ``on_step_end`` writes the step's ``_DONE`` (and
-  calls ``on_step_written``: after the optimizer step, before the trainer logs that
-  step, so its ``metrics.jsonl`` line is not there yet), ``on_log`` appends the logged
-  record to ``metrics.jsonl``
-  (the run-summary record of ``train()``'s end, with ``train_runtime``, and evaluation
-  records, ``eval_*``, are not written).
+- A ``transformers.TrainerCallback``: ``on_step_end`` writes the step's ``_DONE`` (then
+  runs the gate, and calls ``on_step_written``: after the optimizer step, before the
+  trainer logs that step, so its ``metrics.jsonl`` line is not there yet), ``on_log``
+  appends the logged record to ``metrics.jsonl`` (the run-summary record of ``train()``'s
+  end, with ``train_runtime``, and evaluation records, ``eval_*``, are not written, nor
+  the gate's own ``grpo_cli/…`` numbers) and gives the gate the step's log.
+
+The gate (``record(..., check=True)``, :mod:`grpo_cli.integrations._gate`): the step's
+check runs in ``on_step_end``, its numbers are appended to ``GRPOTrainer._metrics["train"]``
+(which ``GRPOTrainer.log`` averages into the next log), a stop is
+``control.should_training_stop`` with ``control.should_log`` (our callback runs after
+``DefaultFlowCallback``, whose ``should_log`` tells whether the step will be logged);
+``logged-metrics`` is judged in ``on_log`` on the record just logged, the same record
+``metrics.jsonl`` gets (transformers 5.24.0 ``Trainer._inner_training_loop``: ``on_step_end``,
+then ``_maybe_log_save_evaluate``, then the ``should_training_stop`` test).
 
 Columns: ``logp`` is exactly TRL's ``per_token_logps`` of the call; ``old_logp`` is
 ``old_per_token_logps`` when TRL computed it (``gradient_accumulation_steps`` not a
@@ -91,14 +100,18 @@ import importlib.metadata
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
+from ._gate import PREFIX, CheckFailedWarning, Gate, check_config
 from ._writer import Guard, RunWriter, _padded_list, rollout_table
 
-__all__ = ["CONFIG_KEYS", "record"]
+if TYPE_CHECKING:
+    from ..records import CheckReport
+
+__all__ = ["CONFIG_KEYS", "CheckFailedWarning", "record"]
 
 ROW_KEY = "_grpo_cli_row"
 _ROW_BITS = 32
@@ -175,9 +188,12 @@ def record(
     every_steps: int = 1,
     completions: bool = True,
     on_step_written: Callable[[Path], object] | None = None,
+    check: bool | str | os.PathLike[str] = False,
+    stop_on_fail: bool = False,
+    on_check: Callable[[int, CheckReport], object] | None = None,
 ) -> Any:
     """Record ``trainer`` (a TRL ``GRPOTrainer`` or subclass, before ``train()``) under
-    ``directory`` and return the same trainer.
+    ``directory`` and return the same trainer; with ``check``, gate every recorded step.
 
     Args:
       trainer: a ``trl.GRPOTrainer`` instance (TRL 1.16.0's private methods are hooked on
@@ -187,19 +203,42 @@ def record(
         ``metrics.jsonl`` gets every logged step whatever this is.
       completions: write the decoded completion texts (``completion`` column).
       on_step_written: called with the step directory after its ``_DONE`` marker is
-        written (on every rank, after that rank's marker); an exception in it is a
-        recording failure (one warning, recording stops).
+        written (on every rank, after that rank's marker; after the gate); an exception in
+        it is a recording failure (one warning, recording stops).
+      check: ``True`` or a check config file (``grpo-cli check --config``'s TOML): each
+        recorded step is checked in-process right after it is written, as ``grpo-cli
+        check runs/x/step_N`` checks it with no flags (``True``: check's defaults, or
+        ``[tool.grpo-cli.check]`` of ``./pyproject.toml``, read now), and the numbers of
+        :data:`grpo_cli.integrations._gate.KEYS` go into TRL's metrics (``_metrics``): the
+        trainer's next log carries them, averaged over its window as TRL averages its
+        own, to every ``report_to`` backend and ``state.log_history``. The rule
+        ``logged-metrics`` compares the step's log, which TRL writes after the step:
+        it is judged when that log arrives (``on_log``). A failing rule is one
+        :class:`~grpo_cli.integrations._gate.CheckFailedWarning` naming the step and
+        the rule (a rule's later failures: in ``grpo_cli/failed_rules`` only). An
+        exception in the gate is one ``RuntimeWarning`` and turns the gate off; recording
+        goes on. One process only (with several, the gate is off: ranks would have to
+        agree on a stop).
+      stop_on_fail: a failing rule stops training after the step it failed on: the
+        gate sets ``control.should_training_stop`` (and ``should_log``, so the step's log,
+        with its ``grpo_cli/…`` numbers, is written); the warning says so.
+      on_check: called with ``(step, report)``, the step's final
+        :class:`~grpo_cli.records.CheckReport`, once per checked step.
 
     Returns:
       ``trainer`` itself.
 
     Raises:
       TypeError: ``trainer`` lacks the GRPOTrainer methods that are hooked.
-      ValueError: ``every_steps`` is not a positive integer, or ``trainer`` is already
-        recorded.
+      ValueError: ``every_steps`` is not a positive integer, ``trainer`` is already
+        recorded, or ``stop_on_fail`` is given without ``check``.
+      grpo_cli.errors.UsageError: the check config cannot be read.
     """
     if isinstance(every_steps, bool) or not isinstance(every_steps, int) or every_steps < 1:
         raise ValueError(f"every_steps: expected a positive integer, got {every_steps!r}")
+    if stop_on_fail and not check:
+        raise ValueError("stop_on_fail: needs check=True or a check config file")
+    config = check_config(check)
     missing = [m for m in (*_HOOKED, "add_callback") if not callable(getattr(trainer, m, None))]
     if missing or not hasattr(trainer, "state") or not hasattr(trainer, "args"):
         raise TypeError(
@@ -208,8 +247,16 @@ def record(
         )
     if getattr(trainer, "_grpo_cli_recorder", None) is not None:
         raise ValueError("record: this trainer is already recorded")
+    gate = None
+    if config is not None:
+        how = "training stops after this step (control.should_training_stop)"
+        gate = Gate(config, trainer="TRL", stop_on_fail=stop_on_fail, on_check=on_check,
+                    how_stopped=how)  # fmt: skip
     recorder = _Recorder(trainer, Path(directory), every_steps, completions, on_step_written)
+    recorder.gate = gate
     recorder.guard.run(recorder.install)
+    if gate is not None and recorder.guard.active:
+        gate.run(recorder.install_gate)
     return trainer
 
 
@@ -262,6 +309,7 @@ class _Recorder:
         self.completions = completions
         self.on_step_written = on_step_written
         self.guard = Guard("TRL")
+        self.gate: Gate | None = None
         self.writer: RunWriter | None = None
         self.generation = -1
         self.gen: dict[str, Any] | None = None  # the latest generation batch's rows
@@ -298,6 +346,10 @@ class _Recorder:
                 logs = kw.get("logs")
                 recorder.guard.run(lambda: recorder.log(int(state.global_step), logs))
 
+            def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+                if recorder.gate is not None:
+                    recorder.gate.finish()
+
         self._wrap("_calculate_rewards", self._calculate_rewards)
         self._wrap("_generate_and_score_completions", self._generate_and_score)
         self._wrap("_get_per_token_logps_and_entropies", self._per_token_logps)
@@ -306,6 +358,20 @@ class _Recorder:
             self._wrap("get_high_entropy_mask", self._high_entropy_mask)
         t.add_callback(GrpoCliRecorder())
         t._grpo_cli_recorder = self
+
+    def install_gate(self) -> None:
+        """The gate's conditions: one process, and TRL's metrics to log into."""
+        assert self.gate is not None and self.writer is not None
+        if self.writer.world_size > 1:
+            self.gate.turn_off(
+                f"cannot run with {self.writer.world_size} processes (each rank sees only "
+                "its own files, and a stop must be agreed by every rank): check the steps "
+                "afterwards with grpo-cli check"
+            )
+            return
+        metrics = getattr(self.trainer, "_metrics", None)
+        if not isinstance(metrics, dict) or not isinstance(metrics.get("train"), dict):
+            raise TypeError("the trainer has no _metrics['train'] (TRL 1.16.0) to log into")
 
     def _wrap(self, name: str, hook: Callable[..., Any]) -> None:
         original = getattr(self.trainer, name)  # the bound method (or a user's own patch)
@@ -489,15 +555,43 @@ class _Recorder:
             return  # not a recorded step (every_steps) or nothing written
         self.writer.finish_step(step)
         self.micro_batch = 0
+        directory = self.writer.step_dir(step)
+        if self.gate is not None and self.gate.active:
+            gate = self.gate
+            gate.run(lambda: self._gate_step(gate, directory, step), step)
         if self.on_step_written is not None:
-            self.on_step_written(self.writer.step_dir(step))
+            self.on_step_written(directory)
+
+    def _gate_step(self, gate: Gate, directory: Path, step: int) -> None:
+        """Check the step; its numbers into TRL's metrics (logged at the next log); a stop
+        through the trainer's control flags (TrainerControl: the loop ends after this step's
+        log, which the flags ask for)."""
+        control = self.trainer.control
+        verdict = gate.step_written(
+            directory, step, logged=False, will_log=bool(getattr(control, "should_log", False))
+        )
+        if verdict is None:
+            return
+        metrics = self.trainer._metrics["train"]
+        for key, value in verdict.numbers.items():
+            metrics[key].append(value)
+        if verdict.stop:
+            control.should_training_stop = True
+            control.should_log = True
 
     def log(self, step: int, logs: Any) -> None:
         if not isinstance(logs, dict) or self.writer is None:
             return
         if _SUMMARY_KEYS & logs.keys() or any(str(k).startswith("eval_") for k in logs):
             return  # train()'s closing summary or an evaluation: not a training step's log
-        self.writer.append_metrics({"step": step, **logs})
+        record = {"step": step, **{k: v for k, v in logs.items() if not str(k).startswith(PREFIX)}}
+        self.writer.append_metrics(record)
+        gate = self.gate
+        if gate is not None and gate.active:
+            path = self.writer.root / "metrics.jsonl"
+            verdict = gate.step_logged(step, path, record)
+            if verdict is not None and verdict.stop:
+                self.trainer.control.should_training_stop = True
 
 
 def _numpy(x: Any) -> np.ndarray:

@@ -49,13 +49,24 @@ from collections.abc import Callable, Mapping
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _pkg_version
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ._gate import CheckFailedWarning, Gate, check_config
 from ._writer import Guard, RunWriter, rollout_table
 
-__all__ = ["CONFIG_KEYS", "TOKEN_FIELDS", "config_items", "install", "write_batch"]
+if TYPE_CHECKING:
+    from ..records import CheckReport
+
+__all__ = [
+    "CONFIG_KEYS",
+    "TOKEN_FIELDS",
+    "CheckFailedWarning",
+    "config_items",
+    "install",
+    "write_batch",
+]
 
 TRAINER = "verl"
 
@@ -138,6 +149,15 @@ TOKEN_FIELDS: tuple[tuple[str, str], ...] = (
 )
 
 _MISSING = object()
+
+# The gate on a step recorded by install (no current log-probs): the policy at the start
+# of the update stands for the current one, and the update's logged metrics are not judged.
+NO_LOGP_COLUMNS = {"logp": "old_logp"}
+NO_LOGP = (
+    "not judged: the recorded step has no current log-probs (the trainer computes them "
+    "inside its update), logp is read as old_logp, and the update's logged metrics come "
+    "from the current ones"
+)
 
 
 # ------------------------------------------------------------------ reading a batch
@@ -451,6 +471,7 @@ class _Recorder:
         self.writer: RunWriter | None = None
         self.trainer = trainer
         self.directory = directory
+        self.gate: Gate | None = None
 
     def _writer(self) -> RunWriter:
         if self.writer is None:
@@ -483,6 +504,18 @@ class _Recorder:
             self._writer().append_metrics({"step": step, **reduced})
         self._writer().finish_step(step)
 
+    def gate_step(self, gate: Gate, output: Any, step: int) -> None:
+        """Check the step; its numbers into the update's metrics; a stop as verl's last step
+        being the next one (module docstring)."""
+        verdict = gate.step_written(self._writer().step_dir(step), step, logged=True)
+        if verdict is None:
+            return
+        output.meta_info["metrics"].update(verdict.numbers)
+        if verdict.stop:
+            total = getattr(self.trainer, "total_training_steps", None)
+            last = step + 1 if not isinstance(total, int) else min(total, step + 1)
+            self.trainer.total_training_steps = last
+
 
 def install(
     trainer: Any,
@@ -491,6 +524,9 @@ def install(
     every_steps: int = 1,
     tokenizer: Any = None,
     token_dtype: Any = None,
+    check: bool | str | os.PathLike[str] = False,
+    stop_on_fail: bool = False,
+    on_check: Callable[[int, CheckReport], object] | None = None,
 ) -> Any:
     """Make a verl ``RayPPOTrainer`` record every ``every_steps``-th step under ``directory``.
 
@@ -505,6 +541,13 @@ def install(
     failure is one ``RuntimeWarning`` and recording stops; training goes on. Returns
     ``trainer``. Installing again replaces the previous recorder.
 
+    ``check`` (``True`` or a check config file) checks every recorded step after its
+    ``_DONE``, logs the gate's numbers with the actor's metrics, and with
+    ``stop_on_fail`` makes the next step verl's last (module docstring: "The gate");
+    ``on_check(step, report)`` gets each step's check report. A failing rule is one
+    ``CheckFailedWarning``; an exception in the gate is one ``RuntimeWarning`` and turns
+    the gate off (recording goes on).
+
     Example::
 
         trainer = RayPPOTrainer(config=config, ...)
@@ -512,20 +555,34 @@ def install(
         grpo_cli.integrations.verl.install(trainer, "runs/exp1")
         trainer.fit()
     """
+    if every_steps < 1:
+        raise ValueError(f"every_steps: expected an integer >= 1, got {every_steps}")
+    if stop_on_fail and not check:
+        raise ValueError("stop_on_fail: needs check=True or a check config file")
+    config = check_config(check)
     update = getattr(trainer, "_update_actor", None)
     if not callable(update):
         raise TypeError(
             f"install: {type(trainer).__name__} has no _update_actor method "
             "(expected verl's RayPPOTrainer, verl 0.9.1)"
         )
-    if every_steps < 1:
-        raise ValueError(f"every_steps: expected an integer >= 1, got {every_steps}")
     previous = getattr(trainer, "_grpo_cli_recorder", None)
     if isinstance(previous, _Recorder):
         update = previous.original
     if tokenizer is None:
         tokenizer = getattr(trainer, "tokenizer", None)
     recorder = _Recorder(trainer, directory, every_steps, tokenizer, token_dtype, update)
+    if config is not None:
+        recorder.gate = Gate(
+            config,
+            trainer=TRAINER,
+            stop_on_fail=stop_on_fail,
+            on_check=on_check,
+            how_stopped="verl's fit() ends after the next step (trainer.total_training_steps "
+            "lowered: verl decides is_last_step before a step generates)",
+            column_map=NO_LOGP_COLUMNS,
+            no_logged=NO_LOGP,
+        )
 
     def _update_actor(batch: Any) -> Any:
         step = getattr(trainer, "global_steps", None)
@@ -537,6 +594,9 @@ def install(
         output = recorder.original(batch)
         if record and recorder.guard.active:
             recorder.guard.run(lambda: recorder.after(output, step))
+            gate = recorder.gate
+            if gate is not None and gate.active and recorder.guard.active:
+                gate.run(lambda: recorder.gate_step(gate, output, step), step)
         return output
 
     _update_actor.__wrapped__ = update  # type: ignore[attr-defined]
