@@ -69,6 +69,7 @@ def load_openrlhf() -> dict[str, Any]:
         "openrlhf.utils.deepspeed": {"DeepspeedStrategy": object},
         "openrlhf.trainer.ppo_utils.samples_generator": {"SamplesGenerator": object},
     }
+    saved = sys.modules.get("deepspeed")
     for name, attrs in stubs.items():
         module = types.ModuleType(name)
         module.__dict__.update(attrs)
@@ -79,6 +80,13 @@ def load_openrlhf() -> dict[str, Any]:
     import openrlhf.trainer.ppo_utils.experience as experience
     import openrlhf.trainer.ppo_utils.experience_maker as maker
     import openrlhf.utils.config as config
+
+    # the stand-in DeepSpeed served OpenRLHF's imports only: libraries that look for the
+    # real one (transformers, through TRL) must not find a module without a spec
+    if saved is None:
+        del sys.modules["deepspeed"]
+    else:
+        sys.modules["deepspeed"] = saved
 
     return {
         "loss": loss,

@@ -160,7 +160,8 @@ def test_an_unknown_trainer_is_refused(cli: Cli, tmp_path: Path) -> None:
 
 def test_a_column_the_config_needs_is_named(cli: Cli, tmp_path: Path) -> None:
     root = _run(tmp_path, config={"loss_type": "bnpo", "beta": 0.04})
-    cli.error(["objective", str(root / "step_000001")], "'ref_logp' is missing, but meta.json's config sets beta = 0.04")
+    want = "'ref_logp' is missing, but meta.json's config sets beta = 0.04"
+    cli.error(["objective", str(root / "step_000001")], want)
 
 
 def test_the_recorded_loss_by_hand(cli: Cli, tmp_path: Path) -> None:
