@@ -37,7 +37,7 @@ from ._settings import Settings
 from .batch import RawBatch, length_mismatches, nonfinite_flags, token_ranges, valid_lengths
 from .engine.options import EngineOptions
 from .errors import InputError, UsageError
-from .finalize import LoggedInput, objective_record
+from .finalize import SINGLETONS, LoggedInput, objective_record
 from .io import TOKEN_VALUES, Answers, Source, load_answers
 from .plan import plan, run
 from .records import EXTREME, CheckReport, ObjectiveReport, Result
@@ -272,9 +272,12 @@ def rule_group_size(f: Facts, c: RuleConfig) -> Result:
         if odd.size
         else f"all {len(a.labels)} groups have {usual} answers"
     )
+    if singles == len(a.labels) > 1:
+        msg = SINGLETONS.format(n=singles)
     result = _judge("group-size", c, int(odd.size), msg, ex)
-    if a.notes and result.status in ("pass", "fail"):  # ids shared by files: a warning
-        return replace(result, status="warn", message=f"{msg}; {a.notes[0]}")
+    shared = [n for n in a.notes if "more than one file" in n]
+    if a.shared_ids and shared and result.status in ("pass", "fail"):  # ids shared by files
+        return replace(result, status="warn", message=f"{msg}; {shared[0]}")
     return result
 
 

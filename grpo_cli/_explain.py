@@ -63,7 +63,15 @@ def explain_findings(r: ObjectiveReport) -> list[Finding]:
         ))  # fmt: skip
 
     gs = r.group_summary
-    if gs is not None and gs.zero_variance_groups:
+    if gs is not None and gs.groups > 1 and gs.singleton_groups == gs.groups:
+        out.append(Finding(
+            "singleton-groups", "alarm",
+            f"Every one of the {gs.groups} groups has one answer: the group ids look like "
+            "answer ids, so every advantage is 0 and nothing is learned. Give the prompt's id "
+            "as the group (--column group=NAME).",
+            {"groups": gs.groups, "singleton_groups": gs.singleton_groups},
+        ))  # fmt: skip
+    elif gs is not None and gs.zero_variance_groups:
         frac = gs.frac_zero_variance_groups
         out.append(Finding(
             "zero-variance-groups", _level("zero-std-groups", frac) or "info",

@@ -34,6 +34,7 @@ from .finalize import (
     group_summary_of,
     kl_record,
     objective_record,
+    singleton_warning,
     values_distribution,
 )
 from .io import TOKEN_VALUES, Answers, Source, load_answers, numpy_of
@@ -83,7 +84,7 @@ def advantages_report(
     adv, stats = _advantages(answers, settings, src.label)
     assert answers.codes is not None and answers.labels is not None and answers.reward is not None
     diff = None
-    notes = [*src.notes, *answers.notes]
+    notes = [*src.notes, *answers.notes, *singleton_warning(group_summary_of(stats))]
     if answers.advantage is not None:
         gap = np.abs(difference(answers.advantage, adv))
         diff = float(np.max(gap)) if adv.size else 0.0

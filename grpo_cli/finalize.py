@@ -170,6 +170,43 @@ def trainer_metrics(
     return {k: v for k, v in out.items() if v is not None}
 
 
+SINGLETONS = (
+    "every group has one answer ({n} groups of one): the group ids look like answer ids. "
+    "A group of one has advantage 0 (GRPO), so the policy term is 0: give the prompt's id "
+    "as the group (--column group=NAME)"
+)
+
+
+def singleton_warning(groups: GroupSummary | None) -> list[str]:
+    """When every group is a singleton (answer ids given as group ids)."""
+    if groups is None or groups.groups < 2 or groups.singleton_groups != groups.groups:
+        return []
+    return [SINGLETONS.format(n=groups.groups)]
+
+
+def data_mistakes(src: Source, acc: TokenPartial, groups: GroupSummary | None) -> list[str]:
+    """Warnings on inputs that are valid but almost surely not what was meant: answer ids
+    as group ids, every answer as long as the longest (truncated, or padding counted for
+    want of a mask), log-probs that are probabilities."""
+    out = singleton_warning(groups)
+    lengths = acc.lengths
+    if acc.answers > 1 and lengths.n:
+        _, _, lo, hi = lengths.moments()
+        if lo == hi:
+            where = "" if src.has("mask") else "; without a mask every token counts: give it"
+            out.append(
+                f"every answer has exactly {int(hi)} valid tokens: all truncated at a maximum "
+                f"length, or padding counted as tokens{where} (--column mask=NAME)"
+            )
+    positive = acc.positive.counts.get("logp", 0)
+    if acc.tokens and positive > acc.tokens / 2:
+        out.append(
+            f"{positive} of {acc.tokens} valid log-probs of {src.name('logp')!r} are above 0: "
+            "these look like probabilities; grpo-cli takes log-probs (np.log of them)"
+        )
+    return out
+
+
 @dataclass(frozen=True)
 class LoggedInput:
     """What the trainer logged for the step (``--logged``): the file, its metrics under
@@ -274,6 +311,7 @@ def objective_record(
         "computed on as given; grpo-cli check fails on them (logp-range)"
         for f, n in acc.positive.counts.items()
     ]
+    warnings += data_mistakes(src, acc, group_summary)
     compared = None
     if logged is not None:
         warnings += logged.notes

@@ -46,6 +46,7 @@ class Answers:
     shape: tuple[int, int] | None
     group_ids: pa.Array | None = None  # ``labels`` as an Arrow array, for joins by group id
     notes: list[str] = dataclass_field(default_factory=list)  # e.g. ids shared by files
+    shared_ids: int = 0  # group ids found in more than one file (dataset scope)
     # the file's advantages are per token and vary within answers: folded per token
     # (``advantage`` then holds each answer's mean over its valid tokens)
     per_token_advantage: bool = False
@@ -139,7 +140,8 @@ def load_answers(
     if n is None:
         n = r.shape[0] if r is not None else (a.shape[0] if a is not None else 0)
     # a recorded step's calls split its groups: shared ids across its files are expected
-    notes = [*cols.notes, *([] if src.recorded is not None else _shared_note(src, seen))]
+    shared = [] if src.recorded is not None else _shared_note(src, seen)
+    notes = [*cols.notes, *shared]
     per_token = False
     if table is not None:
         per_token, said = _per_token_notes(table, cols.names, src)
@@ -147,6 +149,7 @@ def load_answers(
     answers = Answers(
         n=n, codes=codes, labels=labels, reward=r, advantage=a, shape=cols.shape,
         group_ids=ids, notes=notes, per_token_advantage=per_token,
+        shared_ids=sum(len(f) > 1 for f in seen.values()) if shared else 0,
     )  # fmt: skip
     if answers.n == 0:
         raise InputError(f"{src.label}: no answers (0 rows): nothing to compute")

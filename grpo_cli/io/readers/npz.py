@@ -270,7 +270,14 @@ class NpzReader:
             if c in cols
         }
         tables = [pa.table(cols)] if cols else []
-        return AnswerColumns(tables, names, n, shape)
+        notes: tuple[str, ...] = ()
+        if shape is not None and shape[1] == 1 and shape[0] > 1:
+            notes = (
+                f"array {rname!r} has shape {shape}: read as {shape[0]} groups of one answer "
+                "each (P, G with G = 1), whose advantages are all 0; one reward per answer is "
+                f"an (N,) array with a group array {gname!r}",
+            )
+        return AnswerColumns(tables, names, n, shape, notes=notes)
 
     def _mask(self, src: Source, shape: tuple[int, ...], of: str) -> NDArray[np.bool_] | None:
         """The file's mask, flat, for a per-token answer array of ``shape`` (``of``
