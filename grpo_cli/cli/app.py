@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from .. import __version__
 from .._report import advantages_report, kl_report, objective_report
@@ -44,6 +44,7 @@ from .options import (
     WorkersOpt,
     conventions,
     engine_options,
+    plain_coercion,
 )
 
 if TYPE_CHECKING:
@@ -64,9 +65,19 @@ except ImportError:  # pragma: no cover
 __all__ = ["app", "main"]
 
 
+class _Command(TyperCommand):
+    """A command whose plain options are converted without pydantic (typer >= 0.29)."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return plain_coercion(super().get_params(ctx))
+
+
 class _OneLineErrors(TyperGroup):
     """Usage errors (an unknown option, a missing argument, a value of the wrong type) as
     the one line every other error is: ``grpo-cli: error: …`` on stderr, exit code 2."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return plain_coercion(super().get_params(ctx))
 
     def main(  # type: ignore[override]
         self,
@@ -215,7 +226,7 @@ def _recorded_run(specs: Sequence[str]) -> RecordedRun | None:
 
 
 # ----------------------------------------------------------------------- commands
-@app.command()
+@app.command(cls=_Command)
 @conventions(ADVANTAGE_CONVENTIONS)
 def advantages(
     files: Files,
@@ -251,7 +262,7 @@ def advantages(
             _stdout().print(render_advantages(report, max_groups=max_groups))
 
 
-@app.command()
+@app.command(cls=_Command)
 @conventions()
 def kl(
     files: Files,
@@ -282,7 +293,7 @@ def kl(
             _stdout().print(render_kl(report))
 
 
-@app.command()
+@app.command(cls=_Command)
 @conventions()
 def objective(
     files: Files,
@@ -356,7 +367,7 @@ def objective(
 CHECK_FORMATS = ("table", "json", "github", "junit")
 
 
-@app.command()
+@app.command(cls=_Command)
 @conventions()
 def check(
     files: Files,
@@ -454,7 +465,7 @@ def check(
         raise typer.Exit(1)
 
 
-@app.command()
+@app.command(cls=_Command)
 @conventions()
 def trend(
     files: Files,
@@ -526,7 +537,7 @@ def trend(
         raise typer.Exit(1)
 
 
-@app.command()
+@app.command(cls=_Command)
 @conventions()
 def answers(
     files: Files,
@@ -577,7 +588,7 @@ def answers(
             _stdout().print(render_answers(report))
 
 
-@app.command()
+@app.command(cls=_Command)
 @conventions()
 def explain(
     files: Files,
@@ -618,7 +629,7 @@ def explain(
             _stdout().print(render_explain(findings))
 
 
-@app.command()
+@app.command(cls=_Command)
 def sample(
     out: Annotated[
         Path, typer.Argument(help="Output file, .parquet (streamed, ragged) or .npz (padded).")

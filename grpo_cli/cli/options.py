@@ -39,6 +39,7 @@ __all__ = [
     "conventions",
     "engine_options",
     "env_int",
+    "plain_coercion",
 ]
 
 
@@ -538,3 +539,108 @@ def conventions(
         return wrapper
 
     return decorate
+
+
+# ----------------------------------------------------------------- fast coercion
+# typer >= 0.29 converts every parameter's value (None and defaults included) through a
+# pydantic TypeAdapter it builds at the first use: importing pydantic and building ~30
+# adapters costs ~0.1 s of CPU at every run, for options that are plain str, int, float,
+# Path or list[str]. These are converted here instead, the way click converts them; any
+# other parameter (or a typer without the hook) keeps typer's own conversion.
+_PLAIN: dict[Any, str] = {
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    Path: "a path",
+    bool: "true or false",
+}
+_BOOLS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False,
+          "no": False, "off": False}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _PlainParam:
+    """typer's runtime-parameter contract (``coerce(value, param, ctx)``) for a plain
+    type, with the bounds ``min``/``max`` of an ``int`` or ``float`` option."""
+
+    kind: Any
+    low: float | None = None
+    high: float | None = None
+
+    def coerce(self, value: Any, param: Any, ctx: Any) -> Any:
+        multi = param.multiple or param.nargs == -1
+        if value is None:
+            return () if multi else None
+        if multi:
+            if isinstance(value, str):
+                raise typer.BadParameter("expected several values", ctx=ctx, param=param)
+            return [self._one(v, param, ctx) for v in value]
+        return self._one(value, param, ctx)
+
+    def _one(self, value: Any, param: Any, ctx: Any) -> Any:
+        kind = self.kind
+        if isinstance(value, bytes):
+            value = value.decode("utf-8", "replace")
+        if kind is str:
+            return str(value)
+        if kind is Path:
+            return value if isinstance(value, Path) else Path(value)
+        if kind is bool:
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text not in _BOOLS:
+                raise typer.BadParameter(
+                    f"expected {_PLAIN[kind]}, got {value!r}", ctx=ctx, param=param
+                )
+            return _BOOLS[text]
+        if isinstance(value, bool) or not isinstance(value, kind):
+            try:
+                value = kind(str(value).strip())
+            except ValueError:
+                raise typer.BadParameter(
+                    f"expected {_PLAIN[kind]}, got {value!r}", ctx=ctx, param=param
+                ) from None
+        if self.low is not None and value < self.low:
+            raise typer.BadParameter(
+                f"expected at least {self.low:g}, got {value!r}", ctx=ctx, param=param
+            )
+        if self.high is not None and value > self.high:
+            raise typer.BadParameter(
+                f"expected at most {self.high:g}, got {value!r}", ctx=ctx, param=param
+            )
+        return value
+
+    @classmethod
+    def of(cls, descriptor: Any) -> _PlainParam | None:
+        """The plain conversion of a typer type descriptor, or None (typer's own)."""
+        info = descriptor.parameter_info
+        ann = descriptor.annotation
+        if getattr(info, "parser", None) is not None or descriptor.file_annotation is not None:
+            return None
+        if getattr(ann, "__origin__", None) is list and len(ann.__args__) == 1:
+            ann = ann.__args__[0]
+        if ann not in _PLAIN:
+            return None
+        if ann is Path and (info.exists or info.resolve_path or not info.file_okay
+                            or not info.dir_okay or info.writable):  # fmt: skip
+            return None
+        if getattr(info, "clamp", False):
+            return None
+        if (info.min is not None or info.max is not None) and ann not in (int, float):
+            return None
+        return cls(ann, info.min, info.max)
+
+
+def plain_coercion(params: list[Any]) -> list[Any]:
+    """Give the plain ones of ``params`` (a command's, as ``get_params`` lists them: the
+    help option too) a :class:`_PlainParam` conversion; ``params`` back. Nothing changes
+    with a typer that converts through click (no ``_runtime_param``)."""
+    for p in params:
+        descriptor = getattr(p, "type_descriptor", None)
+        if descriptor is None or getattr(p, "_runtime_param", False) is not None:
+            continue
+        fast = _PlainParam.of(descriptor)
+        if fast is not None:
+            p._runtime_param = fast
+    return params
