@@ -33,6 +33,7 @@ from .options import (
     Conventions,
     EngineOpt,
     Files,
+    FullOpt,
     GroupScopeOpt,
     JsonOpt,
     LoggedOpt,
@@ -313,6 +314,7 @@ def objective(
             help="Ignore the file's advantages; compute them from rewards and groups.",
         ),
     ] = False,
+    full: FullOpt = False,
     plot: PlotOpt = None,
     gradient: Annotated[
         bool,
@@ -359,9 +361,11 @@ def objective(
         if json_out:
             _emit_json(objective_json(report))
         else:
+            from .._explain import explain_findings
             from ..views.tables import render_objective
 
-            _stdout().print(render_objective(report, compare=compare))
+            findings = explain_findings(report)
+            _stdout().print(render_objective(report, findings, full=full, compare=compare))
 
 
 CHECK_FORMATS = ("table", "json", "github", "junit")
@@ -420,6 +424,7 @@ def check(
             help="A rule that must be evaluated: its skip fails the check. Repeatable.",
         ),
     ] = None,
+    full: FullOpt = False,
     column: ColumnOpt = None,
     group_scope: GroupScopeOpt = "dataset",
     logged: LoggedOpt = None,
@@ -458,7 +463,7 @@ def check(
         if out is None:
             from ..views.tables import render_check
 
-            _stdout().print(render_check(report))
+            _stdout().print(render_check(report, full=full))
         else:
             sys.stdout.write(out)
     if not report.passed:
@@ -485,6 +490,7 @@ def trend(
             "--rule", metavar="RULE.KEY=VALUE", help="Set a trend rule, e.g. kl-growth.fail=50."
         ),
     ] = None,
+    full: FullOpt = False,
     plot: PlotOpt = None,
     step_column: Annotated[
         str | None,
@@ -532,7 +538,7 @@ def trend(
         else:
             from ..views.tables import render_trend
 
-            _stdout().print(render_trend(report))
+            _stdout().print(render_trend(report, full=full))
     if check and not report.passed:
         raise typer.Exit(1)
 
@@ -594,6 +600,7 @@ def explain(
     files: Files,
     conventions: Conventions,
     json_out: JsonOpt = False,
+    full: FullOpt = False,
     column: ColumnOpt = None,
     group_scope: GroupScopeOpt = "dataset",
     progress: ProgressOpt = True,
@@ -626,7 +633,7 @@ def explain(
         else:
             from ..views.tables import render_explain
 
-            _stdout().print(render_explain(findings))
+            _stdout().print(render_explain(report, findings, full=full))
 
 
 @app.command(cls=_Command)

@@ -344,6 +344,14 @@ ProgressOpt = Annotated[
 ]
 
 
+FullOpt = Annotated[
+    bool,
+    typer.Option(
+        "--full",
+        help="Print every table (the default view is one screen: the numbers that matter, "
+        "the top findings and a verdict).",
+    ),
+]
 PlotOpt = Annotated[
     Path | None,
     typer.Option(
