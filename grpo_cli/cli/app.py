@@ -72,6 +72,11 @@ class _Command(TyperCommand):
     def get_params(self, ctx: Any) -> list[Any]:
         return plain_coercion(super().get_params(ctx))
 
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        """``FILES...`` in the usage line, as ruff and click write it (typer: ``{files}``)."""
+        return [p[1:-1] if p.startswith("{") and p.endswith("}") else p
+                for p in super().collect_usage_pieces(ctx)]  # fmt: skip
+
 
 class _OneLineErrors(TyperGroup):
     """Usage errors (an unknown option, a missing argument, a value of the wrong type) as
@@ -227,16 +232,33 @@ def _recorded_run(specs: Sequence[str]) -> RecordedRun | None:
 
 
 # ----------------------------------------------------------------------- commands
-@app.command(cls=_Command)
+def _examples(*lines: str) -> str:
+    """An Examples block for a command's help, kept as written (click's \\b)."""
+    return "\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+def _command(short: str, *examples: str) -> Any:
+    """A command with its one-line summary (the command list shows it whole) and its
+    Examples block."""
+    return app.command(cls=_Command, short_help=short, epilog=_examples(*examples))
+
+
+@_command(
+    "Group-relative advantages from rewards and group ids.",
+    "grpo-cli advantages sample_data/rewards.npz",
+    "grpo-cli advantages logs/step_300.parquet --preset verl --max-groups 5",
+    "grpo-cli advantages run.parquet --estimator rloo --out advantages.parquet",
+)
 @conventions(ADVANTAGE_CONVENTIONS)
 def advantages(
     files: Files,
     conventions: Conventions,
     json_out: JsonOpt = False,
     out: Annotated[
-        Path | None, typer.Option(help="Write the advantages to this .npz or .parquet file.")
+        Path | None,
+        typer.Option(metavar="FILE", help="Write the advantages to this .npz or .parquet file."),
     ] = None,
-    max_groups: Annotated[int, typer.Option(help="Groups shown in the table.")] = 20,
+    max_groups: Annotated[int, typer.Option(metavar="N", help="Groups shown in the table.")] = 20,
     column: ColumnOpt = None,
     group_scope: GroupScopeOpt = "dataset",
     engine: EngineOpt = "local",
@@ -263,7 +285,11 @@ def advantages(
             _stdout().print(render_advantages(report, max_groups=max_groups))
 
 
-@app.command(cls=_Command)
+@_command(
+    "Per-token KL estimate: statistics, quantiles, per-answer means.",
+    "grpo-cli kl sample_data/batch.parquet",
+    "grpo-cli kl logs/ --kl-estimator k1 --json",
+)
 @conventions()
 def kl(
     files: Files,
@@ -294,7 +320,13 @@ def kl(
             _stdout().print(render_kl(report))
 
 
-@app.command(cls=_Command)
+@_command(
+    "Objective J, loss −J, its parts, clipping, ratio and KL.",
+    "grpo-cli objective sample_data/batch.parquet",
+    "grpo-cli objective logs/step_300.parquet --preset verl --full",
+    "grpo-cli objective runs/x/step_12 --logged metrics.jsonl",
+    "grpo-cli objective run.parquet --compare --gradient --plot objective.png",
+)
 @conventions()
 def objective(
     files: Files,
@@ -371,7 +403,13 @@ def objective(
 CHECK_FORMATS = ("table", "json", "github", "junit")
 
 
-@app.command(cls=_Command)
+@_command(
+    "CI gate: integrity and health rules; exit 1 when one fails.",
+    "grpo-cli check sample_data/batch.parquet",
+    "grpo-cli check logs/ --format github --report check.json",
+    "grpo-cli check run.parquet --baseline last/check.json --rule kl-mean.fail=0.5",
+    "grpo-cli check run.parquet --report-html check.html",
+)
 @conventions()
 def check(
     files: Files,
@@ -379,25 +417,31 @@ def check(
     config: Annotated[
         Path | None,
         typer.Option(
-            help="TOML file of rule settings (default: [tool.grpo-cli.check] in ./pyproject.toml)."
+            metavar="FILE",
+            help="TOML file of rule settings (default: [tool.grpo-cli.check] in ./pyproject.toml).",
         ),
     ] = None,
     output_format: Annotated[
         str,
         typer.Option(
-            "--format", help="table, json, github (annotations + $GITHUB_STEP_SUMMARY) or junit."
+            "--format",
+            metavar="[table|json|github|junit|html]",
+            help="table; json; github (annotations and $GITHUB_STEP_SUMMARY); junit; html "
+            "(the report grpo-cli report writes: one self-contained file, a CI artifact).",
         ),
     ] = "table",
     baseline: Annotated[
         Path | None,
         typer.Option(
-            help="A previous `check --format json` report: fail on relative drift beyond baseline-tolerance."
+            metavar="FILE",
+            help="A previous `check --format json` report: fail on relative drift beyond baseline-tolerance.",
         ),
     ] = None,
     report_path: Annotated[
         Path | None,
         typer.Option(
             "--report",
+            metavar="FILE",
             help="Also write the JSON report to this file (e.g. the next run's baseline).",
         ),
     ] = None,
@@ -470,7 +514,12 @@ def check(
         raise typer.Exit(1)
 
 
-@app.command(cls=_Command)
+@_command(
+    "Health metrics step by step, and rules over the steps.",
+    "grpo-cli trend logs/step_*.parquet",
+    "grpo-cli trend runs/x --check --plot trend.png",
+    "grpo-cli trend all_steps.parquet --step-column step --json",
+)
 @conventions()
 def trend(
     files: Files,
@@ -543,7 +592,12 @@ def trend(
         raise typer.Exit(1)
 
 
-@app.command(cls=_Command)
+@_command(
+    "The answers to blame, worst first (by KL, ratio, clipping, |A|).",
+    "grpo-cli answers sample_data/batch.parquet --top 5",
+    "grpo-cli answers logs/ --sort ratio --json",
+    "grpo-cli answers run.parquet --sort gradient --preset gspo",
+)
 @conventions()
 def answers(
     files: Files,
@@ -552,12 +606,13 @@ def answers(
         str,
         typer.Option(
             "--sort",
-            metavar="KEY",
-            help="Rank by kl (mean KL to the reference), kl-max, ratio (max |log ρ|), "
-            "clip (share of clipped tokens), length or advantage (|A|).",
+            metavar="[kl|kl-max|ratio|clip|length|advantage|gradient|rollout]",
+            help="Rank by kl (mean KL to the reference), kl-max (its largest token), ratio "
+            "(max |log ρ|), clip (share of clipped tokens), length, advantage (|A|), gradient "
+            "(share of ‖∂J/∂logp‖², one more pass) or rollout (sampler vs trainer KL).",
         ),
     ] = "kl",
-    top: Annotated[int, typer.Option("--top", help="How many answers to list.")] = 20,
+    top: Annotated[int, typer.Option("--top", metavar="N", help="How many answers to list.")] = 20,
     json_out: JsonOpt = False,
     column: ColumnOpt = None,
     group_scope: GroupScopeOpt = "dataset",
@@ -594,7 +649,11 @@ def answers(
             _stdout().print(render_answers(report))
 
 
-@app.command(cls=_Command)
+@_command(
+    "The numbers read as findings, with what to do.",
+    "grpo-cli explain sample_data/batch.parquet",
+    "grpo-cli explain logs/step_300.parquet --preset verl --full",
+)
 @conventions()
 def explain(
     files: Files,
@@ -636,18 +695,32 @@ def explain(
             _stdout().print(render_explain(report, findings, full=full))
 
 
-@app.command(cls=_Command)
+@_command(
+    "Synthetic rollouts of any size (demos, tests, benchmarks).",
+    "grpo-cli sample demo.parquet --groups 16 --extras",
+    "grpo-cli sample big.parquet --groups 6400 --mean-len 1367 --max-len 8192",
+)
 def sample(
     out: Annotated[
-        Path, typer.Argument(help="Output file, .parquet (streamed, ragged) or .npz (padded).")
+        Path,
+        typer.Argument(
+            metavar="OUT", help="Output file, .parquet (streamed, ragged) or .npz (padded)."
+        ),
     ],
-    groups: Annotated[int, typer.Option(help="Number of groups (prompts).")] = 64,
-    group_size: Annotated[int, typer.Option(help="Answers per group.")] = 8,
-    mean_len: Annotated[int, typer.Option(help="Mean answer length in tokens (log-normal).")] = 200,
-    max_len: Annotated[int | None, typer.Option(help="Longest answer (default 8 × mean).")] = None,
-    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+    groups: Annotated[int, typer.Option(metavar="N", help="Number of groups (prompts).")] = 64,
+    group_size: Annotated[int, typer.Option(metavar="G", help="Answers per group.")] = 8,
+    mean_len: Annotated[
+        int, typer.Option(metavar="L", help="Mean answer length in tokens (log-normal).")
+    ] = 200,
+    max_len: Annotated[
+        int | None, typer.Option(metavar="L", help="Longest answer (default 8 × mean).")
+    ] = None,
+    seed: Annotated[int, typer.Option(metavar="N", help="Random seed.")] = 0,
     row_group_rows: Annotated[
-        int, typer.Option(help=".parquet: answers per row group (readers parallelise over them).")
+        int,
+        typer.Option(
+            metavar="N", help=".parquet: answers per row group (readers parallelise over them)."
+        ),
     ] = 1 << 14,
     rewards_only: Annotated[
         bool, typer.Option("--rewards-only", help=".npz only: write just rewards (P, G).")

@@ -27,6 +27,7 @@ from .._settings import (
 )
 from ..engine.options import DEFAULT_BATCH_TOKENS, DEFAULT_WORKERS, MAX_WORKERS, EngineOptions
 from ..errors import UsageError
+from ..io.fields import FIELDS
 
 if TYPE_CHECKING:
     from ..io import Source
@@ -58,6 +59,20 @@ def _optional(name: str, text: str | None) -> object:
     return value
 
 
+def _choices(values: tuple[str, ...] | list[str]) -> str:
+    """A metavar listing the choices: ``[a|b|c]`` (click's way)."""
+    return "[" + "|".join(values) + "]"
+
+
+AGGREGATIONS = (
+    "seq-mean-token-mean",
+    "token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-sum-norm",
+    "token-sum",
+)
+
+
 def _trainer_presets() -> str:
     named = [name for name, p in PRESETS.items() if p.trainer is not None]
     return ", ".join(named[:-1]) + " and " + named[-1]
@@ -66,7 +81,10 @@ def _trainer_presets() -> str:
 Files = Annotated[
     list[str],
     typer.Argument(
-        help="Input: .npz or .parquet file(s), a directory, or a glob.", show_default=False
+        metavar="FILES...",
+        help="Input: .npz or .parquet file(s), a directory, a glob, or a recorded step's "
+        "or run's directory (grpo_cli.integrations).",
+        show_default=False,
     ),
 ]
 JsonOpt = Annotated[
@@ -79,20 +97,22 @@ ColumnOpt = Annotated[
         "-c",
         rich_help_panel="Input",
         metavar="FIELD=NAME",
-        help="Read FIELD (group, reward, advantage, logp, old_logp, ref_logp, mask) "
-        "from the column/array NAME. Repeatable.",
+        help=f"Read FIELD ({', '.join(FIELDS)}) from the column/array NAME. Repeatable.",
     ),
 ]
 PresetOpt = Annotated[
     str | None,
     typer.Option(
         rich_help_panel="Conventions",
+        metavar="PRESET",
         help=f"Set every convention to a trainer's defaults: {', '.join(PRESETS)}.",
+        show_default=False,
     ),
 ]
 ScaleOpt = Annotated[
     str | None,
     typer.Option(
+        metavar="[group|batch|none]",
         rich_help_panel="Advantages",
         help="Advantage scale: group (default), batch, none (Dr. GRPO).",
         show_default=False,
@@ -101,6 +121,7 @@ ScaleOpt = Annotated[
 DdofOpt = Annotated[
     int | None,
     typer.Option(
+        metavar="[0|1]",
         rich_help_panel="Advantages",
         help="Std of rewards: 0 population (default), 1 sample.",
         show_default=False,
@@ -109,6 +130,7 @@ DdofOpt = Annotated[
 EpsOpt = Annotated[
     float | None,
     typer.Option(
+        metavar="X",
         rich_help_panel="Advantages",
         help="ε added to the reward std (default 1e-8).",
         show_default=False,
@@ -117,6 +139,7 @@ EpsOpt = Annotated[
 EstimatorOpt = Annotated[
     str | None,
     typer.Option(
+        metavar="[grpo|rloo]",
         rich_help_panel="Advantages",
         help="Advantage baseline: grpo (group mean, default) or rloo (leave-one-out).",
         show_default=False,
@@ -125,6 +148,7 @@ EstimatorOpt = Annotated[
 SingletonOpt = Annotated[
     str | None,
     typer.Option(
+        metavar="[zero|raw]",
         rich_help_panel="Advantages",
         help="Group of one answer: zero (A = 0, default) or raw (verl: A = r/(1+ε)).",
         show_default=False,
@@ -133,6 +157,7 @@ SingletonOpt = Annotated[
 ClipOpt = Annotated[
     float | None,
     typer.Option(
+        metavar="X",
         rich_help_panel="Ratio and clipping",
         help="Clip range ε (ε_low), default 0.2.",
         show_default=False,
@@ -141,6 +166,7 @@ ClipOpt = Annotated[
 ClipHighOpt = Annotated[
     str | None,
     typer.Option(
+        metavar="X|off",
         rich_help_panel="Ratio and clipping",
         help="Upper clip ε_high (DAPO clip-higher); 'off' = ε.",
         show_default=False,
@@ -149,6 +175,7 @@ ClipHighOpt = Annotated[
 DualClipOpt = Annotated[
     str | None,
     typer.Option(
+        metavar="C|off",
         rich_help_panel="Ratio and clipping",
         help="Dual clip c > 1: for A < 0 the term is bounded below by c·A; 'off' to disable.",
         show_default=False,
@@ -157,6 +184,7 @@ DualClipOpt = Annotated[
 RatioClampOpt = Annotated[
     str | None,
     typer.Option(
+        metavar="X|off",
         rich_help_panel="Ratio and clipping",
         help="Clamp log-ratios to [−X, X] before exp (verl/OpenRLHF: 20); 'off' to disable.",
         show_default=False,
@@ -165,6 +193,7 @@ RatioClampOpt = Annotated[
 SeqRatioClampOpt = Annotated[
     str | None,
     typer.Option(
+        metavar="X|off",
         rich_help_panel="Ratio and clipping",
         help="Bound the sequence log-ratio from above at X, after the mean (verl GSPO: 10); "
         "sequence level only; 'off' to disable.",
@@ -174,6 +203,7 @@ SeqRatioClampOpt = Annotated[
 ClipUnitOpt = Annotated[
     str | None,
     typer.Option(
+        metavar="[tokens|sequences]",
         rich_help_panel="Ratio and clipping",
         help="What clip fractions count: tokens (default) or sequences (TRL GSPO: a clipped "
         "answer counts once; needs --ratio-level sequence).",
@@ -183,6 +213,7 @@ ClipUnitOpt = Annotated[
 RatioLevelOpt = Annotated[
     str | None,
     typer.Option(
+        metavar="[token|sequence]",
         rich_help_panel="Ratio and clipping",
         help="Importance ratio per token (default) or per sequence (GSPO).",
         show_default=False,
@@ -190,17 +221,23 @@ RatioLevelOpt = Annotated[
 ]
 BetaOpt = Annotated[
     float | None,
-    typer.Option(rich_help_panel="KL", help="KL weight β, default 0.04.", show_default=False),
+    typer.Option(
+        metavar="X", rich_help_panel="KL", help="KL weight β, default 0.04.", show_default=False
+    ),
 ]
 KLEstOpt = Annotated[
     str | None,
     typer.Option(
-        rich_help_panel="KL", help="KL estimator: k1, k2, k3 (default).", show_default=False
+        metavar="[k1|k2|k3]",
+        rich_help_panel="KL",
+        help="KL estimator: k1, k2, k3 (default).",
+        show_default=False,
     ),
 ]
 KLClampOpt = Annotated[
     str | None,
     typer.Option(
+        metavar="X|off",
         rich_help_panel="KL",
         help="Clamp the KL estimate to [−X, X] (verl/OpenRLHF: 10); 'off' to disable.",
         show_default=False,
@@ -209,6 +246,7 @@ KLClampOpt = Annotated[
 TrainerOpt = Annotated[
     str | None,
     typer.Option(
+        metavar="[trl|verl|openrlhf]",
         rich_help_panel="Conventions",
         help=f"Also report the metrics this trainer logs ({', '.join(TRAINERS)}), under its "
         f"names; the {_trainer_presets()} presets name theirs.",
@@ -228,6 +266,7 @@ KLBiasOpt = Annotated[
 KLModeOpt = Annotated[
     str | None,
     typer.Option(
+        metavar="[loss|reward]",
         rich_help_panel="KL",
         help="Where β·KL goes: loss (default) or reward (the trainer's way: verl use_kl_in_reward, "
         "OpenRLHF's default; needs --trainer verl|openrlhf or their preset).",
@@ -237,22 +276,27 @@ KLModeOpt = Annotated[
 KLAggOpt = Annotated[
     str | None,
     typer.Option(
+        metavar="AGG",
         rich_help_panel="KL",
-        help="Aggregation of the KL term (default: as --agg; OpenRLHF: token-mean).",
+        help="Aggregation of the KL term, one of --agg's (default: as --agg; OpenRLHF: "
+        "token-mean).",
         show_default=False,
     ),
 ]
 AggOpt = Annotated[
     str | None,
     typer.Option(
+        metavar="AGG",
         rich_help_panel="Aggregation",
-        help="Aggregation: seq-mean-token-mean (default), token-mean, seq-mean-token-sum, seq-mean-token-sum-norm, token-sum.",
+        help="How per-token terms become J: seq-mean-token-mean (default), token-mean, "
+        "seq-mean-token-sum, seq-mean-token-sum-norm or token-sum.",
         show_default=False,
     ),
 ]
 MaxLenOpt = Annotated[
     int | None,
     typer.Option(
+        metavar="L",
         rich_help_panel="Aggregation",
         help="L of seq-mean-token-sum-norm (default: the widest row, masked tokens included; dr-grpo preset: 512, TRL's max_completion_length).",
         show_default=False,
@@ -261,6 +305,7 @@ MaxLenOpt = Annotated[
 NormScaleOpt = Annotated[
     str | None,
     typer.Option(
+        metavar="[n-lmax|lmax]",
         rich_help_panel="Aggregation",
         help="seq-mean-token-sum-norm divisor: n-lmax (N·L, default: TRL, verl >= 0.7.1) or lmax (L: verl <= 0.7.0).",
         show_default=False,
@@ -269,10 +314,12 @@ NormScaleOpt = Annotated[
 WorkersOpt = Annotated[
     int | None,
     typer.Option(
+        metavar="N",
         min=1,
-        help="Compute threads, 1 to 64 (default 2 on every machine, or GRPO_CLI_WORKERS; the "
-        "result depends on it only at the 1e-15 level, through the order of float additions; "
-        "JSON echoes it in engine).",
+        help="Compute threads, 1 to 64 (default 2 on every machine, or GRPO_CLI_WORKERS). "
+        "Results depend on it only through the order of float additions: about 1e-15 "
+        "relative, up to 1e-12 for small differences of large sums (chi2_token, J near 0); "
+        "JSON echoes it in engine.",
         show_default=False,
     ),
 ]
@@ -307,6 +354,7 @@ RayAddressOpt = Annotated[
 LoggedOpt = Annotated[
     Path | None,
     typer.Option(
+        metavar="FILE",
         rich_help_panel="Trainer",
         help="Metrics the trainer logged (JSON object, or JSON lines with a step), in its names; "
         "each is compared with grpo-cli's value.",
@@ -316,6 +364,7 @@ LoggedOpt = Annotated[
 LoggedStepOpt = Annotated[
     int | None,
     typer.Option(
+        metavar="N",
         rich_help_panel="Trainer",
         help="The step of --logged to compare (default: the last record).",
         show_default=False,
@@ -324,6 +373,7 @@ LoggedStepOpt = Annotated[
 LoggedTolOpt = Annotated[
     float,
     typer.Option(
+        metavar="X",
         rich_help_panel="Trainer",
         help="Relative difference from which a logged metric differs (objective; check: "
         "the logged-metrics rule's fail threshold).",
@@ -332,8 +382,10 @@ LoggedTolOpt = Annotated[
 GroupScopeOpt = Annotated[
     str,
     typer.Option(
+        metavar="[dataset|file]",
         help="dataset: a group id is one group across files (the shards of one step); file: "
         "ids are scoped to their file (one step per file).",
+        show_default=True,
     ),
 ]
 ProgressOpt = Annotated[
@@ -356,8 +408,9 @@ PlotOpt = Annotated[
     Path | None,
     typer.Option(
         "--plot",
-        metavar="PATH.png",
-        help="Also draw the figures to PATH (.png, .svg, .pdf); needs the [plot] extra.",
+        metavar="PATH",
+        help="Also draw the figures to PATH (.png, .svg or .pdf) and say where; needs the "
+        "[plot] extra.",
     ),
 ]
 

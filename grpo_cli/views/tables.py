@@ -381,7 +381,7 @@ def _logged_block(lg: LoggedReport, *, limit: int) -> list[RenderableType]:
     head.append(f", {counts['not recomputed']} not recomputed")
     worst = lg.max_relative
     if worst is not None:
-        head.append(f"; largest relative difference {num(worst, 2)}", style="dim")
+        head.append(f"; max relative diff {num(worst, 3)}", style="dim")
     out: list[RenderableType] = [head]
     shown = sorted(
         (m for m in lg.metrics if m.recomputed is not None),
@@ -399,7 +399,7 @@ def _logged_block(lg: LoggedReport, *, limit: int) -> list[RenderableType]:
                 "  " + m.metric,
                 num(m.logged, 7),
                 num(m.recomputed, 7),
-                "rel " + num(m.relative, 2),
+                "rel " + num(m.relative, 3),
                 Text(m.verdict, style=style),
             )
         out.append(t)
@@ -418,7 +418,7 @@ def headline(f: Finding) -> str:
 
     try:
         if f.id == "negative-loss":
-            return f"loss {num(g('loss'))} < 0: the policy term exceeds the KL term (fine)"
+            return f"loss {num(g('loss'))} < 0: policy term > KL term (fine)"
         if f.id == "near-zero-loss":
             norm = g("gradient_norm")
             if norm is None:
