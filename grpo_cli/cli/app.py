@@ -179,25 +179,65 @@ def _note(text: str) -> None:
 
 @contextmanager
 def _progress(
-    enabled: bool, total: int | None, what: str
+    enabled: bool, total: int | None, what: str, *, first: str | None = None
 ) -> Iterator[Callable[[int], None] | None]:
+    """A progress bar on stderr for a long pass (big inputs, a terminal to draw on): the
+    answers done of ``total``, their rate and the time left, moving from the first second.
+    ``first`` names a pass before the counted one that reports no progress (``answers
+    --sort gradient``'s norm): until the first answer is counted the bar pulses under
+    that name, with the time elapsed."""
     if not enabled or not sys.stderr.isatty() or not total or total < 10_000:
         yield None  # a bar only where it helps: big inputs, a terminal to draw on
         return
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, Progress, ProgressColumn, TextColumn
+    from rich.text import Text
+
+    class Rate(ProgressColumn):
+        def render(self, task: Any) -> Text:
+            speed = task.finished_speed or task.speed
+            return Text("" if not speed else f"{speed:,.0f}/s", style="cyan")
+
+    class Count(ProgressColumn):
+        def render(self, task: Any) -> Text:
+            if task.total is None:  # a pass that reports nothing: its time only
+                return Text("")
+            return Text(f"{task.completed:,.0f}/{task.total:,.0f} answers", style="green")
+
+    class Time(ProgressColumn):
+        """Time elapsed while the total is unknown, then the time left."""
+
+        def render(self, task: Any) -> Text:
+            if task.total is None or not task.completed:
+                seconds = task.elapsed or 0.0
+                return Text(f"{int(seconds) // 60}:{int(seconds) % 60:02d}", style="yellow")
+            left = task.time_remaining
+            if left is None:
+                return Text("ETA -:--", style="cyan")
+            return Text(f"ETA {int(left) // 60}:{int(left) % 60:02d}", style="cyan")
 
     console = Console(stderr=True)
     with Progress(
-        TextColumn(what),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(bar_width=20),
+        Count(),
+        Rate(),
+        Time(),
         console=console,
         transient=True,
+        refresh_per_second=8,
     ) as prog:
-        task = prog.add_task(what, total=total)
-        yield lambda n: prog.advance(task, n)
+        task = prog.add_task(first or what, total=None if first else total)
+        started = first is None
+
+        def tick(n: int) -> None:
+            nonlocal started
+            if not started:  # the counted pass begins: the bar and its ETA start here
+                prog.reset(task, total=total, description=what)
+                started = True
+            prog.advance(task, n)
+
+        yield tick
 
 
 def _logged(
@@ -628,7 +668,9 @@ def answers(
     with _errors():
         src = open_source(files, parse_column_map(column), group_scope=group_scope)
         settings, src = conventions.for_source(src)
-        with _progress(progress, src.n_rows(), "answers") as tick:
+        first = "answers 1/2 (‖∂J‖)" if sort == "gradient" else None
+        what = "answers 2/2" if first else "answers"
+        with _progress(progress, src.n_rows(), what, first=first) as tick:
             report = answers_report(
                 src,
                 settings,
