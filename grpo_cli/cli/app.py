@@ -240,6 +240,20 @@ def _progress(
         yield tick
 
 
+def _plot_thresholds() -> dict[str, tuple[float | None, float | None]]:
+    """check's default thresholds (warn, fail) by the metric the figures plot."""
+    from .._check import RULES
+
+    rules = {
+        "kl_max": "kl-max",
+        "kl_mean": "kl-mean",
+        "clip_fraction_region": "clip-region",
+        "frac_zero_variance_groups": "zero-std-groups",
+        "rollout_kl_k3": "rollout-mismatch",
+    }
+    return {k: (RULES[v][1].warn, RULES[v][1].fail) for k, v in rules.items()}
+
+
 def _logged(
     path: Path | None, step: int | None, tolerance: float, src: Source
 ) -> LoggedInput | None:
@@ -427,7 +441,8 @@ def objective(
         if plot is not None:
             from ..views.plot import plot_objective
 
-            plot_objective(report, plot)
+            plot_objective(report, plot, _plot_thresholds())
+            typer.echo(f"wrote {plot}", err=True)
         for w in report.warnings:
             _note(w)
         if json_out:
@@ -617,7 +632,8 @@ def trend(
         if plot is not None:
             from ..views.plot import plot_trend
 
-            plot_trend(report, plot)
+            plot_trend(report, plot, _plot_thresholds())
+            typer.echo(f"wrote {plot}", err=True)
         for w in report.warnings:
             _note(w)
         if json_out:
