@@ -455,7 +455,7 @@ def objective(
             _stdout().print(render_objective(report, findings, full=full, compare=compare))
 
 
-CHECK_FORMATS = ("table", "json", "github", "junit")
+CHECK_FORMATS = ("table", "json", "github", "junit", "html")
 
 
 @_command(
@@ -515,6 +515,14 @@ def check(
             "--on-policy", help="Declare the log on-policy: logp must equal old_logp exactly."
         ),
     ] = False,
+    report_html: Annotated[
+        Path | None,
+        typer.Option(
+            "--report-html",
+            metavar="FILE",
+            help="Also write the HTML report (grpo-cli report's) to this file: a CI artifact.",
+        ),
+    ] = None,
     require: Annotated[
         list[str] | None,
         typer.Option(
@@ -556,9 +564,14 @@ def check(
                 engine=engine_options(workers, engine, ray_address),
                 logged=logged_in,
             )
-        out = write_outputs(
-            report, output_format, report_path, os.environ.get("GITHUB_STEP_SUMMARY")
-        )
+        html_path = report_html
+        if output_format == "html" and html_path is None:
+            html_path = Path("grpo-cli-report.html")
+        if html_path is not None:
+            _write_html(files, src, settings, engine_options(workers, engine, ray_address),
+                        html_path, check=report)  # fmt: skip
+        fmt = "table" if output_format == "html" else output_format
+        out = write_outputs(report, fmt, report_path, os.environ.get("GITHUB_STEP_SUMMARY"))
         if out is None:
             from ..views.tables import render_check
 
@@ -567,6 +580,75 @@ def check(
             sys.stdout.write(out)
     if not report.passed:
         raise typer.Exit(1)
+
+
+def _write_html(
+    specs: Sequence[str],
+    src: Source,
+    settings: Any,
+    engine: Any,
+    path: Path,
+    *,
+    top: int = 10,
+    check: Any = None,
+    progress: Callable[[int], None] | None = None,
+) -> None:
+    """Build the report to share and write it to ``path`` (one HTML file); say where."""
+    from .._share import share_report
+    from ..views.html import render_html
+
+    share = share_report(specs, src, settings, engine=engine, top=top, check=check,
+                         progress=progress)  # fmt: skip
+    text = render_html(share, _plot_thresholds())
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot write ({exc.strerror or exc})") from None
+    typer.echo(f"wrote {path} ({len(text.encode()) / 1024:,.0f} KiB)", err=True)
+
+
+@_command(
+    "A report to share: one self-contained HTML file (summary, findings, check, answers).",
+    "grpo-cli report sample_data/batch.parquet --html report.html",
+    "grpo-cli report logs/step_*.parquet --preset verl --html steps.html",
+    "grpo-cli report runs/x/step_12 --html step12.html --top 20",
+)
+@conventions()
+def report(
+    files: Files,
+    conventions: Conventions,
+    html: Annotated[
+        Path,
+        typer.Option(
+            "--html",
+            metavar="FILE",
+            help="Where to write the report (one file: inline CSS and SVG, no network).",
+        ),
+    ] = Path("grpo-cli-report.html"),
+    top: Annotated[
+        int, typer.Option("--top", metavar="N", help="Worst answers listed (with their text).")
+    ] = 10,
+    column: ColumnOpt = None,
+    group_scope: GroupScopeOpt = "dataset",
+    progress: ProgressOpt = True,
+    workers: WorkersOpt = None,
+    engine: EngineOpt = "local",
+    ray_address: RayAddressOpt = None,
+) -> None:
+    """One self-contained HTML file to share: the one-screen summary, explain's findings,
+    check's verdict, the distributions, the trend when the input is several steps, and
+    the worst answers with their text (a completion column) and their tokens coloured
+    by KL or |log ρ| (a tokens column)."""
+    with _errors():
+        if top < 1:
+            raise UsageError(f"--top: expected a positive number of answers, got {top}")
+        src = open_source(files, parse_column_map(column), group_scope=group_scope)
+        settings, src = conventions.for_source(src)
+        for w in src.notes:
+            _note(w)
+        eng = engine_options(workers, engine, ray_address)
+        with _progress(progress, src.n_rows(), "report") as tick:
+            _write_html(files, src, settings, eng, html, top=top, progress=tick)
 
 
 @_command(
