@@ -105,7 +105,7 @@ def _summary(s: ShareReport) -> str:
     worst = _worst(s.findings)
     explain_line = (
         f"{_badge(worst, worst.upper())} explain: {_plural(n['alarm'], 'alarm')}, "
-        f"{_plural(n['warn'], 'warning')}, {_plural(n['info'], 'note')}"
+        f"{_plural(n['warn'], 'warning')}, {n['info']} info"
     )
     cards = [
         ("objective", objective_rows(r)),

@@ -350,7 +350,7 @@ def verdict(findings: list[Finding]) -> Text:
         t.append("OK", style="bold green")
     t.append(
         f"  {_plural(n['alarm'], 'alarm')}, {_plural(n['warn'], 'warning')}, "
-        f"{_plural(n['info'], 'note')}"
+        f"{n['info']} info"
     )
     return t
 
