@@ -73,9 +73,23 @@ class _Command(TyperCommand):
         return plain_coercion(super().get_params(ctx))
 
     def collect_usage_pieces(self, ctx: Any) -> list[str]:
-        """``FILES...`` in the usage line, as ruff and click write it (typer: ``{files}``)."""
-        return [p[1:-1] if p.startswith("{") and p.endswith("}") else p
-                for p in super().collect_usage_pieces(ctx)]  # fmt: skip
+        """``FILES...`` in the usage line, as ruff and click write it (typer: ``{files}``,
+        or ``{FILES...}...``)."""
+        return [_braced(p) for p in super().collect_usage_pieces(ctx)]
+
+    def get_help(self, ctx: Any) -> str:
+        """The help under either typer: ``FILES...`` and ``OUT`` in the usage line, and
+        without the Python type typer 0.29 adds to an argument (``FILES... <list[str]>``)."""
+        text = _braced(super().get_help(ctx))
+        return _TYPED.sub(lambda m: m.group(1).ljust(len(m.group())), text)
+
+
+_BRACED = re.compile(r"\{([A-Z]+)((?:\.\.\.)?)\}((?:\.\.\.)?)")
+_TYPED = re.compile(r"(?m)^(  [A-Z]+(?:\.\.\.)?) <[\w\[\], ]+>")
+
+
+def _braced(text: str) -> str:
+    return _BRACED.sub(lambda m: m.group(1) + ("..." if m.group(2) or m.group(3) else ""), text)
 
 
 class _OneLineErrors(TyperGroup):
