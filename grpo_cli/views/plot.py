@@ -122,6 +122,7 @@ def _ratio_histogram(ax: Any, r: ObjectiveReport) -> None:
     ax.text(0.02, 0.97, note, transform=ax.transAxes, va="top", fontsize=8,
             bbox={"fc": "white", "ec": "0.8", "alpha": 0.85})  # fmt: skip
     ax.grid(alpha=0.25, which="both", axis="y")
+
     def to_log(rho: Any) -> Any:
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.log(np.maximum(rho, 1e-300))

@@ -348,10 +348,7 @@ def verdict(findings: list[Finding]) -> Text:
         t.append("WARN", style="bold yellow")
     else:
         t.append("OK", style="bold green")
-    t.append(
-        f"  {_plural(n['alarm'], 'alarm')}, {_plural(n['warn'], 'warning')}, "
-        f"{n['info']} info"
-    )
+    t.append(f"  {_plural(n['alarm'], 'alarm')}, {_plural(n['warn'], 'warning')}, {n['info']} info")
     return t
 
 
