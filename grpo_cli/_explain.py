@@ -6,6 +6,8 @@ using ``check``'s default thresholds where a rule exists (:data:`grpo_cli._check
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ._check import RULES
@@ -55,10 +57,17 @@ def explain_findings(r: ObjectiveReport) -> list[Finding]:
             if gnorm is None
             else "and ‖∂J/∂logp‖ = 0: no token moves the policy"
         )
+        why = (
+            "on-policy the ratio is 1 and the advantages of a group sum to 0, so J cancels"
+            if r.on_policy or r.clip.outside_range == 0
+            else f"the advantages of a group sum to 0 and the ratio stays near 1 (p01 "
+            f"{r.ratio.quantiles.get('p01', math.nan):.3g}, p99 "
+            f"{r.ratio.quantiles.get('p99', math.nan):.3g}; {100 * r.clip.region:.2g}% of "
+            "tokens clipped), so J nearly cancels"
+        )
         out.append(Finding(
-            "near-zero-loss", "info" if gnorm else "warn",
-            f"J = {r.objective:.3g} is near 0: on-policy the ratio is 1 and the advantages "
-            f"of a group sum to 0, so J cancels; its gradient does not — {teaches}.",
+            "near-zero-loss", "warn" if gnorm == 0 else "info",
+            f"J = {r.objective:.3g} is near 0: {why}; its gradient does not — {teaches}.",
             {"objective": r.objective, "gradient_norm": gnorm, "on_policy": r.on_policy},
         ))  # fmt: skip
 

@@ -15,7 +15,7 @@ from ._core import AGGREGATIONS, EXP_MAX, GroupStats
 from ._logged import compare_logged
 from ._partials import ADV_EDGES, LENGTH_EDGES, TokenPartial, length_weights
 from ._settings import Settings
-from ._stats import IntCounts, Moments, Sketch, quantiles_linear
+from ._stats import Histogram, IntCounts, Moments, Sketch, quantiles_linear
 from .engine.options import EngineOptions, Ran
 from .errors import InputError, UsageError
 from .io import Source
@@ -47,6 +47,7 @@ __all__ = [
 ]
 
 F64 = NDArray[np.float64]
+I64 = NDArray[np.int64]
 
 
 # ------------------------------------------------------------------- distributions
@@ -370,4 +371,25 @@ def objective_record(
         length_counts=acc.lengths,
         length_adv=acc.length_adv.counts,
         length_adv_edges=(LENGTH_EDGES, ADV_EDGES),
+        log_ratio_bins=_occupied_bins(acc.delta.hist) if acc.tokens else None,
+        kl_bins=_kl_bins(acc) if has_kl else None,
     )
+
+
+def _occupied_bins(h: Histogram) -> tuple[float, F64, I64]:
+    """A histogram's occupied inner bins: (width, left edges, counts)."""
+    inner = h.counts[1:-1]
+    idx = np.flatnonzero(inner)
+    edges: F64 = h.lo + idx.astype(np.float64) * h.width
+    return h.width, edges, inner[idx]
+
+
+def _kl_bins(acc: TokenPartial) -> tuple[F64, I64]:
+    """The per-token KL at each occupied bin of d = ref_logp − logp (the end bins at the
+    extreme d), ascending, with the bins' counts."""
+    h = acc.kl_d.hist
+    idx = np.flatnonzero(h.counts)
+    with np.errstate(over="ignore", invalid="ignore"):
+        kl = acc.kl_function()(h.representatives()[idx])
+    order = np.argsort(kl, kind="stable")
+    return kl[order], h.counts[idx][order]

@@ -229,6 +229,12 @@ class ObjectiveReport:
     # left-closed); not in JSON
     length_adv: NDArray[np.int64] | None = field(default=None, compare=False, repr=False)
     length_adv_edges: tuple[F64, F64] | None = field(default=None, compare=False, repr=False)
+    # for the figures, not in JSON: the occupied bins of the log-ratio histogram (the
+    # partials' sketch of Δ = logp − old_logp: bin width, left edges, counts; the open end
+    # bins are ``extreme_tokens``), and the per-token KL at the occupied bins of
+    # d = ref_logp − logp (values ascending, counts)
+    log_ratio_bins: tuple[float, F64, I64] | None = field(default=None, compare=False, repr=False)
+    kl_bins: tuple[F64, I64] | None = field(default=None, compare=False, repr=False)
 
     @property
     def loss(self) -> float:

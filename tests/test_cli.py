@@ -205,7 +205,7 @@ def test_every_command_has_help(cli: Cli, cmd: str) -> None:
 
 
 def test_tables_render_for_sample_data(cli: Cli) -> None:
-    r = cli("objective", SAMPLE / "batch.parquet", "--compare")
+    r = cli("objective", SAMPLE / "batch.parquet", "--compare", "--full")
     assert r.exit_code == 0
     for text in (
         "objective J",

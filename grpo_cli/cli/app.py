@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from .. import __version__
 from .._report import advantages_report, kl_report, objective_report
@@ -33,6 +33,7 @@ from .options import (
     Conventions,
     EngineOpt,
     Files,
+    FullOpt,
     GroupScopeOpt,
     JsonOpt,
     LoggedOpt,
@@ -44,6 +45,7 @@ from .options import (
     WorkersOpt,
     conventions,
     engine_options,
+    plain_coercion,
 )
 
 if TYPE_CHECKING:
@@ -64,9 +66,38 @@ except ImportError:  # pragma: no cover
 __all__ = ["app", "main"]
 
 
+class _Command(TyperCommand):
+    """A command whose plain options are converted without pydantic (typer >= 0.29)."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return plain_coercion(super().get_params(ctx))
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        """``FILES...`` in the usage line, as ruff and click write it (typer: ``{files}``,
+        or ``{FILES...}...``)."""
+        return [_braced(p) for p in super().collect_usage_pieces(ctx)]
+
+    def get_help(self, ctx: Any) -> str:
+        """The help under either typer: ``FILES...`` and ``OUT`` in the usage line, and
+        without the Python type typer 0.29 adds to an argument (``FILES... <list[str]>``)."""
+        text = _braced(super().get_help(ctx))
+        return _TYPED.sub(lambda m: m.group(1).ljust(len(m.group())), text)
+
+
+_BRACED = re.compile(r"\{([A-Z]+)((?:\.\.\.)?)\}((?:\.\.\.)?)")
+_TYPED = re.compile(r"(?m)^(  [A-Z]+(?:\.\.\.)?) <[\w\[\], ]+>")
+
+
+def _braced(text: str) -> str:
+    return _BRACED.sub(lambda m: m.group(1) + ("..." if m.group(2) or m.group(3) else ""), text)
+
+
 class _OneLineErrors(TyperGroup):
     """Usage errors (an unknown option, a missing argument, a value of the wrong type) as
     the one line every other error is: ``grpo-cli: error: …`` on stderr, exit code 2."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return plain_coercion(super().get_params(ctx))
 
     def main(  # type: ignore[override]
         self,
@@ -162,25 +193,79 @@ def _note(text: str) -> None:
 
 @contextmanager
 def _progress(
-    enabled: bool, total: int | None, what: str
+    enabled: bool, total: int | None, what: str, *, first: str | None = None
 ) -> Iterator[Callable[[int], None] | None]:
+    """A progress bar on stderr for a long pass (big inputs, a terminal to draw on): the
+    answers done of ``total``, their rate and the time left, moving from the first second.
+    ``first`` names a pass before the counted one that reports no progress (``answers
+    --sort gradient``'s norm): until the first answer is counted the bar pulses under
+    that name, with the time elapsed."""
     if not enabled or not sys.stderr.isatty() or not total or total < 10_000:
         yield None  # a bar only where it helps: big inputs, a terminal to draw on
         return
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, Progress, ProgressColumn, TextColumn
+    from rich.text import Text
+
+    class Rate(ProgressColumn):
+        def render(self, task: Any) -> Text:
+            speed = task.finished_speed or task.speed
+            return Text("" if not speed else f"{speed:,.0f}/s", style="cyan")
+
+    class Count(ProgressColumn):
+        def render(self, task: Any) -> Text:
+            if task.total is None:  # a pass that reports nothing: its time only
+                return Text("")
+            return Text(f"{task.completed:,.0f}/{task.total:,.0f} answers", style="green")
+
+    class Time(ProgressColumn):
+        """Time elapsed while the total is unknown, then the time left."""
+
+        def render(self, task: Any) -> Text:
+            if task.total is None or not task.completed:
+                seconds = task.elapsed or 0.0
+                return Text(f"{int(seconds) // 60}:{int(seconds) % 60:02d}", style="yellow")
+            left = task.time_remaining
+            if left is None:
+                return Text("ETA -:--", style="cyan")
+            return Text(f"ETA {int(left) // 60}:{int(left) % 60:02d}", style="cyan")
 
     console = Console(stderr=True)
     with Progress(
-        TextColumn(what),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(bar_width=20),
+        Count(),
+        Rate(),
+        Time(),
         console=console,
         transient=True,
+        refresh_per_second=8,
     ) as prog:
-        task = prog.add_task(what, total=total)
-        yield lambda n: prog.advance(task, n)
+        task = prog.add_task(first or what, total=None if first else total)
+        started = first is None
+
+        def tick(n: int) -> None:
+            nonlocal started
+            if not started:  # the counted pass begins: the bar and its ETA start here
+                prog.reset(task, total=total, description=what)
+                started = True
+            prog.advance(task, n)
+
+        yield tick
+
+
+def _plot_thresholds() -> dict[str, tuple[float | None, float | None]]:
+    """check's default thresholds (warn, fail) by the metric the figures plot."""
+    from .._check import RULES
+
+    rules = {
+        "kl_max": "kl-max",
+        "kl_mean": "kl-mean",
+        "clip_fraction_region": "clip-region",
+        "frac_zero_variance_groups": "zero-std-groups",
+        "rollout_kl_k3": "rollout-mismatch",
+    }
+    return {k: (RULES[v][1].warn, RULES[v][1].fail) for k, v in rules.items()}
 
 
 def _logged(
@@ -215,16 +300,33 @@ def _recorded_run(specs: Sequence[str]) -> RecordedRun | None:
 
 
 # ----------------------------------------------------------------------- commands
-@app.command()
+def _examples(*lines: str) -> str:
+    """An Examples block for a command's help, kept as written (click's \\b)."""
+    return "\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+def _command(short: str, *examples: str) -> Any:
+    """A command with its one-line summary (the command list shows it whole) and its
+    Examples block."""
+    return app.command(cls=_Command, short_help=short, epilog=_examples(*examples))
+
+
+@_command(
+    "Group-relative advantages from rewards and group ids.",
+    "grpo-cli advantages sample_data/rewards.npz",
+    "grpo-cli advantages logs/step_300.parquet --preset verl --max-groups 5",
+    "grpo-cli advantages run.parquet --estimator rloo --out advantages.parquet",
+)
 @conventions(ADVANTAGE_CONVENTIONS)
 def advantages(
     files: Files,
     conventions: Conventions,
     json_out: JsonOpt = False,
     out: Annotated[
-        Path | None, typer.Option(help="Write the advantages to this .npz or .parquet file.")
+        Path | None,
+        typer.Option(metavar="FILE", help="Write the advantages to this .npz or .parquet file."),
     ] = None,
-    max_groups: Annotated[int, typer.Option(help="Groups shown in the table.")] = 20,
+    max_groups: Annotated[int, typer.Option(metavar="N", help="Groups shown in the table.")] = 20,
     column: ColumnOpt = None,
     group_scope: GroupScopeOpt = "dataset",
     engine: EngineOpt = "local",
@@ -251,7 +353,11 @@ def advantages(
             _stdout().print(render_advantages(report, max_groups=max_groups))
 
 
-@app.command()
+@_command(
+    "Per-token KL estimate: statistics, quantiles, per-answer means.",
+    "grpo-cli kl sample_data/batch.parquet",
+    "grpo-cli kl logs/ --kl-estimator k1 --json",
+)
 @conventions()
 def kl(
     files: Files,
@@ -282,7 +388,13 @@ def kl(
             _stdout().print(render_kl(report))
 
 
-@app.command()
+@_command(
+    "Objective J, loss −J, its parts, clipping, ratio and KL.",
+    "grpo-cli objective sample_data/batch.parquet",
+    "grpo-cli objective logs/step_300.parquet --preset verl --full",
+    "grpo-cli objective runs/x/step_12 --logged metrics.jsonl",
+    "grpo-cli objective run.parquet --compare --gradient --plot objective.png",
+)
 @conventions()
 def objective(
     files: Files,
@@ -302,6 +414,7 @@ def objective(
             help="Ignore the file's advantages; compute them from rewards and groups.",
         ),
     ] = False,
+    full: FullOpt = False,
     plot: PlotOpt = None,
     gradient: Annotated[
         bool,
@@ -342,21 +455,30 @@ def objective(
         if plot is not None:
             from ..views.plot import plot_objective
 
-            plot_objective(report, plot)
+            plot_objective(report, plot, _plot_thresholds())
+            typer.echo(f"wrote {plot}", err=True)
         for w in report.warnings:
             _note(w)
         if json_out:
             _emit_json(objective_json(report))
         else:
+            from .._explain import explain_findings
             from ..views.tables import render_objective
 
-            _stdout().print(render_objective(report, compare=compare))
+            findings = explain_findings(report)
+            _stdout().print(render_objective(report, findings, full=full, compare=compare))
 
 
-CHECK_FORMATS = ("table", "json", "github", "junit")
+CHECK_FORMATS = ("table", "json", "github", "junit", "html")
 
 
-@app.command()
+@_command(
+    "CI gate: integrity and health rules; exit 1 when one fails.",
+    "grpo-cli check sample_data/batch.parquet",
+    "grpo-cli check logs/ --format github --report check.json",
+    "grpo-cli check run.parquet --baseline last/check.json --rule kl-mean.fail=0.5",
+    "grpo-cli check run.parquet --report-html check.html",
+)
 @conventions()
 def check(
     files: Files,
@@ -364,25 +486,31 @@ def check(
     config: Annotated[
         Path | None,
         typer.Option(
-            help="TOML file of rule settings (default: [tool.grpo-cli.check] in ./pyproject.toml)."
+            metavar="FILE",
+            help="TOML file of rule settings (default: [tool.grpo-cli.check] in ./pyproject.toml).",
         ),
     ] = None,
     output_format: Annotated[
         str,
         typer.Option(
-            "--format", help="table, json, github (annotations + $GITHUB_STEP_SUMMARY) or junit."
+            "--format",
+            metavar="[table|json|github|junit|html]",
+            help="table; json; github (annotations and $GITHUB_STEP_SUMMARY); junit; html "
+            "(the report grpo-cli report writes: one self-contained file, a CI artifact).",
         ),
     ] = "table",
     baseline: Annotated[
         Path | None,
         typer.Option(
-            help="A previous `check --format json` report: fail on relative drift beyond baseline-tolerance."
+            metavar="FILE",
+            help="A previous `check --format json` report: fail on relative drift beyond baseline-tolerance.",
         ),
     ] = None,
     report_path: Annotated[
         Path | None,
         typer.Option(
             "--report",
+            metavar="FILE",
             help="Also write the JSON report to this file (e.g. the next run's baseline).",
         ),
     ] = None,
@@ -401,6 +529,14 @@ def check(
             "--on-policy", help="Declare the log on-policy: logp must equal old_logp exactly."
         ),
     ] = False,
+    report_html: Annotated[
+        Path | None,
+        typer.Option(
+            "--report-html",
+            metavar="FILE",
+            help="Also write the HTML report (grpo-cli report's) to this file: a CI artifact.",
+        ),
+    ] = None,
     require: Annotated[
         list[str] | None,
         typer.Option(
@@ -409,6 +545,7 @@ def check(
             help="A rule that must be evaluated: its skip fails the check. Repeatable.",
         ),
     ] = None,
+    full: FullOpt = False,
     column: ColumnOpt = None,
     group_scope: GroupScopeOpt = "dataset",
     logged: LoggedOpt = None,
@@ -441,20 +578,99 @@ def check(
                 engine=engine_options(workers, engine, ray_address),
                 logged=logged_in,
             )
-        out = write_outputs(
-            report, output_format, report_path, os.environ.get("GITHUB_STEP_SUMMARY")
-        )
+        html_path = report_html
+        if output_format == "html" and html_path is None:
+            html_path = Path("grpo-cli-report.html")
+        if html_path is not None:
+            _write_html(files, src, settings, engine_options(workers, engine, ray_address),
+                        html_path, check=report)  # fmt: skip
+        fmt = "table" if output_format == "html" else output_format
+        out = write_outputs(report, fmt, report_path, os.environ.get("GITHUB_STEP_SUMMARY"))
         if out is None:
             from ..views.tables import render_check
 
-            _stdout().print(render_check(report))
+            _stdout().print(render_check(report, full=full))
         else:
             sys.stdout.write(out)
     if not report.passed:
         raise typer.Exit(1)
 
 
-@app.command()
+def _write_html(
+    specs: Sequence[str],
+    src: Source,
+    settings: Any,
+    engine: Any,
+    path: Path,
+    *,
+    top: int = 10,
+    check: Any = None,
+    progress: Callable[[int], None] | None = None,
+) -> None:
+    """Build the report to share and write it to ``path`` (one HTML file); say where."""
+    from .._share import share_report
+    from ..views.html import render_html
+
+    share = share_report(specs, src, settings, engine=engine, top=top, check=check,
+                         progress=progress)  # fmt: skip
+    text = render_html(share, _plot_thresholds())
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot write ({exc.strerror or exc})") from None
+    typer.echo(f"wrote {path} ({len(text.encode()) / 1024:,.0f} KiB)", err=True)
+
+
+@_command(
+    "A report to share: one self-contained HTML file (summary, findings, check, answers).",
+    "grpo-cli report sample_data/batch.parquet --html report.html",
+    "grpo-cli report logs/step_*.parquet --preset verl --html steps.html",
+    "grpo-cli report runs/x/step_12 --html step12.html --top 20",
+)
+@conventions()
+def report(
+    files: Files,
+    conventions: Conventions,
+    html: Annotated[
+        Path,
+        typer.Option(
+            "--html",
+            metavar="FILE",
+            help="Where to write the report (one file: inline CSS and SVG, no network).",
+        ),
+    ] = Path("grpo-cli-report.html"),
+    top: Annotated[
+        int, typer.Option("--top", metavar="N", help="Worst answers listed (with their text).")
+    ] = 10,
+    column: ColumnOpt = None,
+    group_scope: GroupScopeOpt = "dataset",
+    progress: ProgressOpt = True,
+    workers: WorkersOpt = None,
+    engine: EngineOpt = "local",
+    ray_address: RayAddressOpt = None,
+) -> None:
+    """One self-contained HTML file to share: the one-screen summary, explain's findings,
+    check's verdict, the distributions, the trend when the input is several steps, and
+    the worst answers with their text (a completion column) and their tokens coloured
+    by KL or |log ρ| (a tokens column)."""
+    with _errors():
+        if top < 1:
+            raise UsageError(f"--top: expected a positive number of answers, got {top}")
+        src = open_source(files, parse_column_map(column), group_scope=group_scope)
+        settings, src = conventions.for_source(src)
+        for w in src.notes:
+            _note(w)
+        eng = engine_options(workers, engine, ray_address)
+        with _progress(progress, src.n_rows(), "report") as tick:
+            _write_html(files, src, settings, eng, html, top=top, progress=tick)
+
+
+@_command(
+    "Health metrics step by step, and rules over the steps.",
+    "grpo-cli trend logs/step_*.parquet",
+    "grpo-cli trend runs/x --check --plot trend.png",
+    "grpo-cli trend all_steps.parquet --step-column step --json",
+)
 @conventions()
 def trend(
     files: Files,
@@ -474,6 +690,7 @@ def trend(
             "--rule", metavar="RULE.KEY=VALUE", help="Set a trend rule, e.g. kl-growth.fail=50."
         ),
     ] = None,
+    full: FullOpt = False,
     plot: PlotOpt = None,
     step_column: Annotated[
         str | None,
@@ -511,7 +728,8 @@ def trend(
         if plot is not None:
             from ..views.plot import plot_trend
 
-            plot_trend(report, plot)
+            plot_trend(report, plot, _plot_thresholds())
+            typer.echo(f"wrote {plot}", err=True)
         for w in report.warnings:
             _note(w)
         if json_out:
@@ -521,12 +739,17 @@ def trend(
         else:
             from ..views.tables import render_trend
 
-            _stdout().print(render_trend(report))
+            _stdout().print(render_trend(report, full=full))
     if check and not report.passed:
         raise typer.Exit(1)
 
 
-@app.command()
+@_command(
+    "The answers to blame, worst first (by KL, ratio, clipping, |A|).",
+    "grpo-cli answers sample_data/batch.parquet --top 5",
+    "grpo-cli answers logs/ --sort ratio --json",
+    "grpo-cli answers run.parquet --sort gradient --preset gspo",
+)
 @conventions()
 def answers(
     files: Files,
@@ -535,12 +758,13 @@ def answers(
         str,
         typer.Option(
             "--sort",
-            metavar="KEY",
-            help="Rank by kl (mean KL to the reference), kl-max, ratio (max |log ρ|), "
-            "clip (share of clipped tokens), length or advantage (|A|).",
+            metavar="[kl|kl-max|ratio|clip|length|advantage|gradient|rollout]",
+            help="Rank by kl (mean KL to the reference), kl-max (its largest token), ratio "
+            "(max |log ρ|), clip (share of clipped tokens), length, advantage (|A|), gradient "
+            "(share of ‖∂J/∂logp‖², one more pass) or rollout (sampler vs trainer KL).",
         ),
     ] = "kl",
-    top: Annotated[int, typer.Option("--top", help="How many answers to list.")] = 20,
+    top: Annotated[int, typer.Option("--top", metavar="N", help="How many answers to list.")] = 20,
     json_out: JsonOpt = False,
     column: ColumnOpt = None,
     group_scope: GroupScopeOpt = "dataset",
@@ -556,7 +780,9 @@ def answers(
     with _errors():
         src = open_source(files, parse_column_map(column), group_scope=group_scope)
         settings, src = conventions.for_source(src)
-        with _progress(progress, src.n_rows(), "answers") as tick:
+        first = "answers 1/2 (‖∂J‖)" if sort == "gradient" else None
+        what = "answers 2/2" if first else "answers"
+        with _progress(progress, src.n_rows(), what, first=first) as tick:
             report = answers_report(
                 src,
                 settings,
@@ -577,12 +803,17 @@ def answers(
             _stdout().print(render_answers(report))
 
 
-@app.command()
+@_command(
+    "The numbers read as findings, with what to do.",
+    "grpo-cli explain sample_data/batch.parquet",
+    "grpo-cli explain logs/step_300.parquet --preset verl --full",
+)
 @conventions()
 def explain(
     files: Files,
     conventions: Conventions,
     json_out: JsonOpt = False,
+    full: FullOpt = False,
     column: ColumnOpt = None,
     group_scope: GroupScopeOpt = "dataset",
     progress: ProgressOpt = True,
@@ -615,21 +846,35 @@ def explain(
         else:
             from ..views.tables import render_explain
 
-            _stdout().print(render_explain(findings))
+            _stdout().print(render_explain(report, findings, full=full))
 
 
-@app.command()
+@_command(
+    "Synthetic rollouts of any size (demos, tests, benchmarks).",
+    "grpo-cli sample demo.parquet --groups 16 --extras",
+    "grpo-cli sample big.parquet --groups 6400 --mean-len 1367 --max-len 8192",
+)
 def sample(
     out: Annotated[
-        Path, typer.Argument(help="Output file, .parquet (streamed, ragged) or .npz (padded).")
+        Path,
+        typer.Argument(
+            metavar="OUT", help="Output file, .parquet (streamed, ragged) or .npz (padded)."
+        ),
     ],
-    groups: Annotated[int, typer.Option(help="Number of groups (prompts).")] = 64,
-    group_size: Annotated[int, typer.Option(help="Answers per group.")] = 8,
-    mean_len: Annotated[int, typer.Option(help="Mean answer length in tokens (log-normal).")] = 200,
-    max_len: Annotated[int | None, typer.Option(help="Longest answer (default 8 × mean).")] = None,
-    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+    groups: Annotated[int, typer.Option(metavar="N", help="Number of groups (prompts).")] = 64,
+    group_size: Annotated[int, typer.Option(metavar="G", help="Answers per group.")] = 8,
+    mean_len: Annotated[
+        int, typer.Option(metavar="L", help="Mean answer length in tokens (log-normal).")
+    ] = 200,
+    max_len: Annotated[
+        int | None, typer.Option(metavar="L", help="Longest answer (default 8 × mean).")
+    ] = None,
+    seed: Annotated[int, typer.Option(metavar="N", help="Random seed.")] = 0,
     row_group_rows: Annotated[
-        int, typer.Option(help=".parquet: answers per row group (readers parallelise over them).")
+        int,
+        typer.Option(
+            metavar="N", help=".parquet: answers per row group (readers parallelise over them)."
+        ),
     ] = 1 << 14,
     rewards_only: Annotated[
         bool, typer.Option("--rewards-only", help=".npz only: write just rewards (P, G).")

@@ -27,6 +27,7 @@ from .._settings import (
 )
 from ..engine.options import DEFAULT_BATCH_TOKENS, DEFAULT_WORKERS, MAX_WORKERS, EngineOptions
 from ..errors import UsageError
+from ..io.fields import FIELDS
 
 if TYPE_CHECKING:
     from ..io import Source
@@ -39,6 +40,7 @@ __all__ = [
     "conventions",
     "engine_options",
     "env_int",
+    "plain_coercion",
 ]
 
 
@@ -57,6 +59,20 @@ def _optional(name: str, text: str | None) -> object:
     return value
 
 
+def _choices(values: tuple[str, ...] | list[str]) -> str:
+    """A metavar listing the choices: ``[a|b|c]`` (click's way)."""
+    return "[" + "|".join(values) + "]"
+
+
+AGGREGATIONS = (
+    "seq-mean-token-mean",
+    "token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-sum-norm",
+    "token-sum",
+)
+
+
 def _trainer_presets() -> str:
     named = [name for name, p in PRESETS.items() if p.trainer is not None]
     return ", ".join(named[:-1]) + " and " + named[-1]
@@ -65,7 +81,10 @@ def _trainer_presets() -> str:
 Files = Annotated[
     list[str],
     typer.Argument(
-        help="Input: .npz or .parquet file(s), a directory, or a glob.", show_default=False
+        metavar="FILES...",
+        help="Input: .npz or .parquet file(s), a directory, a glob, or a recorded step's "
+        "or run's directory (grpo_cli.integrations).",
+        show_default=False,
     ),
 ]
 JsonOpt = Annotated[
@@ -78,20 +97,22 @@ ColumnOpt = Annotated[
         "-c",
         rich_help_panel="Input",
         metavar="FIELD=NAME",
-        help="Read FIELD (group, reward, advantage, logp, old_logp, ref_logp, mask) "
-        "from the column/array NAME. Repeatable.",
+        help=f"Read FIELD ({', '.join(FIELDS)}) from the column/array NAME. Repeatable.",
     ),
 ]
 PresetOpt = Annotated[
     str | None,
     typer.Option(
         rich_help_panel="Conventions",
+        metavar="PRESET",
         help=f"Set every convention to a trainer's defaults: {', '.join(PRESETS)}.",
+        show_default=False,
     ),
 ]
 ScaleOpt = Annotated[
     str | None,
     typer.Option(
+        metavar="[group|batch|none]",
         rich_help_panel="Advantages",
         help="Advantage scale: group (default), batch, none (Dr. GRPO).",
         show_default=False,
@@ -100,6 +121,7 @@ ScaleOpt = Annotated[
 DdofOpt = Annotated[
     int | None,
     typer.Option(
+        metavar="[0|1]",
         rich_help_panel="Advantages",
         help="Std of rewards: 0 population (default), 1 sample.",
         show_default=False,
@@ -108,6 +130,7 @@ DdofOpt = Annotated[
 EpsOpt = Annotated[
     float | None,
     typer.Option(
+        metavar="X",
         rich_help_panel="Advantages",
         help="ε added to the reward std (default 1e-8).",
         show_default=False,
@@ -116,6 +139,7 @@ EpsOpt = Annotated[
 EstimatorOpt = Annotated[
     str | None,
     typer.Option(
+        metavar="[grpo|rloo]",
         rich_help_panel="Advantages",
         help="Advantage baseline: grpo (group mean, default) or rloo (leave-one-out).",
         show_default=False,
@@ -124,6 +148,7 @@ EstimatorOpt = Annotated[
 SingletonOpt = Annotated[
     str | None,
     typer.Option(
+        metavar="[zero|raw]",
         rich_help_panel="Advantages",
         help="Group of one answer: zero (A = 0, default) or raw (verl: A = r/(1+ε)).",
         show_default=False,
@@ -132,6 +157,7 @@ SingletonOpt = Annotated[
 ClipOpt = Annotated[
     float | None,
     typer.Option(
+        metavar="X",
         rich_help_panel="Ratio and clipping",
         help="Clip range ε (ε_low), default 0.2.",
         show_default=False,
@@ -140,6 +166,7 @@ ClipOpt = Annotated[
 ClipHighOpt = Annotated[
     str | None,
     typer.Option(
+        metavar="X|off",
         rich_help_panel="Ratio and clipping",
         help="Upper clip ε_high (DAPO clip-higher); 'off' = ε.",
         show_default=False,
@@ -148,6 +175,7 @@ ClipHighOpt = Annotated[
 DualClipOpt = Annotated[
     str | None,
     typer.Option(
+        metavar="C|off",
         rich_help_panel="Ratio and clipping",
         help="Dual clip c > 1: for A < 0 the term is bounded below by c·A; 'off' to disable.",
         show_default=False,
@@ -156,6 +184,7 @@ DualClipOpt = Annotated[
 RatioClampOpt = Annotated[
     str | None,
     typer.Option(
+        metavar="X|off",
         rich_help_panel="Ratio and clipping",
         help="Clamp log-ratios to [−X, X] before exp (verl/OpenRLHF: 20); 'off' to disable.",
         show_default=False,
@@ -164,6 +193,7 @@ RatioClampOpt = Annotated[
 SeqRatioClampOpt = Annotated[
     str | None,
     typer.Option(
+        metavar="X|off",
         rich_help_panel="Ratio and clipping",
         help="Bound the sequence log-ratio from above at X, after the mean (verl GSPO: 10); "
         "sequence level only; 'off' to disable.",
@@ -173,6 +203,7 @@ SeqRatioClampOpt = Annotated[
 ClipUnitOpt = Annotated[
     str | None,
     typer.Option(
+        metavar="[tokens|sequences]",
         rich_help_panel="Ratio and clipping",
         help="What clip fractions count: tokens (default) or sequences (TRL GSPO: a clipped "
         "answer counts once; needs --ratio-level sequence).",
@@ -182,6 +213,7 @@ ClipUnitOpt = Annotated[
 RatioLevelOpt = Annotated[
     str | None,
     typer.Option(
+        metavar="[token|sequence]",
         rich_help_panel="Ratio and clipping",
         help="Importance ratio per token (default) or per sequence (GSPO).",
         show_default=False,
@@ -189,17 +221,23 @@ RatioLevelOpt = Annotated[
 ]
 BetaOpt = Annotated[
     float | None,
-    typer.Option(rich_help_panel="KL", help="KL weight β, default 0.04.", show_default=False),
+    typer.Option(
+        metavar="X", rich_help_panel="KL", help="KL weight β, default 0.04.", show_default=False
+    ),
 ]
 KLEstOpt = Annotated[
     str | None,
     typer.Option(
-        rich_help_panel="KL", help="KL estimator: k1, k2, k3 (default).", show_default=False
+        metavar="[k1|k2|k3]",
+        rich_help_panel="KL",
+        help="KL estimator: k1, k2, k3 (default).",
+        show_default=False,
     ),
 ]
 KLClampOpt = Annotated[
     str | None,
     typer.Option(
+        metavar="X|off",
         rich_help_panel="KL",
         help="Clamp the KL estimate to [−X, X] (verl/OpenRLHF: 10); 'off' to disable.",
         show_default=False,
@@ -208,6 +246,7 @@ KLClampOpt = Annotated[
 TrainerOpt = Annotated[
     str | None,
     typer.Option(
+        metavar="[trl|verl|openrlhf]",
         rich_help_panel="Conventions",
         help=f"Also report the metrics this trainer logs ({', '.join(TRAINERS)}), under its "
         f"names; the {_trainer_presets()} presets name theirs.",
@@ -227,6 +266,7 @@ KLBiasOpt = Annotated[
 KLModeOpt = Annotated[
     str | None,
     typer.Option(
+        metavar="[loss|reward]",
         rich_help_panel="KL",
         help="Where β·KL goes: loss (default) or reward (the trainer's way: verl use_kl_in_reward, "
         "OpenRLHF's default; needs --trainer verl|openrlhf or their preset).",
@@ -236,22 +276,27 @@ KLModeOpt = Annotated[
 KLAggOpt = Annotated[
     str | None,
     typer.Option(
+        metavar="AGG",
         rich_help_panel="KL",
-        help="Aggregation of the KL term (default: as --agg; OpenRLHF: token-mean).",
+        help="Aggregation of the KL term, one of --agg's (default: as --agg; OpenRLHF: "
+        "token-mean).",
         show_default=False,
     ),
 ]
 AggOpt = Annotated[
     str | None,
     typer.Option(
+        metavar="AGG",
         rich_help_panel="Aggregation",
-        help="Aggregation: seq-mean-token-mean (default), token-mean, seq-mean-token-sum, seq-mean-token-sum-norm, token-sum.",
+        help="How per-token terms become J: seq-mean-token-mean (default), token-mean, "
+        "seq-mean-token-sum, seq-mean-token-sum-norm or token-sum.",
         show_default=False,
     ),
 ]
 MaxLenOpt = Annotated[
     int | None,
     typer.Option(
+        metavar="L",
         rich_help_panel="Aggregation",
         help="L of seq-mean-token-sum-norm (default: the widest row, masked tokens included; dr-grpo preset: 512, TRL's max_completion_length).",
         show_default=False,
@@ -260,6 +305,7 @@ MaxLenOpt = Annotated[
 NormScaleOpt = Annotated[
     str | None,
     typer.Option(
+        metavar="[n-lmax|lmax]",
         rich_help_panel="Aggregation",
         help="seq-mean-token-sum-norm divisor: n-lmax (N·L, default: TRL, verl >= 0.7.1) or lmax (L: verl <= 0.7.0).",
         show_default=False,
@@ -268,10 +314,12 @@ NormScaleOpt = Annotated[
 WorkersOpt = Annotated[
     int | None,
     typer.Option(
+        metavar="N",
         min=1,
-        help="Compute threads, 1 to 64 (default 2 on every machine, or GRPO_CLI_WORKERS; the "
-        "result depends on it only at the 1e-15 level, through the order of float additions; "
-        "JSON echoes it in engine).",
+        help="Compute threads, 1 to 64 (default 2 on every machine, or GRPO_CLI_WORKERS). "
+        "Results depend on it only through the order of float additions: about 1e-15 "
+        "relative, up to 1e-12 for small differences of large sums (chi2_token, J near 0); "
+        "JSON echoes it in engine.",
         show_default=False,
     ),
 ]
@@ -306,6 +354,7 @@ RayAddressOpt = Annotated[
 LoggedOpt = Annotated[
     Path | None,
     typer.Option(
+        metavar="FILE",
         rich_help_panel="Trainer",
         help="Metrics the trainer logged (JSON object, or JSON lines with a step), in its names; "
         "each is compared with grpo-cli's value.",
@@ -315,6 +364,7 @@ LoggedOpt = Annotated[
 LoggedStepOpt = Annotated[
     int | None,
     typer.Option(
+        metavar="N",
         rich_help_panel="Trainer",
         help="The step of --logged to compare (default: the last record).",
         show_default=False,
@@ -323,6 +373,7 @@ LoggedStepOpt = Annotated[
 LoggedTolOpt = Annotated[
     float,
     typer.Option(
+        metavar="X",
         rich_help_panel="Trainer",
         help="Relative difference from which a logged metric differs (objective; check: "
         "the logged-metrics rule's fail threshold).",
@@ -331,8 +382,10 @@ LoggedTolOpt = Annotated[
 GroupScopeOpt = Annotated[
     str,
     typer.Option(
+        metavar="[dataset|file]",
         help="dataset: a group id is one group across files (the shards of one step); file: "
         "ids are scoped to their file (one step per file).",
+        show_default=True,
     ),
 ]
 ProgressOpt = Annotated[
@@ -343,12 +396,21 @@ ProgressOpt = Annotated[
 ]
 
 
+FullOpt = Annotated[
+    bool,
+    typer.Option(
+        "--full",
+        help="Print every table (the default view is one screen: the numbers that matter, "
+        "the top findings and a verdict).",
+    ),
+]
 PlotOpt = Annotated[
     Path | None,
     typer.Option(
         "--plot",
-        metavar="PATH.png",
-        help="Also draw the figures to PATH (.png, .svg, .pdf); needs the [plot] extra.",
+        metavar="PATH",
+        help="Also draw the figures to PATH (.png, .svg or .pdf) and say where; needs the "
+        "[plot] extra.",
     ),
 ]
 
@@ -538,3 +600,108 @@ def conventions(
         return wrapper
 
     return decorate
+
+
+# ----------------------------------------------------------------- fast coercion
+# typer >= 0.29 converts every parameter's value (None and defaults included) through a
+# pydantic TypeAdapter it builds at the first use: importing pydantic and building ~30
+# adapters costs ~0.1 s of CPU at every run, for options that are plain str, int, float,
+# Path or list[str]. These are converted here instead, the way click converts them; any
+# other parameter (or a typer without the hook) keeps typer's own conversion.
+_PLAIN: dict[Any, str] = {
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    Path: "a path",
+    bool: "true or false",
+}
+_BOOLS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False,
+          "no": False, "off": False}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _PlainParam:
+    """typer's runtime-parameter contract (``coerce(value, param, ctx)``) for a plain
+    type, with the bounds ``min``/``max`` of an ``int`` or ``float`` option."""
+
+    kind: Any
+    low: float | None = None
+    high: float | None = None
+
+    def coerce(self, value: Any, param: Any, ctx: Any) -> Any:
+        multi = param.multiple or param.nargs == -1
+        if value is None:
+            return () if multi else None
+        if multi:
+            if isinstance(value, str):
+                raise typer.BadParameter("expected several values", ctx=ctx, param=param)
+            return [self._one(v, param, ctx) for v in value]
+        return self._one(value, param, ctx)
+
+    def _one(self, value: Any, param: Any, ctx: Any) -> Any:
+        kind = self.kind
+        if isinstance(value, bytes):
+            value = value.decode("utf-8", "replace")
+        if kind is str:
+            return str(value)
+        if kind is Path:
+            return value if isinstance(value, Path) else Path(value)
+        if kind is bool:
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text not in _BOOLS:
+                raise typer.BadParameter(
+                    f"expected {_PLAIN[kind]}, got {value!r}", ctx=ctx, param=param
+                )
+            return _BOOLS[text]
+        if isinstance(value, bool) or not isinstance(value, kind):
+            try:
+                value = kind(str(value).strip())
+            except ValueError:
+                raise typer.BadParameter(
+                    f"expected {_PLAIN[kind]}, got {value!r}", ctx=ctx, param=param
+                ) from None
+        if self.low is not None and value < self.low:
+            raise typer.BadParameter(
+                f"expected at least {self.low:g}, got {value!r}", ctx=ctx, param=param
+            )
+        if self.high is not None and value > self.high:
+            raise typer.BadParameter(
+                f"expected at most {self.high:g}, got {value!r}", ctx=ctx, param=param
+            )
+        return value
+
+    @classmethod
+    def of(cls, descriptor: Any) -> _PlainParam | None:
+        """The plain conversion of a typer type descriptor, or None (typer's own)."""
+        info = descriptor.parameter_info
+        ann = descriptor.annotation
+        if getattr(info, "parser", None) is not None or descriptor.file_annotation is not None:
+            return None
+        if getattr(ann, "__origin__", None) is list and len(ann.__args__) == 1:
+            ann = ann.__args__[0]
+        if ann not in _PLAIN:
+            return None
+        if ann is Path and (info.exists or info.resolve_path or not info.file_okay
+                            or not info.dir_okay or info.writable):  # fmt: skip
+            return None
+        if getattr(info, "clamp", False):
+            return None
+        if (info.min is not None or info.max is not None) and ann not in (int, float):
+            return None
+        return cls(ann, info.min, info.max)
+
+
+def plain_coercion(params: list[Any]) -> list[Any]:
+    """Give the plain ones of ``params`` (a command's, as ``get_params`` lists them: the
+    help option too) a :class:`_PlainParam` conversion; ``params`` back. Nothing changes
+    with a typer that converts through click (no ``_runtime_param``)."""
+    for p in params:
+        descriptor = getattr(p, "type_descriptor", None)
+        if descriptor is None or getattr(p, "_runtime_param", False) is not None:
+            continue
+        fast = _PlainParam.of(descriptor)
+        if fast is not None:
+            p._runtime_param = fast
+    return params

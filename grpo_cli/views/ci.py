@@ -25,6 +25,12 @@ def check_github(r: CheckReport) -> tuple[list[str], str]:
         kind = "error" if res.status == "fail" else "warning"
         where = f" (at {_example(res.examples[0])})" if res.examples else ""
         lines.append(f"::{kind} title=grpo-cli check {res.rule}::{_gh_escape(res.message + where)}")
+    if not lines:  # every rule passed or was skipped: say so, once (a run's log is not empty)
+        counts = {k: sum(x.status == k for x in r.results) for k in ("pass", "skip")}
+        lines.append(
+            f"::notice title=grpo-cli check::passed ({counts['pass']} pass, "
+            f"{counts['skip']} skip): {_gh_escape(r.source)}"
+        )
     icon = {"pass": "✅", "warn": "⚠️", "fail": "❌", "skip": "⏭️"}
     md = [
         f"### grpo-cli check: {'passed' if r.passed else 'FAILED'}",

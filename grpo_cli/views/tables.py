@@ -1,18 +1,24 @@
 """The table view of every record: rich renderables (JSON: :mod:`grpo_cli.views.json`).
 
 Render functions return renderables and never print; nothing is computed here beyond
-formatting and picking which rows to show.
+formatting and picking which rows to show. Every command's default view is one screen
+(24 lines at 80 columns: the numbers that matter, the top findings one line each, a
+verdict line, as ``ruff`` and ``uv`` report); ``--full`` adds every table. Tables fit
+the console: a number is never cut (at least 3 significant digits), text wraps by
+column, and a table too wide for the console leaves out its optional columns, saying so.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from rich import box
-from rich.console import Group, RenderableType
-from rich.padding import Padding
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -25,26 +31,40 @@ from ..records import (
     Finding,
     GroupSummary,
     KLReport,
+    LoggedReport,
     ObjectiveReport,
+    Result,
     TrendReport,
 )
+from ._format import data_rows, headline, health_rows, num, objective_rows, settings_text
 
 if TYPE_CHECKING:
     from .._answers import AnswersReport
 
 __all__ = [
+    "SCREEN",
     "fmt",
+    "headline",
+    "num",
     "render_advantages",
     "render_answers",
     "render_check",
     "render_explain",
     "render_kl",
     "render_objective",
+    "render_trend",
+    "sparkline",
+    "verdict",
 ]
 
+SCREEN = 24  # lines of the one-screen views at 80 columns
+_SEVERITY_STYLE = {"alarm": "bold red", "warn": "yellow", "info": "dim"}
+_SEVERITY_WORD = {"alarm": "ALARM", "warn": "WARN", "info": "INFO"}
 
-# ---------------------------------------------------------------------------- tables
+
+# ------------------------------------------------------------------------- numbers
 def fmt(x: float | int | None, digits: int = 6) -> str:
+    """``x`` with ``digits`` significant digits (integers with thousands separators)."""
     if x is None:
         return "-"
     if isinstance(x, int | np.integer):
@@ -56,10 +76,11 @@ def fmt(x: float | int | None, digits: int = 6) -> str:
     return f"{x:.{digits}g}"
 
 
-def pct(x: float | None) -> str:
+def _pct2(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.2f}%"
 
 
+# ------------------------------------------------------------------ table helpers
 def _table(title: str, **kw: Any) -> Table:
     """A table whose title never wraps: at least as wide as its title."""
     kw.setdefault("box", box.SIMPLE_HEAVY)
@@ -70,8 +91,8 @@ def _table(title: str, **kw: Any) -> Table:
 
 def _kv_table(title: str, rows: list[tuple[str, str]], note: str | None = None) -> Table:
     t = _table(title, show_header=False, caption=note, caption_justify="left")
-    t.add_column("name", style="bold")
-    t.add_column("value", justify="right")
+    t.add_column("name", style="bold", no_wrap=True)
+    t.add_column("value", justify="right", no_wrap=True)
     for k, v in rows:
         t.add_row(k, v)
     return t
@@ -80,15 +101,15 @@ def _kv_table(title: str, rows: list[tuple[str, str]], note: str | None = None) 
 def _dist_table(title: str, dists: dict[str, Distribution], digits: int = 6) -> Table:
     """One column per distribution, one row per statistic: narrow enough for 80 columns."""
     t = _table(title)
-    t.add_column("")
+    t.add_column("", no_wrap=True)
     for name in dists:
-        t.add_column(name, justify="right")
+        t.add_column(name, justify="right", no_wrap=True)
     rows = ["mean", "std", "min", *QUANTILES, "max"]
     for stat in rows:
         cells = []
         for d in dists.values():
             vals = {"mean": d.mean, "std": d.std, "min": d.min, "max": d.max, **d.quantiles}
-            cells.append(fmt(vals.get(stat), digits))
+            cells.append(num(vals.get(stat), digits))
         t.add_row(stat, *cells)
     binned = [name for name, d in dists.items() if not d.exact]
     if binned:
@@ -97,148 +118,294 @@ def _dist_table(title: str, dists: dict[str, Distribution], digits: int = 6) -> 
     return t
 
 
-def _settings_line(r: Any) -> Text:
+@dataclass
+class Col:
+    """A column of a :class:`FitTable`: ``drop`` > 0 may be left out when the table is
+    too wide (the highest first); ``wrap`` text may wrap (numbers never do)."""
+
+    title: str
+    justify: str = "right"
+    drop: int = 0
+    wrap: bool = False
+    min_width: int | None = None
+
+
+@dataclass
+class FitTable:
+    """A table that fits the console: when its columns' narrowest widths add up to more
+    than the console has, the optional columns (:attr:`Col.drop`) are left out, highest
+    first, and the caption names them. Numbers are never wrapped nor cut."""
+
+    title: str
+    cols: list[Col]
+    rows: list[list[str]]
+    caption: str | None = None
+    box: Any = box.SIMPLE_HEAVY
+    left_out_note: str = "--json has them"
+
+    def _build(self, keep: list[int]) -> Table:
+        t = _table(self.title, box=self.box)
+        for i in keep:
+            c = self.cols[i]
+            widest = max([len(x) for x in c.title.split("\n")] + [len(r[i]) for r in self.rows])
+            t.add_column(
+                c.title,
+                justify=c.justify,  # type: ignore[arg-type]
+                no_wrap=not c.wrap,
+                overflow="fold" if c.wrap else "ellipsis",
+                min_width=c.min_width if c.wrap else widest,
+            )
+        for row in self.rows:
+            t.add_row(*(row[i] for i in keep))
+        dropped = [self.cols[i].title for i in range(len(self.cols)) if i not in keep]
+        notes = [self.caption] if self.caption else []
+        if dropped:
+            notes.append(f"left out at this width: {', '.join(dropped)} ({self.left_out_note})")
+        if notes:
+            t.caption = "\n".join(notes)
+            t.caption_justify = "left"
+        return t
+
+    def fitted(self, width: int, console: Console, options: ConsoleOptions) -> Table:
+        keep = list(range(len(self.cols)))
+        while True:
+            t = self._build(keep)
+            need = Measurement.get(console, options.update(width=10_000), t).minimum
+            optional = [i for i in keep if self.cols[i].drop > 0]
+            if need <= width or not optional:
+                return t
+            worst = max(optional, key=lambda i: (self.cols[i].drop, i))
+            keep.remove(worst)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield self.fitted(options.max_width, console, options)
+
+
+class ByWidth:
+    """One of several renderables, by the console's width: the first whose minimum width
+    fits (side-by-side layouts first, stacked last)."""
+
+    def __init__(self, *choices: RenderableType) -> None:
+        self.choices = choices
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        for c in self.choices[:-1]:
+            need = Measurement.get(console, options.update(width=10_000), c).maximum
+            if need <= options.max_width:
+                yield c
+                return
+        yield self.choices[-1]
+
+
+def _grid(*blocks: RenderableType, gap: int = 3) -> Table:
+    g = Table.grid(padding=(0, gap, 0, 0))
+    for _ in blocks:
+        g.add_column(no_wrap=True, vertical="top")
+    g.add_row(*blocks)
+    return g
+
+
+# ---------------------------------------------------------------- the one screen
+def _title(command: str, r: Any) -> Text:
+    t = Text()
+    t.append(f"grpo-cli {command}", style="bold")
+    t.append(f"  {r.source}")
+    return t
+
+
+def _conventions_text(r: ObjectiveReport) -> Text:
+    """Where the settings come from and the conventions J depends on most, one line."""
     s = r.settings
-    parts = [f"preset {s.preset or 'default (deepseekmath)'}"]
-    return Text(f"{r.source}  ·  " + ", ".join(parts), style="dim")
+    eps = f"ε {s.clip_eps:g}" + (f"/{s.eps_high:g}" if s.clip_eps_high is not None else "")
+    where = "defaults" if not (s.origin or s.preset) else settings_text(r)
+    parts = [where, s.agg, eps if s.ratio_level == "token" else f"sequence ratio, {eps}"]
+    if s.dual_clip is not None:
+        parts.append(f"dual clip {s.dual_clip:g}")
+    if s.beta == 0:
+        parts.append("β 0")
+    else:
+        place = "in the reward" if s.kl_mode == "reward" else "in the loss"
+        parts.append(f"{s.kl_estimator} KL, β {s.beta:g}, {place}")
+    return Text(" · ".join(parts), style="dim")
 
 
-def _groups_rows(g: GroupSummary) -> list[tuple[str, str]]:
+def _data_text(r: ObjectiveReport) -> Text:
+    parts = []
+    g = r.group_summary
+    if g is not None:
+        size = f"{g.min_size}" if g.min_size == g.max_size else f"{g.min_size}–{g.max_size}"
+        parts.append(f"{g.groups:,} groups of {size}")
+    L = r.lengths
+    parts.append(f"lengths {num(L.min)}–{num(L.max)}, mean {num(L.mean)}")
+    parts.append(f"A from {r.advantages_source}")
+    parts.append("on-policy: no old_logp, ρ = 1" if r.on_policy else "ρ from old_logp")
+    if r.calls is not None:
+        parts.append(f"{r.calls} loss calls")
+    return Text(" · ".join(parts), style="dim")
+
+
+def _block(rows: Sequence[tuple[str, str]]) -> Table:
+    g = Table.grid(padding=(0, 1, 0, 0))
+    g.add_column(no_wrap=True)
+    g.add_column(no_wrap=True, justify="right")
+    for name, value in rows:
+        g.add_row(Text(name, style="bold"), value)
+    return g
+
+
+def _summary(r: ObjectiveReport, *, title: str) -> list[RenderableType]:
+    """The numbers that matter: three blocks side by side where they fit (120 columns),
+    else two and a line, else stacked."""
+    left, right = _block(objective_rows(r)), _block(health_rows(r))
+    data = _block(data_rows(r))
     return [
-        ("groups", fmt(g.groups)),
-        ("answers", fmt(g.answers)),
-        (
-            "group size",
-            f"{g.min_size}" if g.min_size == g.max_size else f"{g.min_size}-{g.max_size}",
+        _title(title, r),
+        _conventions_text(r),
+        Text(""),
+        ByWidth(
+            _grid(left, right, data, gap=5),
+            Group(_grid(left, right, gap=5), _data_text(r)),
+            Group(left, Text(""), right, _data_text(r)),
         ),
-        (
-            "zero-variance groups",
-            f"{fmt(g.zero_variance_groups)} ({pct(g.frac_zero_variance_groups)})",
-        ),
-        ("answers with zero group std", pct(g.frac_zero_std_answers)),
-        ("singleton groups", fmt(g.singleton_groups)),
     ]
 
 
-def render_advantages(r: AdvantagesReport, max_groups: int = 20) -> RenderableType:
-    s = r.settings
-    title = (
-        f"Group advantages  (scale {s.scale}, ddof {s.ddof}, eps {s.eps:g}, "
-        f"estimator {s.estimator})"
-    )
-    t = _table(title)
-    for c, j in (
-        ("group", "left"),
-        ("size", "right"),
-        ("mean", "right"),
-        ("std", "right"),
-        ("min", "right"),
-        ("max", "right"),
-        ("0-var", "center"),
-    ):
-        t.add_column(
-            c,
-            justify=j,  # type: ignore[arg-type]
-            no_wrap=True,
-            min_width=len(c),
-            max_width=20 if c == "group" else None,
-        )
-    t.add_column("advantages (row order)", no_wrap=True, overflow="ellipsis", max_width=29)
-    P = len(r.labels)
-    order = np.argsort(r.codes, kind="stable")
-    starts = np.searchsorted(r.codes[order], np.arange(P + 1))
-    shown = min(P, max_groups)
-    for g in range(shown):
-        idx = order[starts[g] : starts[g + 1]]
-        adv = r.advantages[idx]
-        head = " ".join(f"{a:+.2f}" for a in adv[:16]) + (" …" if adv.size > 16 else "")
-        st = r.stats
-        zero = bool(st.min[g] == st.max[g])
+def _logged_block(lg: LoggedReport, *, limit: int) -> list[RenderableType]:
+    verdicts = [m.verdict for m in lg.metrics]
+    counts = {v: verdicts.count(v) for v in ("match", "differs", "not recomputed")}
+    head = Text()
+    head.append("logged vs recomputed", style="bold")
+    where = lg.file + (f", step {lg.step}" if lg.step is not None else "")
+    head.append(f"  {where}: ")
+    head.append(f"{counts['match']} match", style="green")
+    head.append(", ")
+    head.append(f"{counts['differs']} differ", style="bold red" if counts["differs"] else "")
+    head.append(f", {counts['not recomputed']} not recomputed")
+    worst = lg.max_relative
+    if worst is not None:
+        head.append(f"; max relative diff {num(worst, 3)}", style="dim")
+    out: list[RenderableType] = [head]
+    shown = sorted(
+        (m for m in lg.metrics if m.recomputed is not None),
+        key=lambda m: (m.verdict != "differs", -(m.relative or 0.0)),
+    )[:limit]
+    if shown:
+        t = Table.grid(padding=(0, 2, 0, 0))
+        t.add_column(no_wrap=True)
+        for _ in range(3):
+            t.add_column(no_wrap=True, justify="right")
+        t.add_column(no_wrap=True)
+        for m in shown:
+            style = "bold red" if m.verdict == "differs" else ""
+            t.add_row(
+                "  " + m.metric,
+                num(m.logged, 7),
+                num(m.recomputed, 7),
+                "rel " + num(m.relative, 3),
+                Text(m.verdict, style=style),
+            )
+        out.append(t)
+    more = len([m for m in lg.metrics if m.recomputed is not None]) - len(shown)
+    if more > 0:
+        out.append(Text(f"  … {more} more compared (--full lists them)", style="dim"))
+    return out
+
+
+def _finding_lines(
+    findings: list[Finding], limit: int, id_width: int | None = None
+) -> list[RenderableType]:
+    """The findings one line each (a long one wraps under its text, never under the
+    severity); ``id_width`` aligns lines rendered apart."""
+    if not findings:
+        return []
+    t = Table.grid(padding=(0, 2, 0, 0))
+    t.add_column(no_wrap=True, min_width=5)
+    t.add_column(no_wrap=True, min_width=id_width)
+    t.add_column()
+    for f in findings[:limit]:
         t.add_row(
-            str(r.labels[g]),
-            str(int(st.count[g])),
-            fmt(st.mean[g], 4),
-            fmt(st.std[g], 4),
-            fmt(st.min[g], 4),
-            fmt(st.max[g], 4),
-            "yes" if zero else "",
-            head,
+            Text(_SEVERITY_WORD[f.severity], style=_SEVERITY_STYLE[f.severity]),
+            Text(f.id, style="bold"),
+            headline(f),
         )
-    if shown < P:
-        t.caption = f"{shown} of {P:,} groups shown (--max-groups; --json lists all)"
-        t.caption_justify = "left"
-    rows = _groups_rows(r.summary)
-    if r.logged_max_abs_diff is not None:
-        rows.append(("max |logged − recomputed| advantage", fmt(r.logged_max_abs_diff)))
-    totals = _kv_table("Totals", rows)
-    dist = _dist_table("Distributions", {"reward": r.reward, "advantage": r.advantage})
-    return Group(_settings_line(r), t, totals, dist)
+    out: list[RenderableType] = [t]
+    if len(findings) > limit:
+        out.append(Text(f"… {len(findings) - limit} more (grpo-cli explain)", style="dim"))
+    return out
 
 
-def render_kl(r: KLReport) -> RenderableType:
-    s = r.settings
-    title = f"KL estimate {s.kl_estimator} per token" + (
-        f" (clamped to ±{s.kl_clamp:g})" if s.kl_clamp is not None else ""
-    )
-    counts = _kv_table("Counts", [("answers", fmt(r.answers)), ("tokens", fmt(r.tokens))])
-    dist = _dist_table(title, {"per token": r.token, "per-answer mean": r.per_answer})
-    lengths = _dist_table("Answer lengths (valid tokens)", {"length": r.lengths}, digits=5)
-    return Group(_settings_line(r), counts, dist, lengths)
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
 
 
-def _bar(count: int, total: int, width: int = 30) -> str:
-    if total == 0:
-        return ""
-    n = count / total * width
-    full = int(n)
-    return "█" * full + ("▌" if n - full >= 0.5 else "")
-
-
-def _gradient_table(r: ObjectiveReport) -> RenderableType:
-    g = r.gradient
-    assert g is not None
-    if g["norm"] == 0.0:
-        say = "‖∂J/∂logp‖ = 0: no token moves the policy (every token clipped, or A = 0)."
-    elif abs(r.objective) < 0.1 * g["norm"]:
-        say = (
-            f"J ≈ {fmt(r.objective, 2)} but ‖∂J/∂logp‖ = {fmt(g['norm'], 2)}: the batch still "
-            "teaches."
-        )
+def verdict(findings: list[Finding]) -> Text:
+    """The verdict line of a batch's findings: the worst severity and the counts."""
+    n = {s: sum(f.severity == s for f in findings) for s in ("alarm", "warn", "info")}
+    t = Text()
+    if n["alarm"]:
+        t.append("ALARM", style="bold red")
+    elif n["warn"]:
+        t.append("WARN", style="bold yellow")
     else:
-        say = f"‖∂J/∂logp‖ = {fmt(g['norm'], 2)} over the valid tokens."
-    t = _kv_table(
-        "Gradient of J with respect to the log-probs",
-        [
-            ("‖∂J/∂logp‖", fmt(g["norm"], 6)),
-            ("policy part", fmt(g["policy_norm"], 6)),
-            ("KL part", fmt(g["kl_norm"], 6)),
-            ("tokens with a policy gradient", pct(g["tokens_with_policy_gradient"])),
-            ("answers with a policy gradient", pct(g["answers_with_policy_gradient"])),
-        ],
-    )
-    return Group(t, Text(say + "\n", style="dim"))
+        t.append("OK", style="bold green")
+    t.append(f"  {_plural(n['alarm'], 'alarm')}, {_plural(n['warn'], 'warning')}, {n['info']} info")
+    return t
 
 
-def render_objective(r: ObjectiveReport, compare: bool = False) -> RenderableType:
+# ------------------------------------------------------------------------ objective
+def render_objective(
+    r: ObjectiveReport,
+    findings: list[Finding] | None = None,
+    *,
+    full: bool = False,
+    compare: bool = False,
+) -> RenderableType:
+    """One screen: the objective, the health numbers, the trainer's logged metrics
+    against grpo-cli's (a recorded step, ``--logged``), the top findings and a verdict
+    line; ``full`` adds every table, ``compare`` the aggregations."""
+    findings = findings or []
+    parts: list[RenderableType] = _summary(r, title="objective")
+    if r.logged is not None:
+        parts.append(Text(""))
+        parts += _logged_block(r.logged, limit=4)
+    if findings:
+        parts.append(Text(""))
+        parts += _finding_lines(findings, limit=4)
+    parts.append(Text(""))
+    line = verdict(findings)
+    if not full:
+        line.append("   explain: what to do · --full: every table", style="dim")
+    parts.append(line)
+    if full:
+        parts.append(Text(""))
+        parts += _objective_tables(r)
+    if compare:
+        parts.append(Text(""))
+        parts.append(_compare_table(r))
+    return Group(*parts)
+
+
+def _objective_tables(r: ObjectiveReport) -> list[RenderableType]:
     s = r.settings
-    parts: list[RenderableType] = [_settings_line(r)]
+    parts: list[RenderableType] = []
     if s.kl_mode == "reward" and s.beta:
         kl_part = f"the KL is in the reward (β = {s.beta:g}, {s.trainer}'s way): none in the loss"
     elif s.beta:
         kl_part = f"β·KL = {s.beta:g} × {fmt(r.kl_term / s.beta)}"
     else:
         kl_part = "β = 0: no KL term"
-    main = _kv_table(
-        f"GRPO objective  (aggregation {s.agg})",
-        [
-            ("objective J", fmt(r.objective, 10)),
-            ("loss = −J", fmt(r.loss, 10)),
-            ("policy term", fmt(r.policy_term, 10)),
-            ("KL term", fmt(r.kl_term, 10)),
-            ("", kl_part),
-        ],
+    parts.append(
+        _kv_table(
+            f"GRPO objective  (aggregation {s.agg})",
+            [
+                ("objective J", fmt(r.objective, 10)),
+                ("loss = −J", fmt(r.loss, 10)),
+                ("policy term", fmt(r.policy_term, 10)),
+                ("KL term", fmt(r.kl_term, 10)),
+                ("", kl_part),
+            ],
+        )
     )
-    parts.append(main)
     parts.append(
         Text(
             "J = policy term − KL term. The loss is negative whenever the policy term exceeds the "
@@ -250,13 +417,13 @@ def render_objective(r: ObjectiveReport, compare: bool = False) -> RenderableTyp
     if r.gradient is not None:
         parts.append(_gradient_table(r))
     clip_rows = [
-        ("low  (ρ < 1−ε, A < 0)", pct(r.clip.low)),
-        ("high (ρ > 1+ε, A > 0)", pct(r.clip.high)),
-        ("region (low or high)", pct(r.clip.region)),
-        ("outside [1−ε, 1+ε]", pct(r.clip.outside_range)),
+        ("low  (ρ < 1−ε, A < 0)", _pct2(r.clip.low)),
+        ("high (ρ > 1+ε, A > 0)", _pct2(r.clip.high)),
+        ("region (low or high)", _pct2(r.clip.region)),
+        ("outside [1−ε, 1+ε]", _pct2(r.clip.outside_range)),
     ]
     if r.clip.dual_clip_lower is not None:
-        clip_rows.append((f"dual clip (A < 0, ρ > {s.dual_clip:g})", pct(r.clip.dual_clip_lower)))
+        clip_rows.append((f"dual clip (A < 0, ρ > {s.dual_clip:g})", _pct2(r.clip.dual_clip_lower)))
     eps_text = f"ε = {s.clip_eps:g}" + (
         f", ε_high = {s.eps_high:g}" if s.clip_eps_high is not None else ""
     )
@@ -269,13 +436,15 @@ def render_objective(r: ObjectiveReport, compare: bool = False) -> RenderableTyp
         ratio_dist[f"KL {s.kl_estimator}"] = r.kl
     parts.append(_dist_table("Importance ratio and KL per token", ratio_dist))
     h = _table("Ratio histogram", box=box.SIMPLE)
-    h.add_column("ρ range", justify="right")
-    h.add_column("tokens", justify="right")
-    h.add_column("share", justify="right")
-    h.add_column("", justify="left")
+    h.add_column("ρ range", justify="right", no_wrap=True)
+    h.add_column("tokens", justify="right", no_wrap=True)
+    h.add_column("share", justify="right", no_wrap=True)
+    h.add_column("", justify="left", no_wrap=True)
     total = sum(c for _, _, c in r.ratio_histogram)
     for lo, hi, c in r.ratio_histogram:
-        h.add_row(f"[{lo:.6g}, {hi:.6g})", fmt(c), pct(c / total if total else 0.0), _bar(c, total))
+        h.add_row(
+            f"[{lo:.6g}, {hi:.6g})", fmt(c), _pct2(c / total if total else 0.0), _bar(c, total)
+        )
     parts.append(h)
     if r.overflow_tokens or r.extreme_tokens:
         parts.append(
@@ -290,7 +459,7 @@ def render_objective(r: ObjectiveReport, compare: bool = False) -> RenderableTyp
         ("answers", fmt(r.answers)),
         ("tokens", fmt(r.tokens)),
         ("advantages from", r.advantages_source),
-        ("on-policy (no old_logp)", "yes" if r.on_policy else "no"),
+        ("ratio from", "logp only: on-policy, ρ = 1" if r.on_policy else "logp − old_logp"),
     ]
     if r.group_summary is not None:
         count_rows += _groups_rows(r.group_summary)[3:5]
@@ -310,27 +479,82 @@ def render_objective(r: ObjectiveReport, compare: bool = False) -> RenderableTyp
             )
         )
     if r.logged is not None:
-        t = _table(
-            f"Logged by the trainer ({r.logged.file}"
-            + (f", step {r.logged.step}" if r.logged.step is not None else "")
-            + f") vs recomputed; tolerance {r.logged.tolerance:g}"
-        )
-        for col in ("metric", "logged", "recomputed", "relative diff", "verdict"):
-            t.add_column(col, justify="left" if col in ("metric", "verdict") else "right")
-        for m in r.logged.metrics:
-            t.add_row(
+        parts.append(_logged_table(r.logged))
+    return parts
+
+
+def _logged_table(lg: LoggedReport) -> RenderableType:
+    where = lg.file + (f", step {lg.step}" if lg.step is not None else "")
+    return FitTable(
+        f"Logged by the trainer ({where}) vs recomputed; tolerance {lg.tolerance:g}",
+        [
+            Col("metric", "left"),
+            Col("logged"),
+            Col("recomputed"),
+            Col("relative diff"),
+            Col("verdict", "left", wrap=True),
+        ],
+        [
+            [
                 m.metric,
-                fmt(m.logged, 10),
-                "—" if m.recomputed is None else fmt(m.recomputed, 10),
-                "—" if m.relative is None else fmt(m.relative, 3),
+                num(m.logged, 7),
+                "—" if m.recomputed is None else num(m.recomputed, 7),
+                "—" if m.relative is None else num(m.relative, 3),
                 m.verdict,
-            )
-        parts.append(t)
-    if compare:
-        parts.append(_compare_table(r))
-    for w in r.warnings:
-        parts.append(Text(f"note: {w}", style="yellow"))
-    return Group(*parts)
+            ]
+            for m in lg.metrics
+        ],
+    )
+
+
+def _groups_rows(g: GroupSummary) -> list[tuple[str, str]]:
+    return [
+        ("groups", fmt(g.groups)),
+        ("answers", fmt(g.answers)),
+        (
+            "group size",
+            f"{g.min_size}" if g.min_size == g.max_size else f"{g.min_size}-{g.max_size}",
+        ),
+        (
+            "zero-variance groups",
+            f"{fmt(g.zero_variance_groups)} ({_pct2(g.frac_zero_variance_groups)})",
+        ),
+        ("answers with zero group std", _pct2(g.frac_zero_std_answers)),
+        ("singleton groups", fmt(g.singleton_groups)),
+    ]
+
+
+def _bar(count: int, total: int, width: int = 30) -> str:
+    if total == 0:
+        return ""
+    n = count / total * width
+    full = int(n)
+    return "█" * full + ("▌" if n - full >= 0.5 else "")
+
+
+def _gradient_table(r: ObjectiveReport) -> RenderableType:
+    g = r.gradient
+    assert g is not None
+    if g["norm"] == 0.0:
+        say = "‖∂J/∂logp‖ = 0: no token moves the policy (every token clipped, or A = 0)."
+    elif abs(r.objective) < 0.1 * g["norm"]:
+        say = (
+            f"J ≈ {num(r.objective, 3)} but ‖∂J/∂logp‖ = {num(g['norm'], 3)}: the batch still "
+            "teaches."
+        )
+    else:
+        say = f"‖∂J/∂logp‖ = {num(g['norm'], 3)} over the valid tokens."
+    t = _kv_table(
+        "Gradient of J with respect to the log-probs",
+        [
+            ("‖∂J/∂logp‖", fmt(g["norm"], 6)),
+            ("policy part", fmt(g["policy_norm"], 6)),
+            ("KL part", fmt(g["kl_norm"], 6)),
+            ("tokens with a policy gradient", _pct2(g["tokens_with_policy_gradient"])),
+            ("answers with a policy gradient", _pct2(g["answers_with_policy_gradient"])),
+        ],
+    )
+    return Group(t, Text(say + "\n", style="dim"))
 
 
 def _rollout_table(r: ObjectiveReport) -> RenderableType:
@@ -360,23 +584,35 @@ def _rollout_table(r: ObjectiveReport) -> RenderableType:
 
 def _compare_table(r: ObjectiveReport) -> RenderableType:
     t = _table("Objective under every aggregation")
-    t.add_column("aggregation")
-    t.add_column("objective J", justify="right")
-    t.add_column("loss", justify="right")
+    t.add_column("aggregation", no_wrap=True)
+    t.add_column("objective J", justify="right", no_wrap=True)
+    t.add_column("loss", justify="right", no_wrap=True)
     for a in r.aggregations:
         mark = " ◀" if a == r.settings.agg else ""
         t.add_row(a + mark, fmt(r.aggregations[a], 10), fmt(-r.aggregations[a], 10))
-    w = _table(f"Share of the objective one answer carries, by its length (L_max = {r.max_len})")
-    w.add_column("aggregation", no_wrap=True, min_width=23)
-    for row in r.length_weights:
-        w.add_column(f"{row['length']}={row['tokens']:.4g}", justify="right", no_wrap=True)
-    for a in r.aggregations:
-        w.add_row(a, *(fmt(row[f"{a}/answer"], 3) for row in r.length_weights))
-    w.caption = (
-        "seq-mean-token-mean gives every answer 1/N whatever its length; the others "
-        "weight an answer in proportion to its length."
+    # an answer's weight in J relative to the median-length answer's: the shape of each
+    # aggregation's length dependence, whatever its scale (token-sum weighs in tokens)
+    by: dict[Any, dict[str, Any]] = {row["length"]: row for row in r.length_weights}
+    mid = by.get("p50")
+    w = FitTable(
+        "Weight of one answer in J, by its length, relative to an answer of median length"
+        + (f" ({num(mid['tokens'])} tokens)" if mid else ""),
+        [Col("aggregation", "left")]
+        + [Col(f"{row['length']} {num(row['tokens'])}") for row in r.length_weights],
+        [
+            [a]
+            + [
+                num(row[f"{a}/answer"] / mid[f"{a}/answer"], 3)
+                if mid and mid[f"{a}/answer"]
+                else num(row[f"{a}/answer"], 3)
+                for row in r.length_weights
+            ]
+            for a in r.aggregations
+        ],
+        caption="seq-mean-token-mean gives every answer 1/N whatever its length; the others "
+        "weight an answer in proportion to its length (absolute weights: --json, "
+        "length_weights).",
     )
-    w.caption_justify = "left"
     return Group(t, w)
 
 
@@ -389,132 +625,165 @@ def _value(v: float | int | None) -> str:
         return "-"
     if isinstance(v, int):
         return f"{v:,}"
-    return fmt(v, 4)
+    return num(v, 4)
 
 
 def _threshold(t: dict[str, float | None] | None) -> str:
     if not t:
         return "-"
-    parts = [f"{k} > {fmt(v, 4)}" for k, v in t.items() if v is not None]
+    parts = [f"{k} > {num(v, 4)}" for k, v in t.items() if v is not None]
     return ", ".join(parts) or "-"
 
 
 def _example(ex: dict[str, Any]) -> str:
-    return ", ".join(f"{k} {v}" for k, v in ex.items())
+    def show(v: Any) -> str:
+        return num(v, 6) if isinstance(v, float) else str(v)
+
+    return ", ".join(f"{k} {show(v)}" for k, v in ex.items())
 
 
-def render_check(r: CheckReport) -> RenderableType:
-    """Every rule: status, id, value and threshold on one line, the message indented below,
-    and for failures and warnings the places to look. Reads the same in a terminal and in a
-    CI log of any width (no colour when not a terminal)."""
-    width = max(len(x.rule) for x in r.results)
-    lines: list[RenderableType] = [Text(f"grpo-cli check  {r.source}", style="bold"), Text("")]
-    for res in r.results:
-        head = Text()
-        head.append(f"{res.status.upper():<5}", style=_STYLE[res.status])
-        head.append(f" {res.rule:<{width}}  ", style="bold")
-        head.append(f"value {_value(res.value):<12} threshold {_threshold(res.threshold)}")
-        lines.append(head)
-        lines.append(Padding(Text(res.message), (0, 0, 0, 6)))
-        if res.status in ("fail", "warn"):
-            for ex in res.examples:
-                lines.append(Padding(Text(f"at {_example(ex)}", style="dim"), (0, 0, 0, 8)))
-    counts = {s: sum(x.status == s for x in r.results) for s in ("pass", "warn", "fail", "skip")}
-    lines.append(Text(""))
-    lines.append(
-        Text(
-            ("PASSED" if r.passed else "FAILED")
-            + f"  ({counts['pass']} pass, {counts['warn']} warn, {counts['fail']} fail, "
-            f"{counts['skip']} skip)",
-            style="bold green" if r.passed else "bold red",
-        )
-    )
-    return Group(*lines)
-
-
-def render_trend(r: TrendReport) -> RenderableType:
-    """One row per step, a sparkline per metric, and the trend rules' verdicts."""
-    cols: list[tuple[str, str, int]] = [
-        ("objective", "J", 3),
-        ("clip_fraction_region", "clip", 3),
-        ("ratio_p99", "ρ p99", 4),
-        ("kl_mean", "KL", 3),
-        ("entropy_mean", "H", 3),
-        ("frac_zero_variance_groups", "0-var", 3),
-        ("reward_mean", "reward", 3),
-        ("length_mean", "len", 4),
-        ("rollout_kl_k3", "sampler KL", 3),
-    ]
-    t = _table(f"Training steps ({len(r.steps)}); H: entropy, 0-var: zero-variance groups")
-    t.add_column("step", justify="right")
-    for _, title, _ in cols:
-        t.add_column(title, justify="right")
-    for row in r.steps:
-        t.add_row(str(row["step"]), *(fmt(row[k], d) for k, _, d in cols))
-    spark = _table("Over the steps (first → last)")
-    spark.add_column("metric")
-    spark.add_column("")
-    spark.add_column("first", justify="right")
-    spark.add_column("last", justify="right")
-    for key, title, d in cols:
-        values = [row[key] for row in r.steps]
-        spark.add_row(title, sparkline(values), fmt(values[0], d), fmt(values[-1], d))
-    parts: list[RenderableType] = [t, spark]
-    if r.results:
-        v = _table("Trend rules")
-        for col in ("rule", "status", "value", "message"):
-            v.add_column(col)
-        for res in r.results:
-            value = "—" if res.value is None else fmt(float(res.value), 4)
-            v.add_row(res.rule, res.status.upper(), value, res.message)
-        parts.append(v)
-        parts.append(Text("PASSED" if r.passed else "FAILED", style="bold"))
-    for w in r.warnings:
-        parts.append(Text(f"note: {w}", style="yellow"))
-    return Group(*parts)
-
-
-def render_answers(r: AnswersReport) -> RenderableType:
-    """The ranked answers, worst first: where each is, and its statistics (all of them,
-    with ``kl_max``, are in ``--json``)."""
-    cols: list[tuple[str, str, int]] = [
-        ("advantage", "A", 3),
-        ("length", "len", 0),
-        (
-            "kl_max" if r.sort == "kl-max" else "kl_mean",
-            "KL max" if r.sort == "kl-max" else "KL",
-            3,
-        ),
-        ("log_ratio_max_abs", "|log ρ|", 3),
-        ("clip_share", "clip", 2),
-        ("gradient_share", "‖g‖² share", 3),
-    ]
-    t = _table(f"Top {len(r.rows)} answers by {r.sort} (of {r.source})")
-    for title in ("file", "row", "group", "reward"):
-        t.add_column(title, justify="right" if title == "row" else "left", overflow="fold")
-    for _, title, _ in cols:
-        t.add_column(title, justify="right")
-    for row in r.rows:
+def _rule_head(results: list[Result]) -> Table:
+    """status, rule, value and threshold in columns: a threshold is never broken."""
+    t = Table.grid(padding=(0, 2, 0, 0))
+    t.add_column(no_wrap=True)
+    t.add_column(no_wrap=True, style="bold")
+    t.add_column(no_wrap=True)
+    t.add_column(no_wrap=True)
+    for res in results:
         t.add_row(
-            str(row["source"]),
-            str(row["row"]),
-            "—" if row["group"] is None else str(row["group"]),
-            "—" if row["reward"] is None else str(row["reward"]),
-            *(fmt(row[k], d) for k, _, d in cols),
+            Text(f"{res.status.upper():<4}", style=_STYLE[res.status]),
+            res.rule,
+            f"value {_value(res.value)}",
+            f"threshold {_threshold(res.threshold)}",
         )
     return t
 
 
-def render_explain(findings: list[Finding]) -> RenderableType:
-    """One paragraph per finding, most severe first."""
-    if not findings:
-        return Text("No findings: nothing in this batch needs attention.")
-    style = {"alarm": "bold red", "warn": "yellow", "info": "dim"}
+def _check_counts(r: CheckReport) -> Text:
+    counts = {s: sum(x.status == s for x in r.results) for s in ("pass", "warn", "fail", "skip")}
+    return Text(
+        ("PASSED" if r.passed else "FAILED")
+        + f"  ({counts['pass']} pass, {counts['warn']} warn, {counts['fail']} fail, "
+        f"{counts['skip']} skip)",
+        style="bold green" if r.passed else "bold red",
+    )
+
+
+def render_check(
+    r: CheckReport, findings: list[Finding] | None = None, *, full: bool = False
+) -> RenderableType:
+    """One screen: the batch's numbers, every failing and warning rule with its message
+    and first place to look, the skipped rules one line each, the passing rules by name,
+    the verdict. ``full``: every rule with its value, threshold, message and places (the
+    same in a CI log of any width; no colour when not a terminal)."""
+    if full:
+        return _check_full(r)
     parts: list[RenderableType] = []
-    for f in findings:
-        head = Text(f"{f.severity.upper():5}  {f.id}", style=style[f.severity])
-        parts.append(head)
-        parts.append(Padding(Text(f.message), (0, 0, 1, 7)))
+    if r.objective is not None:
+        parts += _summary(r.objective, title="check")
+    else:
+        parts.append(Text(f"grpo-cli check  {r.source}", style="bold"))
+        if r.why_no_objective:
+            parts.append(Text(f"no objective: {r.why_no_objective}", style="dim"))
+    parts.append(Text(""))
+    bad = [x for x in r.results if x.status in ("fail", "warn")]
+    bad.sort(key=lambda x: x.status != "fail")
+    for res in bad:
+        parts.append(_rule_head([res]))
+        parts.append(Indented(Text(res.message), 6))
+        if res.examples:
+            more = len(res.examples) - 1
+            at = f"at {_example(res.examples[0])}" + (f" (+{more} more: --full)" if more else "")
+            parts.append(Indented(Text(at, style="dim"), 8))
+    for status in ("skip", "pass"):
+        rules = [x.rule for x in r.results if x.status == status]
+        if not rules:
+            continue
+        word = Text(f"{status.upper()}  ", style=_STYLE[status])
+        named = word + Text(f"{_plural(len(rules), 'rule')}: {', '.join(rules)}")
+        counted = word + Text(f"{_plural(len(rules), 'rule')} (--full: which" + (
+            " and why)" if status == "skip" else ")"))  # fmt: skip
+        parts.append(ByWidth(named, counted))
+    parts.append(Text(""))
+    line = _check_counts(r)
+    line.append("   --full: every rule", style="dim")
+    parts.append(line)
+    return Group(*parts)
+
+
+def _check_full(r: CheckReport) -> RenderableType:
+    lines: list[RenderableType] = [Text(f"grpo-cli check  {r.source}", style="bold"), Text("")]
+    for res in r.results:
+        lines.append(_rule_head([res]))
+        lines.append(Indented(Text(res.message), 6))
+        if res.status in ("fail", "warn"):
+            for ex in res.examples:
+                lines.append(Indented(Text(f"at {_example(ex)}", style="dim"), 8))
+    lines.append(Text(""))
+    lines.append(_check_counts(r))
+    return Group(*lines)
+
+
+# ----------------------------------------------------------------------------- trend
+TREND_COLUMNS: tuple[tuple[str, str, int], ...] = (
+    ("objective", "J", 3),
+    ("clip_fraction_region", "clip", 3),
+    ("ratio_p99", "ρ p99", 4),
+    ("kl_mean", "KL", 3),
+    ("entropy_mean", "H", 3),
+    ("frac_zero_variance_groups", "0-var", 3),
+    ("reward_mean", "reward", 3),
+    ("length_mean", "len", 4),
+    ("rollout_kl_k3", "sampler\nKL", 3),
+)
+
+
+def render_trend(r: TrendReport, *, full: bool = False, rows: int = 12) -> RenderableType:
+    """One row per step (``rows`` of them on one screen: the first and the last ones),
+    a sparkline per metric from the first step to the last, and the trend rules."""
+    present = [c for c in TREND_COLUMNS if any(row[c[0]] is not None for row in r.steps)]
+    steps = list(r.steps)
+    body: list[list[str]] = []
+    if full or len(steps) <= rows:
+        chosen: list[Any] = steps
+    else:
+        head = rows // 3
+        chosen = [*steps[:head], None, *steps[-(rows - head - 1) :]]
+    for row in chosen:
+        if row is None:
+            body.append(["…"] + [""] * len(present))
+            continue
+        body.append([str(row["step"]), *(num(row[k], d) for k, _, d in present)])
+    t = FitTable(
+        f"Training steps ({len(steps)}): H entropy, 0-var zero-variance groups",
+        [Col("step")] + [Col(t, drop=1 if k == "rollout_kl_k3" else 0) for k, t, _ in present],
+        body,
+    )
+    spark = Table.grid(padding=(0, 2, 0, 0))
+    spark.add_column(no_wrap=True, style="bold")
+    spark.add_column(no_wrap=True)
+    spark.add_column(no_wrap=True, justify="right")
+    spark.add_column(no_wrap=True)
+    spark.add_column(no_wrap=True, justify="right")
+    for key, title, d in present:
+        values = [row[key] for row in steps]
+        spark.add_row(
+            title.replace("\n", " "), sparkline(values[-60:]), num(values[0], d), "→",
+            num(values[-1], d),
+        )  # fmt: skip
+    parts: list[RenderableType] = [
+        Text(f"grpo-cli trend  ·  {settings_text(r)}", style="bold"),
+        t,
+        Text("first → last step, a character a step (the last 60)", style="dim"),
+        spark,
+    ]
+    if r.results:
+        parts.append(Text(""))
+        parts.append(_rule_head(r.results))
+        if full:
+            for res in r.results:
+                parts.append(Text(f"{res.rule}: {res.message}", style="dim"))
+        parts.append(Text("PASSED" if r.passed else "FAILED", style="bold"))
     return Group(*parts)
 
 
@@ -535,3 +804,195 @@ def sparkline(values: list[float | None]) -> str:
             k = 0 if hi == lo else round((v - lo) / (hi - lo) * (len(SPARK) - 1))
             out.append(SPARK[k])
     return "".join(out)
+
+
+# --------------------------------------------------------------------------- answers
+def render_answers(r: AnswersReport) -> RenderableType:
+    """The ranked answers, worst first: where each is, and its statistics (all of them,
+    with ``kl_max``, are in ``--json``). File and group names are never wrapped: a table
+    too wide leaves out the least needed statistics instead, saying which."""
+    sort_col = "kl_max" if r.sort == "kl-max" else "kl_mean"
+    stats: list[tuple[str, str, int, int]] = [  # key, title, digits, drop order
+        ("advantage", "A", 3, 0),
+        ("length", "len", 0, 0),
+        (sort_col, "KL max" if r.sort == "kl-max" else "KL", 3, 3),
+        ("log_ratio_max_abs", "|log ρ|", 3, 2),
+        ("clip_share", "clip", 2, 4),
+        ("gradient_share", "‖g‖²\nshare", 3, 1),
+    ]
+    if r.sort == "rollout":
+        stats.append(("rollout_kl_mean", "sampler\nKL", 3, 0))
+    sort_key = {"kl": sort_col, "kl-max": sort_col, "ratio": "log_ratio_max_abs",
+                "clip": "clip_share", "gradient": "gradient_share"}.get(r.sort)  # fmt: skip
+    files = {row["source"] for row in r.rows}
+    one_file = len(files) == 1
+    cols = [Col("row")] if one_file else [Col("file", "left"), Col("row")]
+    cols += [Col("group", "left"), Col("reward", drop=5)]
+    cols += [Col(title, drop=0 if key == sort_key else drop) for key, title, _, drop in stats]
+    body = []
+    for row in r.rows:
+        cells = [] if one_file else [str(row["source"])]
+        cells += [
+            str(row["row"]),
+            "—" if row["group"] is None else str(row["group"]),
+            "—" if row["reward"] is None else num(row["reward"], 3),
+        ]
+        cells += [num(row[k], d) if d else num(row[k]) for k, _, d, _ in stats]
+        body.append(cells)
+    where = f" (of {r.source}" + (f": {next(iter(files))}" if one_file and r.rows else "") + ")"
+    return FitTable(f"Top {len(r.rows)} answers by {r.sort}{where}", cols, body)
+
+
+# ---------------------------------------------------------------------- advantages
+def render_advantages(r: AdvantagesReport, max_groups: int = 20) -> RenderableType:
+    s = r.settings
+    title = (
+        f"Group advantages  (scale {s.scale}, ddof {s.ddof}, eps {s.eps:g}, "
+        f"estimator {s.estimator})"
+    )
+    P = len(r.labels)
+    order = np.argsort(r.codes, kind="stable")
+    starts = np.searchsorted(r.codes[order], np.arange(P + 1))
+    shown = min(P, max_groups)
+    limit = 16
+    body = []
+    for g in range(shown):
+        idx = order[starts[g] : starts[g + 1]]
+        adv = r.advantages[idx]
+        head = " ".join(f"{a:+.2f}" for a in adv[:limit])
+        if adv.size > limit:
+            head += f" (+{adv.size - limit} more)"
+        st = r.stats
+        zero = bool(st.min[g] == st.max[g])
+        body.append(
+            [
+                str(r.labels[g]),
+                str(int(st.count[g])),
+                num(st.mean[g], 4),
+                num(st.std[g], 4),
+                num(st.min[g], 4),
+                num(st.max[g], 4),
+                "yes" if zero else "",
+                head,
+            ]
+        )
+    caption = None
+    if shown < P:
+        caption = f"{shown} of {P:,} groups shown (--max-groups; --json lists all)"
+    t = FitTable(
+        title,
+        [
+            Col("group", "left", wrap=True),
+            Col("size"),
+            Col("mean"),
+            Col("std"),
+            Col("min", drop=2),
+            Col("max", drop=2),
+            Col("0-var", "center", drop=1),
+            Col("advantages (row order)", "left", wrap=True, min_width=17),
+        ],
+        body,
+        caption=caption,
+    )
+    rows = _groups_rows(r.summary)
+    if r.logged_max_abs_diff is not None:
+        rows.append(("max |logged − recomputed| advantage", fmt(r.logged_max_abs_diff)))
+    totals = _kv_table("Totals", rows)
+    dist = _dist_table("Distributions", {"reward": r.reward, "advantage": r.advantage})
+    title_line = Text(f"{r.source}  ·  {settings_text(r)}", style="dim")
+    return Group(title_line, t, ByWidth(_grid(totals, dist), Group(totals, dist)))
+
+
+# ------------------------------------------------------------------------------- kl
+def render_kl(r: KLReport) -> RenderableType:
+    s = r.settings
+    title = f"KL estimate {s.kl_estimator} per token" + (
+        f" (clamped to ±{s.kl_clamp:g})" if s.kl_clamp is not None else ""
+    )
+    counts = _kv_table("Counts", [("answers", fmt(r.answers)), ("tokens", fmt(r.tokens))])
+    dist = _dist_table(title, {"per token": r.token, "per-answer mean": r.per_answer})
+    lengths = _dist_table("Answer lengths (valid tokens)", {"length": r.lengths}, digits=5)
+    title_line = Text(f"{r.source}  ·  {settings_text(r)}", style="dim")
+    return Group(title_line, counts, ByWidth(_grid(dist, lengths), Group(dist, lengths)))
+
+
+# --------------------------------------------------------------------------- explain
+@dataclass
+class Indented:
+    """``text`` wrapped at the console's width less ``indent``, each line indented (no
+    trailing padding, unlike a rich Padding)."""
+
+    text: Text
+    indent: int = 7
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        width = max(options.max_width - self.indent, 20)
+        for line in self.text.wrap(console, width):
+            line.rstrip()
+            yield Text(" " * self.indent) + line
+
+
+@dataclass
+class OneScreen:
+    """``head``, then as many of ``full`` as fill the screen (``budget`` lines in all at
+    the console's width), the others as their ``short`` forms, then ``tail``."""
+
+    head: list[RenderableType]
+    full: list[RenderableType]
+    short: list[RenderableType]
+    tail: list[RenderableType] = field(default_factory=list)
+    budget: int = SCREEN
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        def lines(items: Sequence[RenderableType]) -> int:
+            return sum(len(console.render_lines(x, options, pad=False)) for x in items)
+
+        left = self.budget - lines(self.head) - lines(self.tail)
+        out: list[RenderableType] = []
+        for i, item in enumerate(self.full):
+            rest = lines(self.short[i + 1 :])
+            n = lines([item])
+            if n + rest > left:
+                out += self.short[i:]
+                break
+            out.append(item)
+            left -= n
+        yield from self.head
+        yield from out
+        yield from self.tail
+
+
+def render_explain(
+    r: ObjectiveReport, findings: list[Finding], *, full: bool = False
+) -> RenderableType:
+    """The batch's numbers, then each finding with what to do, most severe first: as
+    many paragraphs as one screen holds, the others one line each (``full``: every
+    paragraph and its evidence)."""
+    head: list[RenderableType] = [*_summary(r, title="explain"), Text("")]
+    if not findings:
+        return Group(*head, Text("No findings: nothing in this batch needs attention."))
+    paragraphs: list[RenderableType] = []
+    for f in findings:
+        title = Text()
+        title.append(f"{_SEVERITY_WORD[f.severity]:<5}", style=_SEVERITY_STYLE[f.severity])
+        title.append(f"  {f.id}", style="bold")
+        items: list[RenderableType] = [title, Indented(Text(f.message))]
+        if full:
+            ev = ", ".join(f"{k} {_evidence(v)}" for k, v in f.evidence.items())
+            items.append(Indented(Text(f"evidence: {ev}", style="dim")))
+        paragraphs.append(Group(*items))
+    line = verdict(findings)
+    if full:
+        return Group(*head, *paragraphs, Text(""), line)
+    line.append("   --full: with the evidence", style="dim")
+    width = max(len(f.id) for f in findings)
+    short = [_finding_lines([f], 1, width)[0] for f in findings]
+    return OneScreen(head, paragraphs, short, [Text(""), line])
+
+
+def _evidence(v: Any) -> str:
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k} {_evidence(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, float | int) and not isinstance(v, bool):
+        return num(v)
+    return str(v)
