@@ -59,7 +59,7 @@ def load() -> dict[str, Any]:
         for c in vars(maker).values()
         if inspect.isclass(c) and "get_cumulative_returns" in vars(c)
     )
-    return {"loss": loss, "utils": utils, "cumulative": getattr(holder, "get_cumulative_returns")}
+    return {"loss": loss, "utils": utils, "cumulative": vars(holder)["get_cumulative_returns"]}
 
 
 def main() -> int:

@@ -289,6 +289,7 @@ def loss_given(
         "use_vllm": False,
         "vllm_importance_sampling_correction": False,
         "use_liger_loss": False,
+        "use_liger_kernel": False,
         "tools": None,
         "_entropy_bonus_enabled": False,
         "aux_loss_enabled": False,
