@@ -7,6 +7,7 @@ import importlib.abc
 import importlib.machinery
 import inspect
 import json
+import sys
 import types
 from pathlib import Path
 from typing import Any
@@ -124,9 +125,20 @@ class _StandInModule(types.ModuleType):
 
 
 class StandIns(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Last on ``sys.meta_path``: a module no other finder finds is a stand-in."""
+    """Last on ``sys.meta_path``: a module no other finder finds, imported by a file of one
+    of ``packages`` (the trainer's own code), is a stand-in; imported by anything else
+    (a library probing for an optional module) it stays missing."""
+
+    def __init__(self, *packages: str) -> None:
+        self.packages = tuple(f"/{p}/" for p in packages)
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        frame = sys._getframe(1)
+        while frame is not None and frame.f_code.co_filename.startswith("<frozen"):
+            frame = frame.f_back  # type: ignore[assignment]
+        caller = frame.f_code.co_filename if frame is not None else ""
+        if not any(p in caller for p in self.packages):
+            return None
         return importlib.machinery.ModuleSpec(name, self, is_package=True)
 
     def create_module(self, spec: Any) -> Any:

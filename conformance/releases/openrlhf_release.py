@@ -49,7 +49,7 @@ def load() -> dict[str, Any]:
         pkg = types.ModuleType("openrlhf" + name)
         pkg.__path__ = [root + name.replace(".", "/")]
         sys.modules[pkg.__name__] = pkg
-    sys.meta_path.append(StandIns())
+    sys.meta_path.append(StandIns("openrlhf"))
     import openrlhf.models.loss as loss
     import openrlhf.models.utils as utils
     import openrlhf.trainer.ppo_utils.experience_maker as maker

@@ -47,7 +47,7 @@ def load() -> Any:
     pkg = types.ModuleType("verl")
     pkg.__path__ = list(spec.submodule_search_locations)
     sys.modules["verl"] = pkg
-    sys.meta_path.append(StandIns())
+    sys.meta_path.append(StandIns("verl"))
     import verl.trainer.ppo.core_algos as ca
 
     return ca
