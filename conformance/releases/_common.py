@@ -127,12 +127,16 @@ class _StandInModule(types.ModuleType):
 class StandIns(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Last on ``sys.meta_path``: a module no other finder finds, imported by a file of one
     of ``packages`` (the trainer's own code), is a stand-in; imported by anything else
-    (a library probing for an optional module) it stays missing."""
+    (a library probing for an optional module) it stays missing, and so do ``absent``
+    (modules the trainer probes for and then uses at import time: verl's ``torch_npu``)."""
 
-    def __init__(self, *packages: str) -> None:
+    def __init__(self, *packages: str, absent: tuple[str, ...] = ()) -> None:
         self.packages = tuple(f"/{p}/" for p in packages)
+        self.absent = absent
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name.split(".")[0] in self.absent:
+            return None
         frame = sys._getframe(1)
         while frame is not None and frame.f_code.co_filename.startswith("<frozen"):
             frame = frame.f_back  # type: ignore[assignment]

@@ -47,7 +47,7 @@ def load() -> Any:
     pkg = types.ModuleType("verl")
     pkg.__path__ = list(spec.submodule_search_locations)
     sys.modules["verl"] = pkg
-    sys.meta_path.append(StandIns("verl"))
+    sys.meta_path.append(StandIns("verl", absent=("torch_npu",)))
     import verl.trainer.ppo.core_algos as ca
 
     return ca
@@ -200,12 +200,16 @@ def main() -> int:
         for mode in ("token-mean", "seq-mean-token-mean"):
             pg, metrics = policy(adv, mode=mode, eps=(3e-4, 4e-4), gspo=True)
             kl = kl_loss(mode)
+            # 0.6.0-0.9.0: the GSPO policy loss is always seq-mean-token-mean and
+            # loss_agg_mode aggregates the KL loss only: the preset's rule, without --agg
+            forced = vv < (0, 9, 1) and mode == "token-mean"
+            agg_flag = "" if forced else f" --agg {mode}"
             cases.append(
                 {
                     "flags": f"--preset {opts.preset} --ratio-level sequence --clip-eps 3e-4 "
-                    f"--clip-eps-high 4e-4 --agg {mode}",
+                    f"--clip-eps-high 4e-4{agg_flag}",
                     "loss": pg + COEF * kl,
-                    "metrics": {"actor/kl_loss": kl, **metrics},
+                    "metrics": {"actor/pg_loss": pg, "actor/kl_loss": kl, **metrics},
                     "loss_rel": 1e-7,
                 }
             )

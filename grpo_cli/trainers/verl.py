@@ -142,6 +142,11 @@ _BASE = {
 }
 _A = "verl/trainer/ppo/core_algos.py"
 _D = "verl/workers/actor/dp_actor.py"
+_GSPO_AGG = (
+    "with --ratio-level sequence the preset sets --agg seq-mean-token-mean and --kl-agg to "
+    "the --agg it had; an --agg given is the policy's: verl's loss_agg_mode X under GSPO "
+    "is --kl-agg X"
+)
 _OLD_NORM = (
     "agg_loss seq-mean-token-sum-norm: Σ over the batch / loss_mask.shape[-1] (L), not "
     "/ (N · L): --norm-scale lmax"
@@ -212,10 +217,11 @@ RELEASES = (
         metrics=metrics,
         metric_names=NAMES,
         dependent=dependent_0_6,
+        notes=(_GSPO_AGG,),
         changes=(
             f"{_A}: compute_policy_loss_gspo (loss_mode 'gspo'): the sequence log-ratio "
             "clamped from above at 10, no dual clip, the policy loss always "
-            "seq-mean-token-mean",
+            "seq-mean-token-mean (loss_agg_mode aggregates the KL loss only)",
             f"{_A}: agg_loss (0.6.1): seq-mean-* skip empty answers; seq-mean-token-mean "
             "divides by |o_i| + 1e-8",
         ),
@@ -228,6 +234,7 @@ RELEASES = (
         metrics=metrics,
         metric_names=NAMES,
         dependent=dependent_0_6,
+        notes=(_GSPO_AGG,),
         changes=(
             f"{_A}: agg_loss: seq-mean-token-sum-norm = Σ / (N · L), L = loss_scale_factor "
             "or the padded width (was Σ / L)",
