@@ -49,8 +49,14 @@ def tokenizer() -> Any:
     tok.train_from_iterator(
         [" ".join(WORDS)], trainers.WordLevelTrainer(special_tokens=["<pad>", "<eos>", "<unk>"])
     )
+    # a causal LM's tokenizer gives no token_type_ids (TRL 0.14 passes all it gives to
+    # generate, which refuses them)
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        eos_token="<eos>",
+        unk_token="<unk>",
+        model_input_names=["input_ids", "attention_mask"],
     )
 
 
@@ -109,6 +115,7 @@ def main() -> int:
         "learning_rate": 0.05,
         "beta": 0.04,
         "logging_steps": 1,
+        "gradient_accumulation_steps": 1,  # 0.14's default is 8: one loss call a step
         "per_device_train_batch_size": 2 if tv < (0, 15, 0) else 8,
     }
     if tv >= (0, 16, 0):
