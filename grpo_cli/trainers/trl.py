@@ -19,7 +19,7 @@ each one's share, which one batch cannot give).
 
 from __future__ import annotations
 
-from .base import MetricInputs, Release, Trainer
+from .base import MetricInputs, Release, Trainer, parse_version
 
 CLIP_METRICS = (
     "clip_ratio/low_mean",
@@ -29,6 +29,24 @@ CLIP_METRICS = (
     "clip_ratio/region_mean",
 )
 METRICS = ("kl", *CLIP_METRICS, "frac_reward_zero_std")
+
+
+def logged_loss_decimals(transformers_version: str | None) -> int | None:
+    """The decimals TRL's logged ``loss`` is rounded to: transformers 4.x's
+    ``Trainer._maybe_log_save_evaluate`` logs ``round(tr_loss / steps, 4)`` (read in 4.48.3
+    and 4.57.3), 5.x the value itself (5.24.0); None when not rounded or unknown.
+
+    Example:
+        >>> logged_loss_decimals("4.57.3"), logged_loss_decimals("5.24.0")
+        (4, None)
+    """
+    if transformers_version is None:
+        return None
+    try:
+        major = parse_version(transformers_version)[0]
+    except ValueError:
+        return None
+    return 4 if major < 5 else None
 
 
 # ----------------------------------------------------------------- metric pieces
