@@ -205,8 +205,10 @@ def test_release_loss_and_metrics(cli: Cli, tmp_path: Path, path: Path, index: i
 
 
 def train_cases() -> list[Any]:
+    """The training runs: fresh ones when the run script wrote them (``--train``), else
+    the committed ones."""
     out = []
-    for path in fixtures("train"):
+    for path in fixtures("train") or fixtures("train", HERE):
         doc = load(path)
         for i in range(len(doc["steps"])):
             out.append(pytest.param(path, i, id=f"{path.stem}:{doc['config']}:step{i + 1}"))
