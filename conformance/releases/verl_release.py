@@ -213,6 +213,44 @@ def main() -> int:
                     "loss_rel": 1e-7,
                 }
             )
+    # use_kl_in_reward (algorithm.kl_penalty "kl", a fixed controller): ray_trainer's
+    # apply_kl_penalty on the token rewards, the advantages of the summed scores, the policy
+    # loss without a KL loss. Its module imports the release's whole trainer: where that
+    # does not load without the GPU stacks, the case is left out and the reason recorded.
+    reward_mode: dict[str, Any] = {}
+    try:
+        from verl.protocol import DataProto
+        from verl.trainer.ppo.ray_trainer import apply_kl_penalty
+    except Exception as exc:  # any failure to load is recorded, not raised
+        reward_mode["not_run"] = f"verl.trainer.ppo.ray_trainer does not load: {exc!r}"[:300]
+    else:
+        tensors = {
+            "token_level_scores": token_rewards,
+            "old_log_probs": old,
+            "ref_log_prob": ref,
+            "response_mask": mf,
+            "responses": torch.zeros(B, L, dtype=torch.long),
+            "attention_mask": torch.cat([torch.ones(B, 1), mf], dim=1),
+        }
+        batch, kl_metrics = apply_kl_penalty(
+            DataProto.from_dict(tensors=tensors), ca.FixedKLController(0.05), kl_penalty="kl"
+        )
+        kw: dict[str, Any] = {"epsilon": 1e-6}
+        adv_r, _ = ca.compute_grpo_outcome_advantage(
+            batch.batch["token_level_rewards"], mf, index, **kw
+        )
+        pg, metrics = policy(adv_r, mode="token-mean", eps=(0.2, 0.2))
+        cases.append(
+            {
+                "flags": f"--preset {opts.preset} --kl-mode reward --beta 0.05",
+                "loss": pg,
+                "metrics": {
+                    "actor/pg_loss": pg,
+                    **metrics,
+                    **{k: float(x) for k, x in kl_metrics.items()},
+                },
+            }
+        )
     write(
         opts.out,
         {
@@ -222,6 +260,7 @@ def main() -> int:
             "preset": opts.preset,
             "rollouts": data,
             "cases": cases,
+            **reward_mode,
         },
     )
     return 0
