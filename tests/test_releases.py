@@ -108,6 +108,7 @@ def test_every_release_has_fixtures_or_a_reason() -> None:
         _, release = release_of(doc)
         v = parse_version(doc["version"])
         assert release.key <= v <= parse_version(release.last), p.name  # within its range
+        assert preset_for(doc["trainer"], doc["version"]) == (doc["preset"], None), p.name
         if v == parse_version(release.checked):
             checked.add(doc["preset"])
     for p in fixtures("train", HERE):

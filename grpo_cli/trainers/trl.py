@@ -134,6 +134,16 @@ MISSING_0_16 = {
 }
 
 
+MISSING_BATCH_STD = {
+    "frac_reward_zero_std": (
+        "TRL grpo_trainer.py _generate_and_score_completions with the batch std "
+        "(scale_rewards='batch'; 'group' in 0.22.0-0.22.1): is_std_zero = isclose(std of "
+        "every reward, 0), the same for every answer. When every group is constant it "
+        "needs the batch's reward min and max (the group table has each group's)"
+    )
+}
+
+
 def metrics_0_17(m: MetricInputs) -> dict[str, float | None]:
     """TRL 0.17.0 (``_compute_loss``): ``kl`` the token mean (β ≠ 0 only), ``clip_ratio/*``
     per process (:func:`_clip_means_per_process`); no ``frac_reward_zero_std`` yet."""
@@ -280,6 +290,7 @@ RELEASES = (
         preset={**_BASE, "beta": 0.0, "agg": "token-mean", "scale": "none"},
         metrics=metrics_0_22_0,
         metric_names=METRICS,
+        missing=MISSING_BATCH_STD,
         changes=(
             f"{_C}: loss_type 'bnpo' → 'dapo' (Σ / num_items_in_batch per process: "
             "token-mean over the generation batch), scale_rewards True → 'group'",
@@ -301,6 +312,7 @@ RELEASES = (
         preset={**_BASE, "beta": 0.0, "agg": "token-mean"},
         metrics=metrics_0_18,
         metric_names=METRICS,
+        missing=MISSING_BATCH_STD,
         changes=(
             f"{_F}: _generate_and_score_completions: scale_rewards 'group' divides by the "
             "group std, 'batch' by the batch std, 'none' by nothing",
@@ -316,6 +328,7 @@ RELEASES = (
         preset={**_BASE, "beta": 0.0, "agg": "token-mean"},
         metrics=metrics_0_18,
         metric_names=METRICS,
+        missing=MISSING_BATCH_STD,
         changes=(
             f"{_C}: use_bias_correction_kl (False), vllm_importance_sampling_mode "
             "'sequence_mask', cap 2.0 → 3.0; loss types cispo, sapo",
@@ -337,6 +350,7 @@ RELEASES = (
         preset={**_BASE, "beta": 0.0, "agg": "token-mean"},
         metrics=metrics_1_9,
         metric_names=METRICS,
+        missing=MISSING_BATCH_STD,
         changes=(
             f"{_F}: _compute_loss: clip_ratio/low_min and high_max are nanmin/nanmax over "
             "the answers' shares (masked_seq_mean); kl and the clip means are global "
@@ -357,6 +371,7 @@ RELEASES = (
         preset={**_BASE, "beta": 0.0, "agg": "token-mean", "kl_bias_correction": True},
         metrics=metrics_1_9,
         metric_names=METRICS,
+        missing=MISSING_BATCH_STD,
         changes=(f"{_C}: use_bias_correction_kl False → True, max_completion_length 256 → 512",),
         notes=(_NO_VLLM_IS,),
     ),
