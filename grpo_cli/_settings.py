@@ -8,6 +8,7 @@ override a preset field by field (:func:`resolve_settings`).
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal, get_args
 
@@ -28,9 +29,12 @@ from .trainers import TRAINERS as _TRAINERS
 __all__ = [
     "OFF",
     "PRESETS",
+    "RELEASE_PRESETS",
     "TRAINERS",
     "SettingError",
     "Settings",
+    "preset_for",
+    "preset_settings",
     "resolve_run_settings",
     "resolve_settings",
 ]
@@ -223,7 +227,7 @@ def _presets() -> dict[str, Settings]:
     """DeepSeekMath's (the defaults), then every registered trainer's presets, each as the
     trainer's defaults for every convention (README "Presets" maps them to the trainers'
     config keys); :func:`_preset_rules` then adjusts the fields that, in the trainer's
-    code, depend on another choice."""
+    code, depend on another choice. A trainer's own name is its newest release's preset."""
     # DeepSeekMath (Shao et al. 2024): population std, eps 1e-8, seq-mean-token-mean, k3,
     # beta 0.04.
     out = {"deepseekmath": Settings(preset="deepseekmath")}
@@ -233,12 +237,24 @@ def _presets() -> dict[str, Settings]:
     return out
 
 
+def _release_presets() -> dict[str, Settings]:
+    """``TRAINER@FIRST`` for every release change point of every trainer (``trl@0.19.0``):
+    that release's defaults, ``mirrors`` naming the release its code was checked on."""
+    out: dict[str, Settings] = {}
+    for t in _TRAINERS.values():
+        for r in t.releases:
+            name = f"{t.name}@{r.first}"
+            out[name] = Settings(preset=name, trainer=t.name, mirrors=t.mirrors(r), **r.preset)
+    return out
+
+
 def _preset_rules(s: dict[str, Any], given: set[str]) -> dict[str, Any]:
     """Fields of a preset that, in its trainer's code, follow another choice; only fields
     the user did not give are changed.
 
     - Any preset at token level: clip fractions count tokens, no sequence-ratio clamp.
-    - The trainer's own rules (:attr:`grpo_cli.trainers.Trainer.dependent`).
+    - The trainer's own rules (:attr:`grpo_cli.trainers.Trainer.dependent`), or the
+      release's the preset mirrors.
     """
     out: dict[str, Any] = {}
 
@@ -252,22 +268,94 @@ def _preset_rules(s: dict[str, Any], given: set[str]) -> dict[str, Any]:
         default("seq_ratio_clamp", None)
     t = _TRAINERS.get(s["trainer"]) if s["trainer"] is not None else None
     if t is not None:
-        t.dependent(s, default)
+        t.dependent_for(s["mirrors"])(s, default)
     return out
 
 
 _FIELDS = {f.name for f in fields(Settings)}
 PRESETS: dict[str, Settings] = _presets()
+RELEASE_PRESETS: dict[str, Settings] = _release_presets()
+
+
+def preset_settings(preset: str) -> tuple[Settings, str | None]:
+    """The Settings of ``preset`` and a warning (or None): a name of :data:`PRESETS`, or
+    ``TRAINER@VERSION`` (``trl@0.19``, ``verl@0.6.1``): the release preset of the newest
+    change point at or before that version; a version newer than the newest known takes
+    the newest, older than the oldest the oldest, with a warning naming the preset used.
+
+    Raises:
+        UsageError: an unknown preset or trainer, or a version that is no release number.
+    """
+    if preset in PRESETS:
+        return PRESETS[preset], None
+    if preset in RELEASE_PRESETS:
+        return RELEASE_PRESETS[preset], None
+    name, at, version = preset.partition("@")
+    if not at:
+        raise UsageError(
+            f"--preset: {preset!r} is not one of {', '.join(PRESETS)} "
+            f"(or TRAINER@VERSION: {', '.join(f'{t}@X.Y' for t in _TRAINERS)})"
+        )
+    trainer = _TRAINERS.get(name)
+    if trainer is None:
+        raise UsageError(
+            f"--preset: {preset!r}: {name!r} is not a trainer with releases "
+            f"({', '.join(_TRAINERS)})"
+        )
+    try:
+        release, warning = trainer.release_for(version)
+    except ValueError as exc:
+        raise UsageError(f"--preset: {preset!r}: {exc}") from None
+    return RELEASE_PRESETS[f"{name}@{release.first}"], warning
+
+
+def preset_for(trainer: str, version: str | None) -> tuple[str, str | None]:
+    """The preset that reproduces a recorded run of ``trainer`` at ``version`` (its
+    ``meta.json``'s ``trainer`` and ``trainer_version``), and a warning or None.
+
+    The release preset of the newest change point at or before ``version``
+    (``("trl@0.19.0", None)`` for 0.20.0); an unknown or missing version the trainer's
+    own preset (its newest release), a version newer than the newest known or older than
+    the oldest the nearest, each with a warning naming the preset used.
+
+    Raises:
+        UsageError: ``trainer`` is not a registered trainer.
+
+    Example:
+        >>> preset_for("trl", "0.20.0")
+        ('trl@0.19.0', None)
+    """
+    t = _TRAINERS.get(trainer)
+    if t is None:
+        raise UsageError(
+            f"trainer {trainer!r} has no presets: grpo-cli knows {', '.join(_TRAINERS)}"
+        )
+    if version is None or not str(version).strip():
+        return t.name, (
+            f"{trainer}: the run does not name its version: using the {t.name} preset "
+            f"(mirrors {t.version})"
+        )
+    try:
+        release, warning = t.release_for(str(version))
+    except ValueError:
+        return t.name, (
+            f"{trainer} {version!r} is no release number: using the {t.name} preset "
+            f"(mirrors {t.version})"
+        )
+    return f"{t.name}@{release.first}", warning
 
 
 def resolve_settings(preset: str | None = None, **overrides: Any) -> Settings:
-    """Settings of ``preset`` (default: deepseekmath) with every non-None override applied."""
+    """Settings of ``preset`` (default: deepseekmath; ``TRAINER@VERSION`` a release's,
+    :func:`preset_settings`) with every non-None override applied. A release preset's
+    warning (a version newer than any known) is issued as a :class:`UserWarning`; callers
+    that collect warnings use :func:`preset_settings` first."""
     if preset is None:
         base = Settings()
-    elif preset in PRESETS:
-        base = PRESETS[preset]
     else:
-        raise UsageError(f"--preset: {preset!r} is not one of {', '.join(PRESETS)}")
+        base, warning = preset_settings(preset)
+        if warning is not None:
+            warnings.warn(warning, UserWarning, stacklevel=2)
     unknown = set(overrides) - _FIELDS
     if unknown:
         raise UsageError(f"unknown setting(s): {', '.join(sorted(unknown))}")
@@ -300,15 +388,13 @@ def resolve_run_settings(
             "name the conventions with --preset and flags"
         )
     t = _TRAINERS[trainer]
+    preset, warning = preset_for(t.name, version)  # the recorded release's own preset
     read, notes = t.from_config(config)
     values = {k: (OFF if v is None else v) for k, v in read.items()}  # None in a config: off
-    named = t.version.split()[-1]
-    if version is not None and version != named:
-        notes.insert(
-            0,
-            f"meta.json: {trainer} {version} recorded the run; the {t.preset} preset mirrors "
-            f"{t.version} and the run's config sets the conventions it names",
-        )
+    if warning is not None:
+        notes.insert(0, f"meta.json: {warning}; the run's config sets the conventions it names")
     given = {k: v for k, v in overrides.items() if v is not None}
-    settings = resolve_settings(t.preset, **{**values, **given, "origin": "meta.json"})
+    with warnings.catch_warnings():  # preset_for said it already
+        warnings.simplefilter("ignore", UserWarning)
+        settings = resolve_settings(preset, **{**values, **given, "origin": "meta.json"})
     return settings, notes

@@ -9,6 +9,7 @@ import functools
 import inspect
 import math
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ from .._settings import (
     TRAINERS,
     SettingError,
     Settings,
+    preset_settings,
     resolve_run_settings,
     resolve_settings,
 )
@@ -105,7 +107,9 @@ PresetOpt = Annotated[
     typer.Option(
         rich_help_panel="Conventions",
         metavar="PRESET",
-        help=f"Set every convention to a trainer's defaults: {', '.join(PRESETS)}.",
+        help=f"Set every convention to a trainer's defaults: {', '.join(PRESETS)}; or a "
+        "release's, TRAINER@VERSION (trl@0.19, verl@0.6.1, openrlhf@0.8.3: the newest change "
+        "point at or before it).",
         show_default=False,
     ),
 ]
@@ -488,7 +492,7 @@ def _settings(
         kw[name] = _optional(name.replace("_", "-"), kw.get(name))
     preset = kw.pop("preset", None)
     trainer = kw.get("trainer")
-    named = PRESETS[preset].trainer if preset in PRESETS else None
+    named = preset_settings(preset)[0].trainer if preset is not None else None
     if run is not None:
         named, preset = run.trainer, None
     if trainer is not None and named is not None and trainer != named:
@@ -498,7 +502,9 @@ def _settings(
         if run is not None:
             kw.pop("trainer", None)  # the run's own (checked above)
             return resolve_run_settings(run.trainer, run.trainer_version, run.config, **kw)
-        return resolve_settings(preset, **kw)
+        with warnings.catch_warnings():  # a release preset's warning: Conventions.notes
+            warnings.simplefilter("ignore", UserWarning)
+            return resolve_settings(preset, **kw)
     except SettingError as exc:  # the library names the field; a user typed the flag
         flag = "--" + exc.field.replace("_", "-")
         problem = exc.problem.replace("ratio_level", "--ratio-level")
@@ -559,10 +565,20 @@ class Conventions:
             return self.settings(), [note]
         return _settings(run=run, **self.values)
 
+    def notes(self) -> list[str]:
+        """What the flags' preset says of itself (a release newer than any known)."""
+        preset = self.values.get("preset")
+        if preset is None:
+            return []
+        warning = preset_settings(preset)[1]
+        return [] if warning is None else [warning]
+
     def for_source(self, src: Source) -> tuple[Settings, Source]:
         """The settings for ``src`` (:meth:`for_run` of its recorded run, if it is one), and
         the source carrying their notes."""
         settings, notes = self.for_run(None if src.recorded is None else src.recorded.run)
+        if src.recorded is None:
+            notes = [*self.notes(), *notes]
         if notes:
             src = dataclasses.replace(src, notes=(*src.notes, *notes))
         return settings, src

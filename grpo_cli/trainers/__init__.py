@@ -1,16 +1,26 @@
 """The trainers grpo-cli reproduces, one module each, registered here.
 
 Adding a trainer: a module defining ``TRAINER`` (:class:`~grpo_cli.trainers.base.Trainer`:
-its presets, dependent settings, KL-in-the-reward way, logged metrics), one line below,
-and its rows in the conformance suite (conformance/oracle.py).
+its releases, presets, dependent settings, KL-in-the-reward way, logged metrics), one line
+below, and its rows in the conformance suite (conformance/oracle.py). Adding a release of
+one: a :class:`~grpo_cli.trainers.base.Release` in its module's ``RELEASES`` and its
+environment in conformance/releases (its README).
 """
 
 from __future__ import annotations
 
 from . import openrlhf, trl, verl
-from .base import MetricInputs, RewardKL, Trainer
+from .base import MetricInputs, Release, RewardKL, Trainer, parse_version
 
-__all__ = ["TRAINERS", "MetricInputs", "RewardKL", "Trainer", "trainer_of"]
+__all__ = [
+    "TRAINERS",
+    "MetricInputs",
+    "Release",
+    "RewardKL",
+    "Trainer",
+    "parse_version",
+    "trainer_of",
+]
 
 TRAINERS: dict[str, Trainer] = {t.name: t for t in (trl.TRAINER, verl.TRAINER, openrlhf.TRAINER)}
 

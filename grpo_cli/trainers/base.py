@@ -1,12 +1,16 @@
-"""What a trainer module provides: its presets, the settings its code makes depend on
-others, its way of putting the KL into the reward, and the metrics it logs.
+"""What a trainer module provides: its releases (each with its preset and the way it
+logs its metrics), the settings its code makes depend on others, its way of putting the
+KL into the reward, and the metrics it logs.
 
-A trainer is data plus two small functions, registered in :mod:`grpo_cli.trainers`:
-adding one is a module of its own and its conformance rows, nothing else.
+A trainer is data plus small functions, registered in :mod:`grpo_cli.trainers`: adding
+one is a module of its own and its conformance rows, nothing else. Adding a release of a
+known trainer is one :class:`Release` in its module's ``RELEASES`` (and its environment in
+``conformance/releases``).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -23,8 +27,10 @@ __all__ = [
     "FileInputs",
     "FromConfig",
     "MetricInputs",
+    "Release",
     "RewardKL",
     "Trainer",
+    "parse_version",
 ]
 
 # How a trainer puts β·KL into the reward (``kl_mode="reward"``):
@@ -49,6 +55,8 @@ class MetricInputs:
 
 
 Default = Callable[[str, Any], Any]
+Metrics = Callable[[MetricInputs], dict[str, float | None]]
+Dependent = Callable[[Mapping[str, Any], Default], None]
 
 
 @dataclass(frozen=True)
@@ -122,33 +130,149 @@ def _no_config(config: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     return {}, []
 
 
+_NUMBER = re.compile(r"\d+")
+
+
+def parse_version(version: str) -> tuple[int, ...]:
+    """``"0.19.1"`` → ``(0, 19, 1, 0)``: release, minor, patch, post (``0.3.0.post1`` →
+    ``(0, 3, 0, 1)``); missing parts are 0 (``"0.19"`` is ``0.19.0``); a local or dev
+    suffix (``1.16.0.dev0``, ``+cu121``) is ignored.
+
+    Raises:
+        ValueError: no leading ``X.Y`` numbers.
+
+    Example:
+        >>> parse_version("0.3.0.post1"), parse_version("trl 1.16")
+        ((0, 3, 0, 1), (1, 16, 0, 0))
+    """
+    text = version.strip().split("+", 1)[0]
+    m = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?(?:\.?post(\d+))?", text)
+    if m is None:
+        raise ValueError(f"{version!r} is not a release number (X.Y or X.Y.Z)")
+    return tuple(int(g) if g else 0 for g in m.groups())
+
+
+@dataclass(frozen=True)
+class Release:
+    """One change point of a trainer: from release ``first`` to ``last`` (inclusive) its
+    code computes the same numbers grpo-cli computes with ``preset``, and logs its metrics
+    as ``metrics`` computes them (``metric_names`` in order; a metric the partials cannot
+    give is None, with the quantity it needs in ``missing``).
+
+    ``checked`` is the release whose own code the conformance suite runs
+    (``conformance/releases``); ``Settings.mirrors`` names it. ``changes`` says what
+    changed at ``first``, each as "file:function: what" read from that release's code;
+    ``notes`` what the preset does not model (a sampler correction, a trainer-level
+    normaliser, ...). ``dependent`` replaces the trainer's dependent-settings rules for
+    this release (None: the trainer's).
+    """
+
+    first: str
+    last: str
+    checked: str
+    preset: Mapping[str, Any]
+    metrics: Metrics
+    metric_names: tuple[str, ...]
+    changes: tuple[str, ...]
+    notes: tuple[str, ...] = ()
+    missing: Mapping[str, str] = field(default_factory=dict)
+    dependent: Dependent | None = None
+
+    @property
+    def key(self) -> tuple[int, ...]:
+        return parse_version(self.first)
+
+
 @dataclass(frozen=True)
 class Trainer:
-    """One trainer: ``name`` (the value of ``Settings.trainer``), ``version`` (the release
-    its presets mirror, checked by the conformance suite), ``presets`` (name → the
-    Settings fields that differ from the defaults), ``reward_kl`` (how it puts the KL into
-    the reward, or None: it cannot), ``metric_names`` (what it logs, in order) and
-    ``metrics`` (each computed as its code computes it; None: the input does not give it).
+    """One trainer: ``name`` (the value of ``Settings.trainer``), ``releases`` (its change
+    points, oldest first: :class:`Release`), ``presets`` (name → the Settings fields that
+    differ from the defaults; the trainer's own name is its newest release's preset),
+    ``reward_kl`` (how it puts the KL into the reward, or None: it cannot).
 
     ``dependent(values, default)`` calls ``default(field, value)`` for each field that, in
     the trainer's code, follows another choice (only fields the user did not give change);
-    ``default`` returns the field's value after the call. ``from_config`` reads the
-    trainer's own config (a recorded run's ``meta.json``) into Settings fields on top of
-    ``preset`` (the name of its main preset).
+    ``default`` returns the field's value after the call. A release's own ``dependent``
+    replaces it for that release's preset. ``from_config`` reads the trainer's own config
+    (a recorded run's ``meta.json``) into Settings fields on top of its preset; ``calls``
+    says how it logs a step of several loss calls (None: as one batch).
     """
 
     name: str
-    version: str
+    releases: tuple[Release, ...]
     presets: Mapping[str, Mapping[str, Any]]
-    metric_names: tuple[str, ...]
-    metrics: Callable[[MetricInputs], dict[str, float | None]]
     reward_kl: RewardKL | None = None
-    dependent: Callable[[Mapping[str, Any], Default], None] = field(default=_no_dependent)
+    dependent: Dependent = field(default=_no_dependent)
     from_config: FromConfig = field(default=_no_config)
-    # how it logs a step of several loss calls (None: as one batch)
     calls: CallRules | None = None
 
     @property
     def preset(self) -> str:
         """The preset of the trainer's defaults (the one named after it, else its first)."""
         return self.name if self.name in self.presets else next(iter(self.presets))
+
+    def __post_init__(self) -> None:
+        keys = [r.key for r in self.releases]
+        if not keys or keys != sorted(keys) or len(set(keys)) != len(keys):
+            raise ValueError(f"{self.name}: releases must be given oldest first, once each")
+        for r in self.releases:
+            if parse_version(r.last) < r.key or not (
+                r.key <= parse_version(r.checked) <= parse_version(r.last)
+            ):
+                raise ValueError(f"{self.name} {r.first}: needs first <= checked <= last")
+
+    @property
+    def newest(self) -> Release:
+        return self.releases[-1]
+
+    @property
+    def version(self) -> str:
+        """The release the trainer's own preset mirrors (its newest release checked)."""
+        return f"{self.name} {self.newest.checked}"
+
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        return self.newest.metric_names
+
+    def mirrors(self, release: Release) -> str:
+        """``Settings.mirrors`` of ``release``'s preset: the trainer and the release its
+        code was checked on."""
+        return f"{self.name} {release.checked}"
+
+    def release_of(self, mirrors: str | None) -> Release:
+        """The release a preset mirrors (``Settings.mirrors``); the newest when None or
+        not one of this trainer's (settings made without a release preset)."""
+        for r in self.releases:
+            if mirrors == self.mirrors(r):
+                return r
+        return self.newest
+
+    def release_for(self, version: str) -> tuple[Release, str | None]:
+        """The release whose preset reproduces trainer ``version``: the newest change point
+        at or before it. A version newer than the newest release checked gets the newest
+        preset, older than the first known the oldest, each with a warning naming it."""
+        v = parse_version(version)
+        newest = self.newest
+        if v > parse_version(newest.last):
+            return newest, (
+                f"{self.name} {version} is newer than the newest release grpo-cli knows "
+                f"({newest.last}): using the {self.name}@{newest.first} preset "
+                f"(mirrors {self.mirrors(newest)})"
+            )
+        if v < self.releases[0].key:
+            first = self.releases[0]
+            return first, (
+                f"{self.name} {version} is older than the oldest release grpo-cli knows "
+                f"({first.first}): using the {self.name}@{first.first} preset"
+            )
+        chosen = [r for r in self.releases if r.key <= v][-1]
+        return chosen, None
+
+    def metrics(self, m: MetricInputs) -> dict[str, float | None]:
+        """The metrics the release of ``m.settings.mirrors`` logs, each as its code
+        computes it (None: the input or the partials do not give it)."""
+        return self.release_of(m.settings.mirrors).metrics(m)
+
+    def dependent_for(self, mirrors: str | None) -> Dependent:
+        r = self.release_of(mirrors)
+        return r.dependent if r.dependent is not None else self.dependent

@@ -1,10 +1,18 @@
-"""OpenRLHF's PPO trainer with ``--advantage_estimator group_norm`` (OpenRLHF 0.11.2):
-presets, dependent settings, the KL in the reward, logged metrics.
+"""OpenRLHF's PPO trainer with ``--advantage_estimator group_norm``, release by release from
+0.6.0 to 0.11.2: presets, dependent settings, the KL in the reward, logged metrics.
+
+Each :class:`~grpo_cli.trainers.base.Release` is a change point found by diffing, between
+consecutive release wheels, ``openrlhf/models/loss.py`` (``PolicyLoss``,
+``aggregate_loss``), ``openrlhf/models/utils.py`` (``compute_approx_kl``,
+``compute_reward``), ``openrlhf/trainer/ppo_utils/experience_maker.py`` (the group_norm
+advantages, the per-answer ``kl`` and ``logprobs_diff``), ``openrlhf/trainer/ray/
+ppo_actor.py`` (the KL loss and what is logged) and ``openrlhf/cli/train_ppo_ray.py`` (the
+defaults), and checked by ``conformance/releases``.
 
 Its default puts the KL into the reward: −β·k1(old_logp, ref_logp), clamped to ±10 per
-token, joins every token's reward after the group normalisation and is summed from each
-token to the end (``get_cumulative_returns``). ``--algo.kl.use_loss`` puts it into the
-loss instead, aggregated per token whatever the policy loss.
+token (from 0.8.6), joins every token's reward after the group normalisation and is
+summed from each token to the end (``get_cumulative_returns``). ``--algo.kl.use_loss``
+(``--use_kl_loss`` before 0.10.2) puts it into the loss instead.
 """
 
 from __future__ import annotations
@@ -12,62 +20,269 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .base import Default, MetricInputs, Trainer
+from .base import Default, MetricInputs, Release, Trainer
 
-VERSION = "openrlhf 0.11.2"
+METRICS = ("policy_loss", "ppo_clip_ratio", "ppo_kl", "kl", "logprobs_diff")
+
+
+def dependent(values: Mapping[str, Any], default: Default) -> None:
+    """OpenRLHF 0.8.9–0.11.2 ``PolicyLoss`` with ``policy_loss_type="gspo"``: per-sample
+    aggregation (``token_level_loss=False``); the KL loss stays per token."""
+    if values["ratio_level"] == "sequence":
+        default("agg", "seq-mean-token-mean")
+
+
+def _no_gspo(values: Mapping[str, Any], default: Default) -> None:
+    """OpenRLHF 0.6.0–0.8.7: no sequence-level loss (``policy_loss_type`` is 0.8.8's)."""
+    del default
+    if values["ratio_level"] == "sequence":
+        from .._settings import SettingError
+
+        raise SettingError(
+            "ratio_level",
+            f"sequence: {values['mirrors']} has no GSPO loss (OpenRLHF added it in 0.8.8)",
+        )
+
+
+def _gspo_token_mean(values: Mapping[str, Any], default: Default) -> None:
+    """OpenRLHF 0.8.8: GSPO aggregated as the ppo loss (token-mean): nothing follows."""
+    del values, default
+
+
+def _metrics(
+    m: MetricInputs,
+    *,
+    clip_ratio: bool = True,
+    ppo_kl: bool = True,
+    logprobs_diff: bool = True,
+    answer_kl: bool = True,
+) -> dict[str, float | None]:
+    s, acc = m.settings, m.acc
+    t = max(acc.tokens, 1)
+    lr = acc.log_ratios
+    out: dict[str, float | None] = {"policy_loss": -m.policy_term}
+    if clip_ratio:
+        out["ppo_clip_ratio"] = m.clip.region
+    if ppo_kl:
+        out["ppo_kl"] = -lr.delta / t
+    if s.kl_mode == "reward":  # per-answer means of old vs ref, over answers
+        n = max(acc.answers, 1)
+        if answer_kl:
+            out["kl"] = acc.reward_kl.answer_means / n if s.beta != 0.0 else 0.0
+        else:
+            out["kl"] = None
+        if logprobs_diff:
+            out["logprobs_diff"] = acc.old_ref.answer_means / n if s.beta != 0.0 else 0.0
+    else:
+        out["kl"] = acc.aggregate("kl", s.kl_aggregation) if s.beta != 0.0 else 0.0
+        if logprobs_diff:
+            out["logprobs_diff"] = -lr.ref / t if s.beta != 0.0 else 0.0
+    return out
+
+
+def metrics_0_6(m: MetricInputs) -> dict[str, float | None]:
+    """OpenRLHF 0.6.0–0.8.2: ``policy_loss`` and ``kl`` only (with the KL in the reward,
+    the mean over answers of each answer's token-mean KL; with ``--use_kl_loss`` the KL
+    loss as aggregated)."""
+    return _metrics(m, clip_ratio=False, ppo_kl=False, logprobs_diff=False)
+
+
+def metrics_0_7_0(m: MetricInputs) -> dict[str, float | None]:
+    """OpenRLHF 0.7.0–0.7.1: as 0.6.0, but ``make_experience``'s per-answer ``kl`` is
+    ``masked_mean(kl, None, dim=-1)``: a mean over the padded width, padding positions
+    (the models' log-probs of pad tokens) included. The input holds no padding
+    log-probs: left out with the KL in the reward (:data:`MISSING_0_7_0`)."""
+    return _metrics(m, clip_ratio=False, ppo_kl=False, logprobs_diff=False, answer_kl=False)
+
+
+MISSING_0_7_0 = {
+    "kl": (
+        "OpenRLHF 0.7.0–0.7.1 experience_maker.py make_experience: kl_mean = "
+        "masked_mean(kl, None, dim=-1), the per-answer mean of compute_approx_kl over the "
+        "padded response width (pad positions' log-probs included), then the mean over "
+        "answers. Needs per answer the sum of the KL over its padding positions and the "
+        "padded width: the input does not record padding log-probs"
+    )
+}
+
+
+def metrics_0_8_3(m: MetricInputs) -> dict[str, float | None]:
+    """OpenRLHF 0.8.3–0.8.7: ``ppo_clip_ratio`` (``lt(surr2, surr1)``: the clip region)."""
+    return _metrics(m, ppo_kl=False, logprobs_diff=False)
+
+
+def metrics_0_8_8(m: MetricInputs) -> dict[str, float | None]:
+    """OpenRLHF 0.8.8–0.9.1: ``ppo_kl`` (the token mean of the raw ``old_logp − logp``)."""
+    return _metrics(m, logprobs_diff=False)
+
+
+def metrics(m: MetricInputs) -> dict[str, float | None]:
+    """OpenRLHF 0.9.2–0.11.2 (``PolicyLoss``, ``--algo.kl.use_loss``): ``policy_loss`` the
+    aggregated policy loss, ``ppo_clip_ratio`` the clip region's share, ``ppo_kl`` the
+    token mean of the raw ``old_logp − logp``, ``kl`` the KL loss as aggregated (the token
+    mean), ``logprobs_diff`` the token mean of ``logp − ref_logp``; with the KL in the
+    reward, ``kl`` and ``logprobs_diff`` are means over answers of old vs ref (0 when
+    β = 0)."""
+    return _metrics(m)
+
+
+# --advantage_estimator group_norm: sample std, eps 1e-9, the normalised reward clipped to
+# ±10 (--reward_clip_range), the KL in the reward, k1, init_kl_coef 0.01
+_BASE = {
+    "ddof": 1,
+    "eps": 1e-9,
+    "adv_clip": 10.0,
+    "kl_estimator": "k1",
+    "kl_mode": "reward",
+    "beta": 0.01,
+}
+_L = "openrlhf/models/loss.py"
+_U = "openrlhf/models/utils.py"
+_A = "openrlhf/trainer/ray/ppo_actor.py"
+_E = "openrlhf/trainer/ppo_utils/experience_maker.py"
+_NO_IS = "the vLLM importance-sampling correction (0.8.9 on) is not applied"
+
+RELEASES = (
+    Release(
+        first="0.6.0",
+        last="0.6.4",
+        checked="0.6.4",
+        preset={**_BASE, "agg": "seq-mean-token-mean", "kl_agg": "seq-mean-token-mean"},
+        metrics=metrics_0_6,
+        metric_names=("policy_loss", "kl"),
+        dependent=_no_gspo,
+        changes=(
+            f"{_L}: PolicyLoss: −min(ρA, clip(ρ, 1±ε)A), masked_mean(dim=-1).mean() "
+            "(seq-mean-token-mean), Δ not clamped",
+            f"{_U}: compute_approx_kl: k1 (k3 with use_kl_estimator_k3; k2 and "
+            "kl_estimator from 0.6.1), not clamped",
+            f"{_E}: group_norm (r − mean) / (std + 1e-9), compute_reward clamps to "
+            "reward_clip_range (−10, 10)",
+            f"{_A} / ppo_trainer.py: --use_kl_loss: masked_mean(kl, dim=-1).mean() "
+            "(seq-mean-token-mean)",
+        ),
+    ),
+    Release(
+        first="0.7.0",
+        last="0.7.1",
+        checked="0.7.1",
+        preset={**_BASE, "agg": "token-mean", "kl_agg": "seq-mean-token-mean"},
+        metrics=metrics_0_7_0,
+        metric_names=("policy_loss", "kl"),
+        missing=MISSING_0_7_0,
+        dependent=_no_gspo,
+        changes=(
+            f"{_L}: PolicyLoss(token_level_loss=True): masked_mean over all tokens (token-mean)",
+            f"{_E}: make_experience: kl_mean = masked_mean(kl, None, dim=-1) (the padded width)",
+        ),
+    ),
+    Release(
+        first="0.7.2",
+        last="0.8.2",
+        checked="0.8.2",
+        preset={**_BASE, "agg": "token-mean", "kl_agg": "token-mean"},
+        metrics=metrics_0_6,
+        metric_names=("policy_loss", "kl"),
+        dependent=_no_gspo,
+        changes=(
+            f"{_A}: --use_kl_loss: kl_loss = masked_mean(kl, action_mask) (token-mean)",
+            f"{_E}: make_experience: kl_mean over the action mask again",
+            f"{_L} (0.8.2): clip_eps_low / clip_eps_high (--eps_clip_low_high)",
+        ),
+    ),
+    Release(
+        first="0.8.3",
+        last="0.8.5",
+        checked="0.8.5",
+        preset={**_BASE, "agg": "token-mean", "kl_agg": "token-mean"},
+        metrics=metrics_0_8_3,
+        metric_names=("policy_loss", "ppo_clip_ratio", "kl"),
+        dependent=_no_gspo,
+        changes=(f"{_L}: PolicyLoss returns clip_ratio = masked_mean(lt(surr2, surr1))",),
+    ),
+    Release(
+        first="0.8.6",
+        last="0.8.7",
+        checked="0.8.7",
+        preset={**_BASE, "agg": "token-mean", "kl_agg": "token-mean", "kl_clamp": 10.0},
+        metrics=metrics_0_8_3,
+        metric_names=("policy_loss", "ppo_clip_ratio", "kl"),
+        dependent=_no_gspo,
+        changes=(
+            f"{_U}: compute_approx_kl: the estimate clamped to ±10",
+            f"{_L}: PolicyLoss dual_clip (--dual_clip)",
+        ),
+    ),
+    Release(
+        first="0.8.8",
+        last="0.8.8",
+        checked="0.8.8",
+        preset={**_BASE, "agg": "token-mean", "kl_agg": "token-mean", "kl_clamp": 10.0},
+        metrics=metrics_0_8_8,
+        metric_names=("policy_loss", "ppo_clip_ratio", "ppo_kl", "kl"),
+        dependent=_gspo_token_mean,
+        changes=(
+            f"{_L}: PolicyLoss policy_loss_type 'gspo' (aggregated as 'ppo': token-mean); "
+            "returns ppo_kl = masked_mean(−(logp − old_logp))",
+        ),
+    ),
+    Release(
+        first="0.8.9",
+        last="0.9.1",
+        checked="0.9.1",
+        preset={**_BASE, "agg": "token-mean", "kl_agg": "token-mean", "kl_clamp": 10.0},
+        metrics=metrics_0_8_8,
+        metric_names=("policy_loss", "ppo_clip_ratio", "ppo_kl", "kl"),
+        changes=(
+            f"{_L}: PolicyLoss: gspo sets token_level_loss=False (seq-mean-token-mean); "
+            "vllm_is_truncated_threshold (TIS)",
+        ),
+        notes=(_NO_IS,),
+    ),
+    Release(
+        first="0.9.2",
+        last="0.10.2",
+        checked="0.10.2",
+        preset={**_BASE, "agg": "token-mean", "kl_agg": "token-mean", "kl_clamp": 10.0},
+        metrics=metrics,
+        metric_names=METRICS,
+        changes=(
+            f"{_A}, {_E}: logprobs_diff logged (the token mean of logp − ref_logp with the "
+            "KL loss; the mean over answers of old_logp − ref_logp with the KL in the "
+            "reward)",
+        ),
+        notes=(_NO_IS,),
+    ),
+    Release(
+        first="0.10.3",
+        last="0.11.2",
+        checked="0.11.2",
+        preset={
+            **_BASE,
+            "agg": "token-mean",
+            "kl_agg": "token-mean",
+            "kl_clamp": 10.0,
+            "log_ratio_clamp": 20.0,
+        },
+        metrics=metrics,
+        metric_names=METRICS,
+        changes=(
+            f"{_L}: PolicyLoss 'ppo': Δ clamped to ±20 before exp (ppo_kl from the raw Δ); "
+            "aggregate_loss",
+            f"{_U} (0.11.2): k3's log-ratio clamped at −10 before exp: the same value "
+            "after the ±10 clamp",
+        ),
+        notes=(_NO_IS,),
+    ),
+)
 
 PRESETS = {
     # --advantage_estimator group_norm, PolicyLoss "ppo", the KL in the reward: sample std,
     # eps 1e-9, advantages clipped to ±10 (--reward.clip_range), then −β·k1(old_logp,
     # ref_logp) clamped to ±10 per token, summed from each token to the end;
     # init_kl_coef 0.01; token-mean, Δ clamp 20. --kl-mode loss is --algo.kl.use_loss.
-    "openrlhf": {
-        "ddof": 1,
-        "eps": 1e-9,
-        "adv_clip": 10.0,
-        "agg": "token-mean",
-        "kl_agg": "token-mean",
-        "log_ratio_clamp": 20.0,
-        "kl_estimator": "k1",
-        "kl_clamp": 10.0,
-        "kl_mode": "reward",
-        "beta": 0.01,
-    },
+    "openrlhf": dict(RELEASES[-1].preset),
 }
-
-METRICS = ("policy_loss", "ppo_clip_ratio", "ppo_kl", "kl", "logprobs_diff")
-
-
-def dependent(values: Mapping[str, Any], default: Default) -> None:
-    """OpenRLHF 0.11.2 ``PolicyLoss`` with ``policy_loss_type="gspo"``: per-sample
-    aggregation (``token_level_loss=False``); the KL loss stays per token."""
-    if values["ratio_level"] == "sequence":
-        default("agg", "seq-mean-token-mean")
-
-
-def metrics(m: MetricInputs) -> dict[str, float | None]:
-    """OpenRLHF 0.11.2 (``PolicyLoss``, ``--algo.kl.use_loss``): ``policy_loss`` the
-    aggregated policy loss, ``ppo_clip_ratio`` the clip region's share, ``ppo_kl`` the
-    token mean of the raw ``old_logp − logp``, ``kl`` the token mean of the KL estimate,
-    ``logprobs_diff`` the token mean of ``logp − ref_logp``; with the KL in the reward,
-    ``kl`` and ``logprobs_diff`` are means over answers of old vs ref (0 when β = 0)."""
-    s, acc = m.settings, m.acc
-    t = max(acc.tokens, 1)
-    lr = acc.log_ratios
-    out: dict[str, float | None] = {
-        "policy_loss": -m.policy_term,
-        "ppo_clip_ratio": m.clip.region,
-        "ppo_kl": -lr.delta / t,
-    }
-    if s.kl_mode == "reward":  # per-answer means of old vs ref, over answers
-        n = max(acc.answers, 1)
-        out["kl"] = acc.reward_kl.answer_means / n if s.beta != 0.0 else 0.0
-        out["logprobs_diff"] = acc.old_ref.answer_means / n if s.beta != 0.0 else 0.0
-    else:
-        out["kl"] = acc.kl.token / t if s.beta != 0.0 else 0.0
-        out["logprobs_diff"] = -lr.ref / t if s.beta != 0.0 else 0.0
-    return out
-
 
 AGGREGATIONS = (
     "token-mean",
@@ -125,10 +340,8 @@ def from_config(c: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
 
 TRAINER = Trainer(
     name="openrlhf",
-    version=VERSION,
+    releases=RELEASES,
     presets=PRESETS,
-    metric_names=METRICS,
-    metrics=metrics,
     reward_kl="returns",
     dependent=dependent,
     from_config=from_config,

@@ -1,9 +1,20 @@
-"""TRL's ``GRPOTrainer`` (TRL 1.16.0): presets, logged metrics.
+"""TRL's ``GRPOTrainer``, release by release from 0.14.0 to 1.16.0: presets, logged metrics.
 
-Its loss (``GRPOTrainer._compute_loss``): advantages with the sample std (NaN-aware) plus
-1e-4, ``loss_type`` ``dapo`` by default (token sums over the accumulated batch's tokens:
-token-mean), β = 0, no log-ratio clamp, ``use_bias_correction_kl`` on (the per-token KL
-times the ratio), GSPO with ``importance_sampling_level="sequence"``.
+Each :class:`~grpo_cli.trainers.base.Release` below is a change point found by diffing
+``trl/trainer/grpo_trainer.py`` and ``grpo_config.py`` of every release wheel from 0.14.0
+to 1.16.0 (defaults of ``GRPOConfig``; ``compute_loss`` / ``_compute_loss``; the advantage
+lines of ``_generate_and_score_completions`` / ``_prepare_inputs``; the metric lines), and
+checked against that release's own code by ``conformance/releases``.
+
+Its newest loss (1.10.0 to 1.16.0, ``GRPOTrainer._compute_loss``): advantages with the
+sample std (NaN-aware) plus 1e-4, ``loss_type`` ``dapo`` by default (token sums over the
+accumulated batch's tokens: token-mean), β = 0, no log-ratio clamp,
+``use_bias_correction_kl`` on (the per-token KL times the ratio), GSPO with
+``importance_sampling_level="sequence"``.
+
+Every release's metrics are the values one process logs (TRL gathers per-process values:
+on several processes ``clip_ratio/low_min`` up to 1.8.0 is a minimum over processes of
+each one's share, which one batch cannot give).
 """
 
 from __future__ import annotations
@@ -14,24 +25,382 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .base import CallInputs, CallRules, FileInputs, MetricInputs, Trainer
+from .base import CallInputs, CallRules, FileInputs, MetricInputs, Release, Trainer, parse_version
 
 if TYPE_CHECKING:
     from .._settings import Settings
 
-VERSION = "trl 1.16.0"
+CLIP_METRICS = (
+    "clip_ratio/low_mean",
+    "clip_ratio/low_min",
+    "clip_ratio/high_mean",
+    "clip_ratio/high_max",
+    "clip_ratio/region_mean",
+)
+METRICS = ("kl", *CLIP_METRICS, "frac_reward_zero_std")
+# 1.9.0 on, with the loss and the entropy every release logs recomputed too
+METRICS_1_9 = ("loss", "entropy", *METRICS)
 
-# Each preset: the Settings fields GRPOConfig's defaults set (README "Presets").
+
+def logged_loss_decimals(transformers_version: str | None) -> int | None:
+    """The decimals TRL's logged ``loss`` is rounded to: transformers 4.x's
+    ``Trainer._maybe_log_save_evaluate`` logs ``round(tr_loss / steps, 4)`` (read in 4.48.3
+    and 4.57.3), 5.x the value itself (5.24.0); None when not rounded or unknown.
+
+    Example:
+        >>> logged_loss_decimals("4.57.3"), logged_loss_decimals("5.24.0")
+        (4, None)
+    """
+    if transformers_version is None:
+        return None
+    try:
+        major = parse_version(transformers_version)[0]
+    except ValueError:
+        return None
+    return 4 if major < 5 else None
+
+
+# ----------------------------------------------------------------- metric pieces
+def _kl_token_mean(m: MetricInputs) -> float:
+    """The token mean of the KL as the loss takes it (bias-corrected when asked)."""
+    return m.acc.kl.token / max(m.acc.tokens, 1)
+
+
+def _has_reference(m: MetricInputs) -> bool:
+    kv = m.acc.kl_values
+    return kv.n + kv.n_inf > 0
+
+
+def _frac_zero_std(m: MetricInputs, *, batch_std: bool) -> float | None:
+    """``frac_reward_zero_std``: the share of answers whose std is zero (``isclose(std,
+    0)``), the std being the group's, or with ``batch_std`` the whole batch's (TRL's
+    ``scale_rewards="batch"``; and "group" in 0.22.0–0.22.1): then 1 when every reward of
+    the batch is equal, else 0 — known when a group varies (0) or there is one group."""
+    g = m.groups
+    if g is None:
+        return None
+    if not batch_std or g.groups == 1:
+        return g.frac_zero_std_answers
+    if g.zero_variance_groups < g.groups:
+        return 0.0
+    return None  # every group constant: equal across groups? needs the batch min and max
+
+
+def _clip_means_per_process(m: MetricInputs) -> dict[str, float | None]:
+    """0.17.0–1.8.0: each process's share of clipped tokens (of answers under GSPO), then
+    the mean, min and max over processes: on one process min = max = mean."""
+    c = m.clip
+    return {
+        "clip_ratio/low_mean": c.low,
+        "clip_ratio/low_min": c.low,
+        "clip_ratio/high_mean": c.high,
+        "clip_ratio/high_max": c.high,
+        "clip_ratio/region_mean": c.region,
+    }
+
+
+def _clip_extremes_over_answers(m: MetricInputs) -> dict[str, float | None]:
+    """1.9.0 on: the means are global token (or answer) means; ``low_min`` and
+    ``high_max`` the extremes over answers of each answer's share."""
+    c, shares = m.clip, m.acc.clip_shares
+    return {
+        "clip_ratio/low_mean": c.low,
+        "clip_ratio/low_min": shares.low_min,
+        "clip_ratio/high_mean": c.high,
+        "clip_ratio/high_max": shares.high_max,
+        "clip_ratio/region_mean": c.region,
+    }
+
+
+# ---------------------------------------------------------- metrics, by release
+def metrics_0_14(m: MetricInputs) -> dict[str, float | None]:
+    """TRL 0.14.0–0.15.2 (``compute_loss``): ``kl`` is the mean over answers of each
+    answer's token-mean k3 of ``logp`` against ``ref_logp``, logged whatever β (None
+    without ``ref_logp``); no clip metric (the ratio is always 1)."""
+    kl = m.acc.kl.answer_means / max(m.acc.answers, 1) if _has_reference(m) else None
+    return {"kl": kl}
+
+
+def metrics_0_16(m: MetricInputs) -> dict[str, float | None]:
+    """TRL 0.16.0–0.16.1 (``compute_loss``): ``kl`` the token mean of k3 (β ≠ 0 only);
+    ``clip_ratio`` the share of tokens where ``ρ·A < clip(ρ)·A`` — A > 0 with ρ < 1−ε_low,
+    or A < 0 with ρ > 1+ε_high: the tokens the clip does *not* touch although ρ is outside
+    the range. The partials count ρ outside the range whatever A, and the clip region, but
+    not the tokens with A = 0 among those outside: left out (:data:`MISSING_0_16`)."""
+    out: dict[str, float | None] = {}
+    if m.settings.beta != 0.0:
+        out["kl"] = _kl_token_mean(m)
+    out["clip_ratio"] = None
+    return out
+
+
+MISSING_0_16 = {
+    "clip_ratio": (
+        "TRL 0.16 grpo_trainer.py compute_loss: is_clipped = (per_token_loss1 < "
+        "per_token_loss2), i.e. the tokens with (A > 0 and ρ < 1−ε_low) or (A < 0 and "
+        "ρ > 1+ε_high), over the valid tokens. Needs one more per-token count in the "
+        "partials: tokens with ρ outside [1−ε_low, 1+ε_high] and A = 0 (then clip_ratio = "
+        "(outside − region − that count) / T), or that class counted directly"
+    )
+}
+
+
+MISSING_BATCH_STD = {
+    "frac_reward_zero_std": (
+        "TRL grpo_trainer.py _generate_and_score_completions with the batch std "
+        "(scale_rewards='batch'; 'group' in 0.22.0-0.22.1): is_std_zero = isclose(std of "
+        "every reward, 0), the same for every answer. When every group is constant it "
+        "needs the batch's reward min and max (the group table has each group's)"
+    )
+}
+
+
+def metrics_0_17(m: MetricInputs) -> dict[str, float | None]:
+    """TRL 0.17.0 (``_compute_loss``): ``kl`` the token mean (β ≠ 0 only), ``clip_ratio/*``
+    per process (:func:`_clip_means_per_process`); no ``frac_reward_zero_std`` yet."""
+    out: dict[str, float | None] = {}
+    if m.settings.beta != 0.0:
+        out["kl"] = _kl_token_mean(m)
+    out.update(_clip_means_per_process(m))
+    return out
+
+
+def metrics_0_18(m: MetricInputs) -> dict[str, float | None]:
+    """TRL 0.18.0–0.21.0 and 0.22.2–1.8.0: as 0.17.0, and ``frac_reward_zero_std`` (the
+    group std's zero share; the batch std's with ``scale_rewards="batch"``)."""
+    out = metrics_0_17(m)
+    out["frac_reward_zero_std"] = _frac_zero_std(m, batch_std=m.settings.scale == "batch")
+    return out
+
+
+def metrics_0_22_0(m: MetricInputs) -> dict[str, float | None]:
+    """TRL 0.22.0–0.22.1: ``scale_rewards`` "group" (the default) takes the *batch* std for
+    ``frac_reward_zero_std`` and divides by nothing (grpo-cli ``--scale none``); "batch"
+    and "none" take the group std (grpo-cli ``--scale group``)."""
+    out = metrics_0_17(m)
+    out["frac_reward_zero_std"] = _frac_zero_std(m, batch_std=m.settings.scale == "none")
+    return out
+
+
+def metrics_1_9(m: MetricInputs) -> dict[str, float | None]:
+    """TRL 1.9.0–1.16.0 (``_compute_loss``): ``loss`` −J under the settings' aggregation
+    as one loss call returns it (``dapo``'s ``num_items_in_batch`` is then the batch's
+    tokens; a recorded step of several calls: :data:`CALLS`), ``entropy`` the token mean
+    of the logged entropy, ``kl`` the token mean of the KL as the loss
+    takes it (bias-corrected when ``use_bias_correction_kl``), β ≠ 0 only; ``clip_ratio/*``
+    count tokens, or sequences under GSPO, ``low_min`` and ``high_max`` the extremes over
+    answers of their clipped shares; ``frac_reward_zero_std`` the share of answers whose
+    group std is zero (the batch std's with ``scale_rewards="batch"``)."""
+    s, acc = m.settings, m.acc
+    # one loss call's loss (a recorded step of several: CALLS) and the entropy's token mean
+    out: dict[str, float | None] = {"loss": -acc.objective(s.agg)}
+    if acc.entropy.n:
+        out["entropy"] = acc.entropy.total / acc.entropy.n
+    if s.beta != 0.0:
+        out["kl"] = _kl_token_mean(m)
+    out.update(_clip_extremes_over_answers(m))
+    out["frac_reward_zero_std"] = _frac_zero_std(m, batch_std=s.scale == "batch")
+    return out
+
+
+# ------------------------------------------------------------------- releases
+# Every release's preset starts from these (GRPOConfig defaults that never changed: sample
+# std, + 1e-4, epsilon 0.2 where it exists, k3, no clamps).
+_BASE = {"ddof": 1, "eps": 1e-4}
+_F = "trl/trainer/grpo_trainer.py"
+_C = "trl/trainer/grpo_config.py"
+_NO_VLLM_IS = (
+    "the vLLM importance-sampling correction (use_vllm with "
+    "vllm_importance_sampling_correction, on by default since 0.23.0) is not applied"
+)
+
+RELEASES = (
+    Release(
+        first="0.14.0",
+        last="0.15.2",
+        checked="0.14.0",
+        preset={**_BASE, "beta": 0.04, "agg": "seq-mean-token-mean"},
+        metrics=metrics_0_14,
+        metric_names=("kl",),
+        changes=(
+            f"{_C}: GRPOConfig beta 0.04, no epsilon, no loss_type, temperature 0.9",
+            f"{_F}: compute_loss: per_token_loss = exp(logp − logp.detach())·A − β·k3, the "
+            "ratio always 1 (no clipping), per answer token mean, then mean over answers",
+            f"{_F}: compute_loss: advantages (r − mean) / (std + 1e-4), torch std (sample)",
+            f"{_F}: compute_loss: kl = mean over answers of each answer's token-mean k3, "
+            "logged whatever beta",
+            f"{_F}: get_per_token_logps: log-softmax of the raw logits (no temperature)",
+        ),
+        notes=(
+            "the ratio is exp(logp − logp.detach()) = 1: the loss equals grpo-cli's when "
+            "old_logp equals logp (these releases compute no old log-probs); with another "
+            "old_logp grpo-cli applies a ratio TRL did not",
+            "0.15.0 moved generation into _prepare_inputs: the loss and its metric are unchanged",
+        ),
+    ),
+    Release(
+        first="0.16.0",
+        last="0.16.1",
+        checked="0.16.1",
+        preset={**_BASE, "beta": 0.04, "agg": "token-mean"},
+        metrics=metrics_0_16,
+        metric_names=("kl", "clip_ratio"),
+        missing=MISSING_0_16,
+        changes=(
+            f"{_C}: epsilon 0.2 (epsilon_high None), num_iterations 1, scale_rewards True",
+            f"{_F}: compute_loss: clipped surrogate min(ρA, clip(ρ, 1−ε, 1+ε_high)A), "
+            "old log-probs = logp.detach() when num_iterations == 1",
+            f"{_F}: compute_loss: loss = Σ (per-token loss · mask) / Σ mask over the local "
+            "batch (token-mean)",
+            f"{_F}: compute_loss: kl only when beta != 0, its token mean; clip_ratio = "
+            "share of tokens with per_token_loss1 < per_token_loss2",
+            f"{_F}: _get_per_token_logps: logits divided by the sampling temperature",
+        ),
+    ),
+    Release(
+        first="0.17.0",
+        last="0.17.0",
+        checked="0.17.0",
+        preset={**_BASE, "beta": 0.04, "agg": "token-mean"},
+        metrics=metrics_0_17,
+        metric_names=("kl", *CLIP_METRICS),
+        changes=(
+            f"{_C}: loss_type appears, default 'bnpo' (token-mean, the same formula as 0.16)",
+            f"{_F}: _compute_loss: 'grpo' (per answer, clamp(min=1)), 'dr_grpo' (Σ / (B · "
+            "max_completion_length))",
+            f"{_F}: _compute_loss: clip_ratio/low_mean, low_min, high_mean, high_max, "
+            "region_mean: ρ < 1−ε_low and A < 0, ρ > 1+ε_high and A > 0; min and max are "
+            "nanmin/nanmax over the processes' shares",
+        ),
+    ),
+    Release(
+        first="0.18.0",
+        last="0.18.2",
+        checked="0.18.2",
+        preset={**_BASE, "beta": 0.04, "agg": "token-mean"},
+        metrics=metrics_0_18,
+        metric_names=METRICS,
+        changes=(
+            f"{_C}: temperature 0.9 → 1.0, top_k 50 → None; delta (two-sided clipping)",
+            f"{_F}: _generate_and_score_completions: frac_reward_zero_std = share of "
+            "answers with isclose(group std, 0)",
+            f"{_F}: _compute_loss: old log-probs None when num_iterations == 1 and "
+            "steps_per_generation <= gradient_accumulation_steps (then logp.detach())",
+        ),
+    ),
+    Release(
+        first="0.19.0",
+        last="0.21.0",
+        checked="0.19.1",
+        preset={**_BASE, "beta": 0.0, "agg": "token-mean"},
+        metrics=metrics_0_18,
+        metric_names=METRICS,
+        changes=(
+            f"{_C}: beta 0.04 → 0.0",
+            f"{_F}: _compute_loss (0.20.0): importance_sampling_level 'sequence' (GSPO: clip "
+            "metrics per answer), top_entropy_quantile; token-level values unchanged",
+        ),
+    ),
+    Release(
+        first="0.22.0",
+        last="0.22.1",
+        checked="0.22.1",
+        preset={**_BASE, "beta": 0.0, "agg": "token-mean", "scale": "none"},
+        metrics=metrics_0_22_0,
+        metric_names=METRICS,
+        missing=MISSING_BATCH_STD,
+        changes=(
+            f"{_C}: loss_type 'bnpo' → 'dapo' (Σ / num_items_in_batch per process: "
+            "token-mean over the generation batch), scale_rewards True → 'group'",
+            f"{_F}: _generate_and_score_completions: 'group' takes the batch std "
+            "(rewards.std()) and divides by nothing; 'batch' and 'none' take the group std "
+            "and divide by it (the branches are swapped; fixed in 0.22.2)",
+            f"{_F}: _compute_loss: grpo, bnpo, dr_grpo divided by "
+            "current_gradient_accumulation_steps",
+        ),
+        notes=(
+            "TRL's scale_rewards maps onto --scale as: 'group' → none, 'batch' → group, "
+            "'none' → group",
+        ),
+    ),
+    Release(
+        first="0.22.2",
+        last="0.25.1",
+        checked="0.22.2",
+        preset={**_BASE, "beta": 0.0, "agg": "token-mean"},
+        metrics=metrics_0_18,
+        metric_names=METRICS,
+        missing=MISSING_BATCH_STD,
+        changes=(
+            f"{_F}: _generate_and_score_completions: scale_rewards 'group' divides by the "
+            "group std, 'batch' by the batch std, 'none' by nothing",
+            f"{_F}: _compute_loss (0.23.0): with use_vllm, per_token_loss times the "
+            "token-level importance ratio, capped at vllm_importance_sampling_cap 2.0",
+        ),
+        notes=(_NO_VLLM_IS,),
+    ),
+    Release(
+        first="0.26.0",
+        last="1.8.0",
+        checked="0.26.2",
+        preset={**_BASE, "beta": 0.0, "agg": "token-mean"},
+        metrics=metrics_0_18,
+        metric_names=METRICS,
+        missing=MISSING_BATCH_STD,
+        changes=(
+            f"{_C}: use_bias_correction_kl (False), vllm_importance_sampling_mode "
+            "'sequence_mask', cap 2.0 → 3.0; loss types cispo, sapo",
+            f"{_F}: _compute_loss: the KL computed after the ratio (times it when "
+            "use_bias_correction_kl)",
+            f"{_F}: _generate_and_score_completions (0.27.0): reward_std = std of every "
+            "reward (before: the mean of the group stds; grpo-cli does not report it)",
+        ),
+        notes=(
+            _NO_VLLM_IS,
+            "1.6.0: NaN-aware group mean and std (nanmean, nanstd, nan_to_num): the same "
+            "for finite rewards",
+        ),
+    ),
+    Release(
+        first="1.9.0",
+        last="1.9.2",
+        checked="1.9.2",
+        preset={**_BASE, "beta": 0.0, "agg": "token-mean"},
+        metrics=metrics_1_9,
+        metric_names=METRICS_1_9,
+        missing=MISSING_BATCH_STD,
+        changes=(
+            f"{_F}: _compute_loss: clip_ratio/low_min and high_max are nanmin/nanmax over "
+            "the answers' shares (masked_seq_mean); kl and the clip means are global "
+            "token means (accelerator.reduce of sums and counts)",
+            f"{_F}: _compute_loss (1.9.1): dapo's normaliser num_items_in_batch scaled by "
+            "gradient_accumulation_steps / steps_per_generation in training",
+        ),
+        notes=(
+            _NO_VLLM_IS,
+            "1.9.1's dapo normaliser equals grpo-cli's token count when "
+            "steps_per_generation equals gradient_accumulation_steps (the default)",
+        ),
+    ),
+    Release(
+        first="1.10.0",
+        last="1.16.0",
+        checked="1.16.0",
+        preset={**_BASE, "beta": 0.0, "agg": "token-mean", "kl_bias_correction": True},
+        metrics=metrics_1_9,
+        metric_names=METRICS_1_9,
+        missing=MISSING_BATCH_STD,
+        changes=(f"{_C}: use_bias_correction_kl False → True, max_completion_length 256 → 512",),
+        notes=(_NO_VLLM_IS,),
+    ),
+)
+
+# Each preset: the Settings fields GRPOConfig's defaults set (README "Presets"). "trl" is
+# the newest release's; "trl@X" (grpo_cli._settings) any release's.
 PRESETS = {
     # GRPOConfig defaults: sample std, eps 1e-4, loss_type "dapo" (token-mean), beta 0.0,
     # no clamps, use_bias_correction_kl=True.
-    "trl": {
-        "ddof": 1,
-        "eps": 1e-4,
-        "beta": 0.0,
-        "agg": "token-mean",
-        "kl_bias_correction": True,
-    },
+    "trl": dict(RELEASES[-1].preset),
     # Dr. GRPO as TRL runs it (loss_type="dr_grpo", scale_rewards="none"): no std division,
     # Σ/(N·L) with L = max_completion_length (512 by default), no KL.
     "dr-grpo": {
@@ -54,43 +423,6 @@ PRESETS = {
         "kl_bias_correction": True,
     },
 }
-
-METRICS = (
-    "loss",
-    "entropy",
-    "kl",
-    "clip_ratio/low_mean",
-    "clip_ratio/low_min",
-    "clip_ratio/high_mean",
-    "clip_ratio/high_max",
-    "clip_ratio/region_mean",
-    "frac_reward_zero_std",
-)
-
-
-def metrics(m: MetricInputs) -> dict[str, float | None]:
-    """TRL 1.16.0 (``GRPOTrainer._compute_loss``), for a step of one loss call (a
-    recorded step of several: :data:`CALLS`): ``loss`` is −J under the settings'
-    aggregation (``dapo``'s ``num_items_in_batch`` is then the batch's tokens), ``entropy``
-    the token mean of the logged entropy; ``kl`` is the token mean of the KL as the
-    loss takes it (bias-corrected when ``use_bias_correction_kl``), logged only when
-    β ≠ 0; ``clip_ratio/*`` count tokens, or sequences under GSPO; ``low_min`` and
-    ``high_max`` are the extremes over answers of their clipped shares;
-    ``frac_reward_zero_std`` the share of answers whose group std is zero."""
-    s, acc, clip = m.settings, m.acc, m.clip
-    out: dict[str, float | None] = {"loss": -acc.objective(s.agg)}
-    if s.beta != 0.0:
-        out["kl"] = acc.kl.token / max(acc.tokens, 1)
-    if acc.entropy.n:
-        out["entropy"] = acc.entropy.total / acc.entropy.n
-    out["clip_ratio/low_mean"] = clip.low
-    out["clip_ratio/low_min"] = acc.clip_shares.low_min
-    out["clip_ratio/high_mean"] = clip.high
-    out["clip_ratio/high_max"] = acc.clip_shares.high_max
-    out["clip_ratio/region_mean"] = clip.region
-    out["frac_reward_zero_std"] = None if m.groups is None else m.groups.frac_zero_std_answers
-    return out
-
 
 # GRPOConfig.loss_type -> the aggregation of the loss over one call's tokens (TRL 1.16.0
 # ``_compute_loss``): grpo a mean over answers of their token means; bnpo and dapo a mean
@@ -265,11 +597,5 @@ CALLS = CallRules(call_metrics, file_loss, generation_metrics, combine)
 
 
 TRAINER = Trainer(
-    name="trl",
-    version=VERSION,
-    presets=PRESETS,
-    metric_names=METRICS,
-    metrics=metrics,
-    from_config=from_config,
-    calls=CALLS,
+    name="trl", releases=RELEASES, presets=PRESETS, from_config=from_config, calls=CALLS
 )

@@ -1,10 +1,18 @@
-"""verl's PPO trainer with ``adv_estimator=grpo`` (verl 0.9.1): presets, dependent
-settings, the KL in the reward, logged metrics.
+"""verl's PPO trainer with ``adv_estimator=grpo``, release by release from 0.3.0 to 0.9.1:
+presets, dependent settings, the KL in the reward, logged metrics.
 
-Its loss (``compute_policy_loss_vanilla``, ``agg_loss``): advantages with the sample std
-plus 1e-6 (a singleton group: mean 0, std 1), token-mean, dual clip 3 (always on), Δ
-clamped to ±20 before ``exp``, ``low_var_kl`` (k3, exponent clamped to ±20, value to ±10)
-with ``kl_loss_coef`` 0.001.
+Each :class:`~grpo_cli.trainers.base.Release` is a change point found by diffing, between
+consecutive release wheels, ``verl/trainer/ppo/core_algos.py`` (``compute_policy_loss`` /
+``compute_policy_loss_vanilla`` / ``_gspo``, ``agg_loss``,
+``compute_grpo_outcome_advantage``, ``kl_penalty``), ``verl/workers/actor/dp_actor.py``
+(what is logged), ``verl/trainer/ppo/ray_trainer.py`` (``apply_kl_penalty``) and the
+default config (``ppo_trainer.yaml``), and checked by ``conformance/releases``.
+
+Its newest loss (0.9.1: ``compute_policy_loss_vanilla``, ``agg_loss``): advantages with the
+sample std plus 1e-6 (a singleton group: mean 0, std 1), token-mean, dual clip 3 (always
+on), Δ clamped to ±20 before ``exp``, ``low_var_kl`` (k3, exponent clamped to ±20, value
+to ±10) with ``kl_loss_coef`` 0.001 (the GRPO recipe's ``use_kl_loss=True``; the config's
+own default is False).
 """
 
 from __future__ import annotations
@@ -12,22 +20,241 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .base import Default, MetricInputs, Trainer
+from .base import Default, MetricInputs, Release, Trainer
 
-VERSION = "verl 0.9.1"
+NAMES = (
+    "actor/pg_loss",
+    "actor/pg_clipfrac",
+    "actor/pg_clipfrac_lower",
+    "actor/ppo_kl",
+    "actor/kl_loss",
+    "actor/reward_kl_penalty",
+    "actor/reward_kl_penalty_coeff",
+)
+METRICS = NAMES  # the newest release's
+
+
+def _kl_rules(values: Mapping[str, Any], default: Default) -> None:
+    """``kl_penalty``: only ``low_var_kl`` (k3) is clamped; k1 (``kl``) and k2 (``mse``)
+    are not. With the KL in the reward the estimator is ``algorithm.kl_penalty``, ``kl``
+    (k1)."""
+    estimator = values["kl_estimator"]
+    if values["kl_mode"] == "reward":  # algorithm.kl_penalty: "kl" (k1) by default
+        estimator = default("kl_estimator", "k1")
+    if estimator != "k3":
+        default("kl_clamp", None)
+
+
+def _no_gspo(values: Mapping[str, Any], default: Default) -> None:
+    """verl 0.3.0–0.5.0: no sequence-level loss (``compute_policy_loss_gspo`` is 0.6.0's)."""
+    _kl_rules(values, default)
+    if values["ratio_level"] == "sequence":
+        from .._settings import SettingError
+
+        raise SettingError(
+            "ratio_level",
+            f"sequence: {values['mirrors']} has no GSPO loss (verl added it in 0.6.0)",
+        )
+
+
+def dependent_0_6(values: Mapping[str, Any], default: Default) -> None:
+    """verl 0.6.0–0.9.0 ``compute_policy_loss_gspo``: no dual clip, the sequence log-ratio
+    clamped from above at 10, and the policy loss always ``seq-mean-token-mean`` (the KL
+    loss keeps ``loss_agg_mode``)."""
+    _kl_rules(values, default)
+    if values["ratio_level"] == "sequence":
+        default("dual_clip", None)
+        default("seq_ratio_clamp", 10.0)
+        default("kl_agg", values["agg"])
+        default("agg", "seq-mean-token-mean")
+
+
+def dependent(values: Mapping[str, Any], default: Default) -> None:
+    """verl 0.9.1 ``kl_penalty_forward``: only ``low_var_kl`` (k3) is clamped; k1 (``kl``)
+    and k2 (``mse``) are not. Its GSPO loss (``compute_policy_loss_gspo``) has no dual clip,
+    clamps the sequence log-ratio from above at 10 and aggregates with ``loss_agg_mode``.
+    With the KL in the reward (``use_kl_in_reward``) the estimator is
+    ``algorithm.kl_penalty``, ``kl`` (k1)."""
+    _kl_rules(values, default)
+    if values["ratio_level"] == "sequence":
+        default("dual_clip", None)
+        default("seq_ratio_clamp", 10.0)
+
+
+def _metrics(m: MetricInputs, *, clamped_ppo_kl: bool, dual: bool) -> dict[str, float | None]:
+    s, acc, clip = m.settings, m.acc, m.clip
+    t = max(acc.tokens, 1)
+    lr = acc.log_ratios
+    gspo = s.ratio_level == "sequence"
+    out: dict[str, float | None] = {
+        "actor/pg_loss": -m.policy_term,
+        "actor/pg_clipfrac": clip.region,
+    }
+    if dual:
+        out["actor/pg_clipfrac_lower"] = 0.0 if gspo else clip.dual_clip_lower
+    out["actor/ppo_kl"] = -(lr.delta20 if clamped_ppo_kl and not gspo else lr.delta) / t
+    if s.kl_mode == "reward":
+        names = ("actor/reward_kl_penalty", "actor/reward_kl_penalty_coeff")
+        if not dual:  # 0.3.0: apply_kl_penalty's metrics were critic/kl, critic/kl_coeff
+            names = ("critic/kl", "critic/kl_coeff")
+        out[names[0]] = acc.reward_kl.answer_means / max(acc.answers, 1)
+        out[names[1]] = s.beta
+    elif s.beta != 0.0:
+        out["actor/kl_loss"] = acc.aggregate("kl", s.kl_aggregation)
+    return out
+
+
+def metrics_0_3(m: MetricInputs) -> dict[str, float | None]:
+    """verl 0.3.0 (``compute_policy_loss``, ``dp_actor``): ``actor/pg_loss`` the token-mean
+    policy loss, ``actor/pg_clipfrac`` the clip region's share, ``actor/ppo_kl`` the token
+    mean of ``old_logp − logp`` (not clamped), ``actor/kl_loss`` the token-mean KL; no
+    dual clip, no ``pg_clipfrac_lower``; the KL in the reward logs ``critic/kl`` (the mean
+    over answers of their token-mean KL) and ``critic/kl_coeff``."""
+    return _metrics(m, clamped_ppo_kl=False, dual=False)
+
+
+def metrics_0_4(m: MetricInputs) -> dict[str, float | None]:
+    """verl 0.4.0: as 0.3.0 with the dual clip's ``actor/pg_clipfrac_lower`` and the
+    reward KL as ``actor/reward_kl_penalty`` and ``_coeff``; ``ppo_kl`` not clamped."""
+    return _metrics(m, clamped_ppo_kl=False, dual=True)
+
+
+def metrics(m: MetricInputs) -> dict[str, float | None]:
+    """verl 0.4.1–0.9.1 (``compute_policy_loss_vanilla`` / ``_gspo``, ``agg_loss``):
+    ``actor/pg_loss`` is the aggregated policy loss, ``actor/ppo_kl`` the token mean of
+    ``old_logp − logp`` (clamped to ±20 first by the vanilla loss, not by GSPO's),
+    ``actor/pg_clipfrac_lower`` the dual-clip share (0 under GSPO), ``actor/kl_loss`` the
+    aggregated KL (with ``use_kl_loss``, i.e. β ≠ 0); with the KL in the reward,
+    ``apply_kl_penalty``'s ``actor/reward_kl_penalty`` (the mean over answers of their
+    token-mean KL) and its coefficient."""
+    return _metrics(m, clamped_ppo_kl=True, dual=True)
+
+
+# the GRPO recipe on verl's vanilla loss: sample std + 1e-6, a singleton group mean 0 std 1,
+# token-mean, use_kl_loss with low_var_kl (clamped to ±10), kl_loss_coef 0.001
+_BASE = {
+    "ddof": 1,
+    "eps": 1e-6,
+    "singleton": "raw",
+    "agg": "token-mean",
+    "kl_clamp": 10.0,
+    "beta": 0.001,
+}
+_A = "verl/trainer/ppo/core_algos.py"
+_D = "verl/workers/actor/dp_actor.py"
+_GSPO_AGG = (
+    "with --ratio-level sequence the preset sets --agg seq-mean-token-mean and --kl-agg to "
+    "the --agg it had; an --agg given is the policy's: verl's loss_agg_mode X under GSPO "
+    "is --kl-agg X"
+)
+_OLD_NORM = (
+    "agg_loss seq-mean-token-sum-norm: Σ over the batch / loss_mask.shape[-1] (L), not "
+    "/ (N · L): --norm-scale lmax"
+)
+
+RELEASES = (
+    Release(
+        first="0.3.0",
+        last="0.3.0.post1",
+        checked="0.3.0.post1",
+        preset={**_BASE, "norm_scale": "lmax"},
+        metrics=metrics_0_3,
+        metric_names=(
+            "actor/pg_loss",
+            "actor/pg_clipfrac",
+            "actor/ppo_kl",
+            "actor/kl_loss",
+            "critic/kl",
+            "critic/kl_coeff",
+        ),
+        dependent=_no_gspo,
+        changes=(
+            f"{_A}: compute_policy_loss: max(−Aρ, −A clip(ρ, 1±ε)), masked_mean (token-mean), "
+            "no dual clip, Δ not clamped; pg_clipfrac = gt(pg_losses2, pg_losses)",
+            f"{_A}: kl_penalty low_var_kl: exp(ref − logp) − (ref − logp) − 1 clamped to "
+            "±10, the exponent not clamped",
+            f"{_A}: compute_grpo_outcome_advantage: (score − mean) / (std + 1e-6), a "
+            "singleton group mean 0 std 1",
+            f"{_D}: kl_loss = masked_mean(kld) (token-mean)",
+        ),
+    ),
+    Release(
+        first="0.4.0",
+        last="0.4.0",
+        checked="0.4.0",
+        preset={**_BASE, "dual_clip": 3.0, "norm_scale": "lmax"},
+        metrics=metrics_0_4,
+        metric_names=NAMES,
+        dependent=_no_gspo,
+        changes=(
+            f"{_A}: compute_policy_loss: dual clip clip_ratio_c 3.0 (always on), "
+            "clip_ratio_low / _high, loss_agg_mode (token-mean) through agg_loss",
+            f"{_D}: kl_loss = agg_loss(kld, loss_agg_mode); pg_clipfrac_lower logged",
+            f"{_A}: agg_loss: {_OLD_NORM}",
+            "verl/trainer/ppo/ray_trainer.py: apply_kl_penalty logs actor/reward_kl_penalty "
+            "(was critic/kl) when algorithm.use_kl_in_reward",
+        ),
+    ),
+    Release(
+        first="0.4.1",
+        last="0.5.0",
+        checked="0.4.1",
+        preset={**_BASE, "dual_clip": 3.0, "log_ratio_clamp": 20.0, "norm_scale": "lmax"},
+        metrics=metrics,
+        metric_names=NAMES,
+        dependent=_no_gspo,
+        changes=(
+            f"{_A}: compute_policy_loss: Δ = logp − old_logp clamped to ±20 before exp "
+            "(ppo_kl from the clamped Δ)",
+            f"{_A}: kl_penalty low_var_kl: the exponent clamped to ±20",
+        ),
+    ),
+    Release(
+        first="0.6.0",
+        last="0.7.0",
+        checked="0.6.0",
+        preset={**_BASE, "dual_clip": 3.0, "log_ratio_clamp": 20.0, "norm_scale": "lmax"},
+        metrics=metrics,
+        metric_names=NAMES,
+        dependent=dependent_0_6,
+        notes=(_GSPO_AGG,),
+        changes=(
+            f"{_A}: compute_policy_loss_gspo (loss_mode 'gspo'): the sequence log-ratio "
+            "clamped from above at 10, no dual clip, the policy loss always "
+            "seq-mean-token-mean (loss_agg_mode aggregates the KL loss only)",
+            f"{_A}: agg_loss (0.6.1): seq-mean-* skip empty answers; seq-mean-token-mean "
+            "divides by |o_i| + 1e-8",
+        ),
+    ),
+    Release(
+        first="0.7.1",
+        last="0.9.0",
+        checked="0.7.1",
+        preset={**_BASE, "dual_clip": 3.0, "log_ratio_clamp": 20.0},
+        metrics=metrics,
+        metric_names=NAMES,
+        dependent=dependent_0_6,
+        notes=(_GSPO_AGG,),
+        changes=(
+            f"{_A}: agg_loss: seq-mean-token-sum-norm = Σ / (N · L), L = loss_scale_factor "
+            "or the padded width (was Σ / L)",
+            f"{_A}: agg_loss (0.9.0): token-sum",
+        ),
+    ),
+    Release(
+        first="0.9.1",
+        last="0.9.1",
+        checked="0.9.1",
+        preset={**_BASE, "dual_clip": 3.0, "log_ratio_clamp": 20.0},
+        metrics=metrics,
+        metric_names=NAMES,
+        changes=(f"{_A}: compute_policy_loss_gspo: the policy loss takes loss_agg_mode",),
+    ),
+)
 
 PRESETS = {
     # adv_estimator=grpo, compute_policy_loss_vanilla, use_kl_loss with low_var_kl.
-    "verl": {
-        "ddof": 1,
-        "eps": 1e-6,
-        "singleton": "raw",
-        "agg": "token-mean",
-        "dual_clip": 3.0,
-        "log_ratio_clamp": 20.0,
-        "kl_clamp": 10.0,
-        "beta": 0.001,
-    },
+    "verl": dict(RELEASES[-1].preset),
     # DAPO as verl's recipe runs it: clip-higher 0.2/0.28, token-mean, no KL, on verl's
     # vanilla loss (sample std, eps 1e-6, singleton mean 0 std 1, dual clip 3, Δ clamp 20).
     "dapo": {
@@ -42,58 +269,6 @@ PRESETS = {
         "beta": 0.0,
     },
 }
-
-METRICS = (
-    "actor/pg_loss",
-    "actor/pg_clipfrac",
-    "actor/pg_clipfrac_lower",
-    "actor/ppo_kl",
-    "actor/kl_loss",
-    "actor/reward_kl_penalty",
-    "actor/reward_kl_penalty_coeff",
-)
-
-
-def dependent(values: Mapping[str, Any], default: Default) -> None:
-    """verl 0.9.1 ``kl_penalty_forward``: only ``low_var_kl`` (k3) is clamped; k1 (``kl``)
-    and k2 (``mse``) are not. Its GSPO loss (``compute_policy_loss_gspo``) has no dual clip
-    and clamps the sequence log-ratio from above at 10. With the KL in the reward
-    (``use_kl_in_reward``) the estimator is ``algorithm.kl_penalty``, ``kl`` (k1)."""
-    estimator = values["kl_estimator"]
-    if values["kl_mode"] == "reward":  # algorithm.kl_penalty: "kl" (k1) by default
-        estimator = default("kl_estimator", "k1")
-    if estimator != "k3":
-        default("kl_clamp", None)
-    if values["ratio_level"] == "sequence":
-        default("dual_clip", None)
-        default("seq_ratio_clamp", 10.0)
-
-
-def metrics(m: MetricInputs) -> dict[str, float | None]:
-    """verl 0.9.1 (``compute_policy_loss_vanilla`` / ``_gspo``, ``agg_loss``):
-    ``actor/pg_loss`` is the aggregated policy loss, ``actor/ppo_kl`` the token mean of
-    ``old_logp − logp`` (clamped to ±20 first by the vanilla loss, not by GSPO's),
-    ``actor/pg_clipfrac_lower`` the dual-clip share (0 under GSPO), ``actor/kl_loss`` the
-    aggregated KL (with ``use_kl_loss``, i.e. β ≠ 0); with the KL in the reward,
-    ``apply_kl_penalty``'s ``actor/reward_kl_penalty`` (the mean over answers of their
-    token-mean KL) and its coefficient."""
-    s, acc, clip = m.settings, m.acc, m.clip
-    t = max(acc.tokens, 1)
-    lr = acc.log_ratios
-    gspo = s.ratio_level == "sequence"
-    out: dict[str, float | None] = {
-        "actor/pg_loss": -m.policy_term,
-        "actor/pg_clipfrac": clip.region,
-        "actor/pg_clipfrac_lower": 0.0 if gspo else clip.dual_clip_lower,
-        "actor/ppo_kl": -(lr.delta if gspo else lr.delta20) / t,
-    }
-    if s.kl_mode == "reward":
-        out["actor/reward_kl_penalty"] = acc.reward_kl.answer_means / max(acc.answers, 1)
-        out["actor/reward_kl_penalty_coeff"] = s.beta
-    elif s.beta != 0.0:
-        out["actor/kl_loss"] = acc.aggregate("kl", s.kl_aggregation)
-    return out
-
 
 AGGREGATIONS = (
     "token-mean",
@@ -179,10 +354,8 @@ def from_config(c: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
 
 TRAINER = Trainer(
     name="verl",
-    version=VERSION,
+    releases=RELEASES,
     presets=PRESETS,
-    metric_names=METRICS,
-    metrics=metrics,
     reward_kl="score",
     dependent=dependent,
     from_config=from_config,
