@@ -149,8 +149,19 @@ def test_a_run_directory_is_many_steps(cli: Cli, tmp_path: Path) -> None:
 def test_an_unknown_release_warns_and_names_the_conventions(cli: Cli, tmp_path: Path) -> None:
     root = _run(tmp_path, version="9.0.0")
     doc = cli.json("objective", root / "step_000001")
-    assert any("trl 9.0.0 recorded the run" in w for w in doc["warnings"])
+    said = [w for w in doc["warnings"] if "trl 9.0.0 is newer than the newest release" in w]
+    assert said and "trl@1.10.0 preset" in said[0]
     assert doc["settings"]["agg"] == "token-mean"  # bnpo, from the run's config
+
+
+def test_a_run_of_an_older_release_takes_its_preset(cli: Cli, tmp_path: Path) -> None:
+    """TRL 0.19.1 recorded it: the 0.19 change point's preset, the config on top, no
+    warning about the release."""
+    root = _run(tmp_path, version="0.19.1", config={"beta": 0.0})
+    doc = cli.json("objective", root / "step_000001")
+    s = doc["settings"]
+    assert (s["preset"], s["mirrors"], s["from"]) == ("trl@0.19.0", "trl 0.19.1", "meta.json")
+    assert not any("release" in w for w in doc["warnings"])
 
 
 def test_an_unknown_trainer_is_refused(cli: Cli, tmp_path: Path) -> None:

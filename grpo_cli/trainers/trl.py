@@ -145,6 +145,11 @@ MISSING_0_16 = {
 }
 
 
+MISSING_ENTROPY = {
+    "entropy": "the per-token entropy TRL logs: an entropy column (a recorded run has it)"
+}
+
+
 MISSING_BATCH_STD = {
     "frac_reward_zero_std": (
         "TRL grpo_trainer.py _generate_and_score_completions with the batch std "
@@ -194,8 +199,7 @@ def metrics_1_9(m: MetricInputs) -> dict[str, float | None]:
     s, acc = m.settings, m.acc
     # one loss call's loss (a recorded step of several: CALLS) and the entropy's token mean
     out: dict[str, float | None] = {"loss": -acc.objective(s.agg)}
-    if acc.entropy.n:
-        out["entropy"] = acc.entropy.total / acc.entropy.n
+    out["entropy"] = acc.entropy.total / acc.entropy.n if acc.entropy.n else None
     if s.beta != 0.0:
         out["kl"] = _kl_token_mean(m)
     out.update(_clip_extremes_over_answers(m))
@@ -368,7 +372,7 @@ RELEASES = (
         preset={**_BASE, "beta": 0.0, "agg": "token-mean"},
         metrics=metrics_1_9,
         metric_names=METRICS_1_9,
-        missing=MISSING_BATCH_STD,
+        missing={**MISSING_BATCH_STD, **MISSING_ENTROPY},
         changes=(
             f"{_F}: _compute_loss: clip_ratio/low_min and high_max are nanmin/nanmax over "
             "the answers' shares (masked_seq_mean); kl and the clip means are global "
@@ -389,7 +393,7 @@ RELEASES = (
         preset={**_BASE, "beta": 0.0, "agg": "token-mean", "kl_bias_correction": True},
         metrics=metrics_1_9,
         metric_names=METRICS_1_9,
-        missing=MISSING_BATCH_STD,
+        missing={**MISSING_BATCH_STD, **MISSING_ENTROPY},
         changes=(f"{_C}: use_bias_correction_kl False → True, max_completion_length 256 → 512",),
         notes=(_NO_VLLM_IS,),
     ),
