@@ -27,6 +27,7 @@ __all__ = ["ABS_FLOOR", "compare_logged", "load_logged", "recorded_metrics"]
 
 PREFIXES = ("train/",)
 ABS_FLOOR = 1e-6
+ROUNDED_LOSS = 0.5e-4 + 1e-12
 
 
 def _name(key: str) -> str:
@@ -141,7 +142,9 @@ def compare_logged(
     ``relative`` is ``|logged − recomputed| / max(|logged|, |recomputed|)`` (0 when both
     are 0); ``match`` when it is at most ``tolerance``, or when the two differ by at most
     :data:`ABS_FLOOR` (an on-policy loss is ~0, where float32 noise is all the relative
-    difference there is).
+    difference there is), or for a ``loss`` logged with at most 4 decimals when they
+    differ by at most half its last decimal (transformers 4.x's ``Trainer`` logs
+    ``round(loss, 4)``).
     """
     out = []
     for name, value in logged.items():
@@ -155,7 +158,10 @@ def compare_logged(
         if not math.isfinite(rel):
             rel = math.inf
         near = abs(diff) <= ABS_FLOOR  # two near-zero values (an on-policy loss) agree
-        verdict = "match" if rel <= tolerance or near else "differs"
+        # transformers 4.x logs round(loss, 4) (TRL before 1.x ran on it): a logged loss of
+        # at most 4 decimals carries no more than half a unit of its last decimal
+        rounded = name == "loss" and round(value, 4) == value and abs(diff) <= ROUNDED_LOSS
+        verdict = "match" if rel <= tolerance or near or rounded else "differs"
         out.append(LoggedComparison(name, value, mine, diff, rel, verdict))
     out.sort(key=lambda c: (c.recomputed is None, c.metric))
     return LoggedReport(file, step, tolerance, out)
