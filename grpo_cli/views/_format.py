@@ -53,7 +53,7 @@ def pct(x: float | None, sig: int = 3) -> str:
 def settings_text(r: Any) -> str:
     s = r.settings
     if s.origin:
-        return f"settings from {s.origin} ({s.trainer} {s.mirrors or ''})".replace(" )", ")")
+        return f"settings from {s.origin} ({s.preset}: {s.mirrors or s.trainer})"
     if s.preset:
         return f"preset {s.preset}"
     return "defaults (DeepSeekMath)"
