@@ -227,6 +227,31 @@ class Histogram:
         self.vmax = max(self.vmax, float(np.max(x)) if hi is None else hi)
         return self
 
+    def bin_of(self, x: float) -> int:
+        """The bin :meth:`update` counts ``x`` in (0 and ``nbins + 1``: the open ends)."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            pos = np.float64(x) * self.inv_width
+            pos += 1.0 - self.lo * self.inv_width
+        if pos != pos:  # NaN: the top open bin, as update counts it
+            return self.nbins + 1
+        return int(min(max(pos, 0.0), float(self.nbins + 1)))
+
+    def add_counts(self, counts: NDArray[np.int64], lo: float, hi: float) -> Histogram:
+        """Add ``counts`` (``nbins + 2`` of them, binned as :meth:`update` bins, e.g. by the
+        compiled kernel) of values whose min and max are ``lo`` and ``hi``: only the bins
+        between theirs can be occupied (binning is monotone), and only those are read."""
+        if counts.shape != self.counts.shape:
+            raise MergeError(
+                f"histogram counts: expected {self.counts.shape[0]}, got {counts.shape}"
+            )
+        if lo > hi:  # no value
+            return self
+        a, b = self.bin_of(lo), self.bin_of(hi) + 1
+        self.counts[a:b] += counts[a:b]
+        self.vmin = min(self.vmin, lo)
+        self.vmax = max(self.vmax, hi)
+        return self
+
     def layout(self) -> tuple[float, float, int]:
         return (self.lo, self.hi, self.nbins)
 
@@ -293,13 +318,15 @@ class Sketch:
         self.hist.update(x, lo, hi)
         return self._keep(int(x.shape[0]), lambda: np.array(x, dtype=np.float64, copy=True))
 
-    def counted(self, n: int, lo: float, hi: float, values: Callable[[], F64]) -> Sketch:
-        """Note ``n`` values (min ``lo``, max ``hi``) already added to ``hist.counts`` by
-        the compiled kernel; ``values()`` gives them, asked only while the sketch is exact."""
+    def counted(
+        self, n: int, counts: NDArray[np.int64], lo: float, hi: float, values: Callable[[], F64]
+    ) -> Sketch:
+        """Add ``n`` values already binned into ``counts`` (min ``lo``, max ``hi``; by the
+        compiled kernel: :meth:`Histogram.add_counts`); ``values()`` gives them, asked only
+        while the sketch is exact."""
         if n == 0:
             return self
-        self.hist.vmin = min(self.hist.vmin, lo)
-        self.hist.vmax = max(self.hist.vmax, hi)
+        self.hist.add_counts(counts, lo, hi)
         return self._keep(n, values)
 
     def _keep(self, n: int, values: Callable[[], F64]) -> Sketch:

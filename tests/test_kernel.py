@@ -53,8 +53,15 @@ def _batch(rng: np.random.Generator, lengths: list[int], dtype: Any, spread: flo
     return Batch(start=0, offsets=offsets, fields=fields, width=lengths_arr)
 
 
-def _fold(batch: Batch, adv: np.ndarray, s: Settings, compiled: bool, vector: bool) -> TokenPartial:
-    p = TokenPartial(s)
+def _fold(
+    batch: Batch,
+    adv: np.ndarray,
+    s: Settings,
+    compiled: bool,
+    vector: bool,
+    gradient: bool = False,
+) -> TokenPartial:
+    p = TokenPartial(s, gradient=gradient)
     p.compiled, p.vector = compiled, vector
     p.update(batch, adv)
     return p
@@ -88,6 +95,8 @@ def _near(a: float, b: float, scale: float, what: str) -> None:
 def _same(c: TokenPartial, n: TokenPartial, scale: dict[str, float]) -> None:
     """Compiled partial ``c`` against numpy partial ``n``."""
     assert (c.answers, c.tokens, c.max_width) == (n.answers, n.tokens, n.max_width)
+    if c.gradient_wanted:
+        _same_gradient(c, n)
     assert c.clip == n.clip
     assert c.clip_shares == n.clip_shares  # per-answer counts over integer lengths: exact
     lc, ln = c.log_ratios, n.log_ratios
@@ -122,6 +131,28 @@ def _same(c: TokenPartial, n: TokenPartial, scale: dict[str, float]) -> None:
             assert math.isclose(a, b, rel_tol=1e-13, abs_tol=1e-14), (a, b)
 
 
+def _same_gradient(c: TokenPartial, n: TokenPartial) -> None:
+    """The kernel's gradient sums against numpy's (token_gradients): the derivatives are
+    the same operations, so the counts of nonzero ones are equal and the sums of their
+    squares and products agree to the order of additions (1e-12 of their magnitude)."""
+    gc, gn = c.grad, n.grad
+    assert (gc.tokens_policy, gc.answers_policy) == (gn.tokens_policy, gn.answers_policy)
+    pairs = [(gc.pp[i], gn.pp[i]) for i in (0, 1)] + [(gc.kk[i], gn.kk[i]) for i in (0, 1)]
+    pairs += [(gc.pk[i][j], gn.pk[i][j]) for i in (0, 1) for j in (0, 1)]
+    size = max((abs(b) for _, b in pairs if math.isfinite(b)), default=0.0)
+    for a, b in pairs:
+        if math.isfinite(a) or math.isfinite(b):
+            # |Σ u u' g_p g_k| <= sqrt(pp·kk): the squares bound the products' rounding
+            assert abs(a - b) <= 1e-12 * size + 1e-300, (a, b, size)
+        else:
+            assert a == b or (math.isnan(a) and math.isnan(b)), (a, b)
+    gc_, gn_ = c.gradient(), n.gradient()
+    assert gc_ is not None and gn_ is not None
+    for key, v in gn_.items():
+        if math.isfinite(v):
+            assert gc_[key] == pytest.approx(v, rel=1e-9, abs=1e-12 * math.sqrt(size)), key
+
+
 SETTINGS = st.builds(
     lambda eps, high, dual, lrc, beta, est, kl_clamp: replace(
         resolve_settings(),
@@ -152,6 +183,7 @@ SETTINGS = st.builds(
     spread=st.sampled_from([1.0, 60.0, 800.0]),
     zero_adv=st.booleans(),
     vector=st.booleans(),
+    gradient=st.booleans(),
 )
 def test_kernel_equals_numpy(
     seed: int,
@@ -161,6 +193,7 @@ def test_kernel_equals_numpy(
     spread: float,
     zero_adv: bool,
     vector: bool,
+    gradient: bool,
 ) -> None:
     rng = np.random.default_rng(seed)
     b = _batch(rng, lengths, dtype, spread)
@@ -168,8 +201,8 @@ def test_kernel_equals_numpy(
     if zero_adv:
         adv[rng.random(b.n) < 0.5] = 0.0
     with np.errstate(over="ignore", invalid="ignore"):
-        c = _fold(b, adv, s, True, vector)
-        _same(c, _fold(b, adv, s, False, False), _scale(b, adv, s))
+        c = _fold(b, adv, s, True, vector, gradient)
+        _same(c, _fold(b, adv, s, False, False, gradient), _scale(b, adv, s))
         _same_as_core(c, b, adv, s)
 
 
@@ -199,7 +232,9 @@ def test_long_answers_cross_the_kernel_block(vector: bool) -> None:
     adv = rng.normal(0, 1, size=b.n)
     s = replace(resolve_settings(), dual_clip=3.0)
     with np.errstate(over="ignore", invalid="ignore"):
-        _same(_fold(b, adv, s, True, vector), _fold(b, adv, s, False, False), _scale(b, adv, s))
+        for g in (False, True):
+            c, n = _fold(b, adv, s, True, vector, g), _fold(b, adv, s, False, False, g)
+            _same(c, n, _scale(b, adv, s))
 
 
 def test_on_policy_and_no_reference() -> None:
