@@ -348,3 +348,57 @@ def test_a_kernel_of_another_layout_is_refused() -> None:
         lib = _fast._library()
         assert lib is not None
         _fast.check_abi(lib, "built")  # the installed one matches
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    lengths=st.lists(st.integers(1, 1200), min_size=1, max_size=6),
+    s=SETTINGS,
+    dtype=st.sampled_from([np.float32, np.float64]),
+    vector=st.booleans(),
+)
+def test_answer_extremes_and_gradient_parts_equal_numpy(
+    seed: int, lengths: list[int], s: Settings, dtype: Any, vector: bool
+) -> None:
+    """Per answer, the kernel's largest |Δ| and KL estimate and their first tokens
+    (``np.argmax``), and its sums of the derivatives of :func:`token_gradients` (Σg_p²,
+    Σg_k², Σg_p·g_k, nonzero g_p), over answers longer than the kernel's block too."""
+    from grpo_cli._core import segment_sum, token_gradients
+
+    rng = np.random.default_rng(seed)
+    b = _batch(rng, lengths, dtype, 60.0)
+    adv = rng.normal(0, 1, size=b.n)
+    adv[rng.random(b.n) < 0.2] = 0.0
+    o = s.term_options()
+    f = b.fields
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = _fast.fold(f["logp"], f["old_logp"], f["ref_logp"], adv, b.offsets, options=o,
+                         gradient=True, extremes=True, vector=vector)  # fmt: skip
+        terms = token_terms(f["logp"], f["old_logp"], f["ref_logp"], adv, b.offsets, options=o)
+        gp, gk = token_gradients(terms, offsets=b.offsets, options=o)
+        assert gk is not None
+        want = {"pp": segment_sum(gp * gp, b.offsets), "kk": segment_sum(gk * gk, b.offsets),
+                "pk": segment_sum(gp * gk, b.offsets)}  # fmt: skip
+    ext, g = out.extremes, out.gradient
+    assert ext is not None and g is not None and ext.kl_max is not None and ext.kl_at is not None
+    for i, (lo, hi) in enumerate(zip(b.offsets[:-1], b.offsets[1:], strict=True)):
+        d = np.abs(terms.delta[lo:hi])
+        assert ext.log_ratio_max[i] == d.max() and ext.log_ratio_at[i] == int(np.argmax(d))
+        k = terms.kl[lo:hi]  # type: ignore[index]
+        assert math.isclose(ext.kl_max[i], k.max(), rel_tol=1e-13, abs_tol=1e-15)
+        top2 = np.sort(k)[-2:] if k.shape[0] > 1 else np.array([-np.inf, k[0]])
+        if not vector or top2[1] - top2[0] > 1e-9 * abs(top2[1]):  # no near tie
+            assert ext.kl_at[i] == int(np.argmax(k)), i
+        assert g.nonzero[i] == int(np.count_nonzero(gp[lo:hi]))
+    if o.beta:
+        assert g.kk is not None and g.pk is not None
+        got = {"pp": g.pp, "kk": g.kk, "pk": g.pk}
+    else:  # no KL part asked
+        assert g.kk is None and g.pk is None
+        got, want = {"pp": g.pp}, {"pp": want["pp"]}
+    scale = want["pp"] + want["kk"] if o.beta else want["pp"]  # bounds |Σ g_p·g_k| too
+    for key, w in want.items():
+        fin = np.isfinite(w) & np.isfinite(scale)
+        assert np.all(np.abs(got[key][fin] - w[fin]) <= 1e-12 * scale[fin] + 1e-300), key
+        assert np.array_equal(np.isfinite(got[key]), np.isfinite(w)), key
