@@ -26,7 +26,7 @@ from grpo_cli._core import ClipCounts, clip_counts, ratio_moments, token_terms
 from grpo_cli._report import TokenPartial
 from grpo_cli._settings import Settings
 from grpo_cli.batch import Batch
-from grpo_cli.errors import GrpoCliError, UsageError
+from grpo_cli.errors import GrpoCliError, InputError, UsageError
 
 from .conftest import SAMPLE, Cli
 
@@ -402,3 +402,27 @@ def test_answer_extremes_and_gradient_parts_equal_numpy(
         fin = np.isfinite(w) & np.isfinite(scale)
         assert np.all(np.abs(got[key][fin] - w[fin]) <= 1e-12 * scale[fin] + 1e-300), key
         assert np.array_equal(np.isfinite(got[key]), np.isfinite(w)), key
+
+
+@pytest.mark.parametrize(
+    ("offsets", "message"),
+    [
+        ([1, 2, 4], "offsets: must start at 0"),
+        ([0, 3, 2, 4], "offsets: must not decrease"),
+        ([0, 2, 3], "offsets: must start at 0 and end at the number of values (4)"),
+        ([0, 2, 9], "offsets: must start at 0 and end"),
+    ],
+)
+def test_fold_checks_offsets_first(offsets: list[int], message: str) -> None:
+    """The kernel reads tokens offsets[i] .. offsets[i+1]: offsets that overrun the values
+    would read past them, so they are checked before the call."""
+    import re
+
+    x = np.array([-1.0, -0.5, -2.0, -0.1])
+    adv = np.ones(len(offsets) - 1)
+    with pytest.raises(InputError, match=re.escape(message)):
+        _fast.fold(x, x, x, adv, np.array(offsets))
+    with pytest.raises(InputError, match=re.escape("old_logp: expected shape (4,)")):
+        _fast.fold(x, x[:3], x, np.ones(2), np.array([0, 2, 4]))
+    with pytest.raises(InputError, match=re.escape("adv: expected shape (2,)")):
+        _fast.fold(x, x, x, np.ones(4), np.array([0, 2, 4]))
