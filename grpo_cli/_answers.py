@@ -33,7 +33,7 @@ from .batch import Batch, Part, parts
 from .engine.options import EngineOptions, Ran
 from .errors import InputError, UsageError
 from .io import Source
-from .plan import plan, run
+from .plan import Pipeline, plan, run
 
 __all__ = [
     "SORT_KEYS",
@@ -455,17 +455,18 @@ def answers_report(
     if top < 1:
         raise UsageError(f"--top: expected a positive number of answers, got {top}")
     key = SORT_KEYS[sort]
-    p1: Pass1 = objective_pass1(src, settings, engine=engine)
-    n = int(p1.adv.shape[0])
-    ran = p1.ran
-    grad = gradient_weights(settings, n, None, None)
-    if grad is None:  # the ratio of the two aggregations' constants needs T or L
-        counts, pre = run(plan(src, ["logp"], engine), AnswerCounts, AnswerCounts.update)
-        ran = ran.then(pre)
-        grad = gradient_weights(settings, n, counts.tokens, counts.max_width)
-    best, fold_ran = fold_answers(
-        src, settings, p1, [key], top=top, engine=engine, grad=grad, progress=progress
-    )
+    # the token streams start decoding now, while pass 1 reads the answer columns
+    with Pipeline(plan(src, TOKEN_FIELDS, engine)) as pipe:
+        p1: Pass1 = objective_pass1(src, settings, engine=engine)
+        n = int(p1.adv.shape[0])
+        ran = p1.ran
+        grad = gradient_weights(settings, n, None, None)
+        if grad is None:  # the ratio of the two aggregations' constants needs T or L
+            counts, pre = run(plan(src, ["logp"], engine), AnswerCounts, AnswerCounts.update)
+            ran = ran.then(pre)
+            grad = gradient_weights(settings, n, counts.tokens, counts.max_width)
+        new, fold = answers_fold(src, settings, p1, [key], top=top, engine=engine, grad=grad)
+        best, fold_ran = pipe.run(new, fold, progress)
     _check_counts(src, settings, best, n)
     notes = list(p1.warnings)
     norm2 = best.gradient
@@ -542,7 +543,7 @@ class AnswersPartial:
         return self
 
 
-def fold_answers(
+def answers_fold(
     src: Source,
     settings: Settings,
     p1: Pass1,
@@ -551,11 +552,10 @@ def fold_answers(
     top: int,
     engine: EngineOptions,
     grad: GradientWeights | None = None,
-    progress: Callable[[int], None] | None = None,
-) -> tuple[AnswersPartial, Ran]:
-    """One pass over the token batches of ``src`` on ``engine``'s plan: the ``top``
-    answers by each of ``keys`` (values of :data:`SORT_KEYS`), with their gradient parts
-    when ``grad`` is given."""
+) -> tuple[Callable[[], AnswersPartial], Callable[[AnswersPartial, Batch], None]]:
+    """``new`` and ``fold`` of one pass over the token batches (:func:`grpo_cli.plan.run`):
+    the ``top`` answers by each of ``keys`` (values of :data:`SORT_KEYS`), with their
+    gradient parts when ``grad`` is given."""
     compiled = engine.backend == "c"
 
     def fold(acc: AnswersPartial, b: Batch) -> None:
@@ -577,7 +577,7 @@ def fold_answers(
     def new() -> AnswersPartial:
         return AnswersPartial({k: TopAnswers(k, top) for k in keys})
 
-    return run(plan(src, TOKEN_FIELDS, engine), new, fold, progress=progress)
+    return new, fold
 
 
 def worst_answers(
@@ -595,5 +595,6 @@ def worst_answers(
     it already has)."""
     if p1 is None:
         p1 = objective_pass1(src, settings, engine=engine)
-    best, _ = fold_answers(src, settings, p1, keys, top=top, engine=engine)
+    new, fold = answers_fold(src, settings, p1, keys, top=top, engine=engine)
+    best, _ = run(plan(src, TOKEN_FIELDS, engine), new, fold)
     return {k: t.rows for k, t in best.tops.items()}
