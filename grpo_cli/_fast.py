@@ -8,7 +8,10 @@ environment: the CLI maps ``GRPO_CLI_KERNEL`` to the backend (CI sets ``c``, so 
 kernel fails there instead of silently testing numpy).
 
 The kernel folds one record batch in one pass over its token columns; see
-:func:`fold`. A ctypes call releases the GIL, so worker threads run it in parallel.
+:func:`fold`: the objective's sums, counts and histograms, and on request each answer's
+gradient sums (``objective --gradient``, ``explain``) and extremes (``answers``). A ctypes
+call releases the GIL, so worker threads run it in parallel. What it returns is fresh
+arrays; the caller merges them (histogram counts: :meth:`grpo_cli._stats.Histogram.add_counts`).
 """
 
 from __future__ import annotations

@@ -510,8 +510,9 @@ class TokenPartial:
     part, its update in the fold, and its view. Two ways to fold a batch, with the same
     results (tests/test_kernel.py): the compiled kernel of :mod:`grpo_cli._fast` (backend
     ``c``: one pass over the token columns, when the ratio is per token and the KL has no
-    bias correction), else numpy, composed of the core's definitions (:func:`token_terms`,
-    :func:`clip_counts`, :func:`ratio_moments`).
+    bias correction, the gradient's sums included), else numpy, composed of the core's
+    definitions (:func:`token_terms`, :func:`clip_counts`, :func:`ratio_moments`,
+    :func:`token_gradients`).
     """
 
     PARTS = (
