@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import math
+import threading
 from dataclasses import dataclass
 from functools import cache
 from typing import Any, Unpack
@@ -33,6 +34,7 @@ from ._core import (
     require_reference,
     term_options,
 )
+from ._stats import BinCounts, bin_index
 from .errors import GrpoCliError, InputError
 
 F64 = NDArray[np.float64]
@@ -206,10 +208,10 @@ class Folded:
     low: I64  # (n,) tokens with ρ < 1 − ε_low and A < 0, per answer
     high: I64  # (n,) tokens with ρ > 1 + ε_high and A > 0, per answer
     totals: Totals
-    # ``nbins + 2`` counts of Δ and of d = ref_logp − logp on ``bins`` (None: not asked),
-    # binned as :class:`grpo_cli._stats.Histogram` bins: merged with Histogram.add_counts
-    d_counts: I64 | None = None
-    x_counts: I64 | None = None
+    # the occupied bins' counts of Δ and of d = ref_logp − logp on ``bins`` (None: not
+    # asked), binned as :class:`grpo_cli._stats.Histogram` bins: merged with add_counts
+    d_counts: BinCounts | None = None
+    x_counts: BinCounts | None = None
     gradient: GradientParts | None = None
     extremes: Extremes | None = None
 
@@ -281,10 +283,10 @@ def fold(
     term, policy = np.empty(n), np.empty(n)
     kl = np.empty(n) if ref is not None else None
     low, high = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
-    d_counts = x_counts = None
-    if bins is not None:  # fresh zeros: only the pages of the occupied bins are touched
-        d_counts = np.zeros(nb + 2, dtype=np.int64)
-        x_counts = np.zeros(nb + 2, dtype=np.int64) if ref is not None else None
+    d_buf = x_buf = None
+    if bins is not None:
+        d_buf, x_buf = _scratch(nb)
+        x_buf = x_buf if ref is not None else None
     grad = None
     if gradient:
         with_kl = ref is not None and o.beta != 0.0
@@ -314,7 +316,7 @@ def fold(
 
     out = Out(
         term=p(term), policy=p(policy), kl=p(kl), low=p(low), high=p(high),
-        d_hist=p(d_counts), x_hist=p(x_counts),
+        d_hist=p(d_buf), x_hist=p(x_buf),
         g_pp=p(grad.pp) if grad else None, g_kk=p(grad.kk) if grad else None,
         g_pk=p(grad.pk) if grad else None, g_nz=p(grad.nonzero) if grad else None,
         kl_max=p(ext.kl_max) if ext else None, lr_max=p(ext.log_ratio_max) if ext else None,
@@ -333,4 +335,35 @@ def fold(
         ctypes.byref(tot),
         int(vector),
     )
+    d_counts = x_counts = None
+    if d_buf is not None:
+        d_counts = _take(d_buf, tot.d_min, tot.d_max, lo, params.h_inv_w, nb)
+    if x_buf is not None:
+        x_counts = _take(x_buf, tot.x_min, tot.x_max, lo, params.h_inv_w, nb)
     return Folded(term, policy, kl, low, high, tot, d_counts, x_counts, grad, ext)
+
+
+_local = threading.local()
+
+
+def _scratch(nb: int) -> tuple[I64, I64]:
+    """This thread's two zeroed count buffers of ``nb + 2`` bins the kernel bins into,
+    reused call after call (fresh ones would cost a page fault every 512 bins touched)."""
+    bufs: dict[int, tuple[I64, I64]] = _local.__dict__.setdefault("bufs", {})
+    if nb not in bufs:
+        bufs[nb] = (np.zeros(nb + 2, dtype=np.int64), np.zeros(nb + 2, dtype=np.int64))
+    return bufs[nb]
+
+
+def _take(buf: I64, vmin: float, vmax: float, lo: float, inv_w: float, nb: int) -> BinCounts:
+    """The occupied bins of ``buf`` and their counts, taken out: ``buf`` is left all zeros
+    for the next call. Only the bins between those of the values' min and max can be
+    occupied (binning is monotone), and only those are read."""
+    if vmin > vmax:  # no value binned
+        return BinCounts(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+    a, b = bin_index(vmin, lo, inv_w, nb), bin_index(vmax, lo, inv_w, nb) + 1
+    index = np.flatnonzero(buf[a:b])
+    index += a
+    out = BinCounts(index, buf[index])
+    buf[index] = 0
+    return out

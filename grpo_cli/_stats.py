@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -189,6 +190,26 @@ def quantiles_from_counts(values: F64, counts: NDArray[np.int64], qs: F64) -> F6
     return np.where(x0 == x1, x0, out)
 
 
+def bin_index(x: float, lo: float, inv_width: float, nbins: int) -> int:
+    """The bin of ``x`` among ``nbins`` equal bins from ``lo`` (``inv_width``: 1 / their
+    width) and the two open end bins (0 and ``nbins + 1``; NaN: the top one), computed
+    with the operations of :meth:`Histogram.update` and the compiled kernel."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        pos = np.float64(x) * inv_width
+        pos += 1.0 - lo * inv_width
+    if pos != pos:
+        return nbins + 1
+    return int(min(max(pos, 0.0), float(nbins + 1)))
+
+
+@dataclass(frozen=True)
+class BinCounts:
+    """The occupied bins of a histogram (``index``, ascending) and their counts."""
+
+    index: NDArray[np.int64]
+    counts: NDArray[np.int64]
+
+
 class Histogram:
     """Fixed-bin histogram of ``nbins`` equal bins on ``[lo, hi)`` plus two open end bins.
 
@@ -229,25 +250,16 @@ class Histogram:
 
     def bin_of(self, x: float) -> int:
         """The bin :meth:`update` counts ``x`` in (0 and ``nbins + 1``: the open ends)."""
-        with np.errstate(over="ignore", invalid="ignore"):
-            pos = np.float64(x) * self.inv_width
-            pos += 1.0 - self.lo * self.inv_width
-        if pos != pos:  # NaN: the top open bin, as update counts it
-            return self.nbins + 1
-        return int(min(max(pos, 0.0), float(self.nbins + 1)))
+        return bin_index(x, self.lo, self.inv_width, self.nbins)
 
-    def add_counts(self, counts: NDArray[np.int64], lo: float, hi: float) -> Histogram:
-        """Add ``counts`` (``nbins + 2`` of them, binned as :meth:`update` bins, e.g. by the
-        compiled kernel) of values whose min and max are ``lo`` and ``hi``: only the bins
-        between theirs can be occupied (binning is monotone), and only those are read."""
-        if counts.shape != self.counts.shape:
-            raise MergeError(
-                f"histogram counts: expected {self.counts.shape[0]}, got {counts.shape}"
-            )
+    def add_counts(self, c: BinCounts, lo: float, hi: float) -> Histogram:
+        """Add the counts ``c`` (binned as :meth:`update` bins, e.g. by the compiled
+        kernel) of values whose min and max are ``lo`` and ``hi``."""
+        if c.index.shape[0] and not (0 <= c.index[0] and c.index[-1] < self.counts.shape[0]):
+            raise MergeError(f"histogram counts of bins beyond the {self.counts.shape[0]} bins")
         if lo > hi:  # no value
             return self
-        a, b = self.bin_of(lo), self.bin_of(hi) + 1
-        self.counts[a:b] += counts[a:b]
+        self.counts[c.index] += c.counts
         self.vmin = min(self.vmin, lo)
         self.vmax = max(self.vmax, hi)
         return self
@@ -319,7 +331,7 @@ class Sketch:
         return self._keep(int(x.shape[0]), lambda: np.array(x, dtype=np.float64, copy=True))
 
     def counted(
-        self, n: int, counts: NDArray[np.int64], lo: float, hi: float, values: Callable[[], F64]
+        self, n: int, counts: BinCounts, lo: float, hi: float, values: Callable[[], F64]
     ) -> Sketch:
         """Add ``n`` values already binned into ``counts`` (min ``lo``, max ``hi``; by the
         compiled kernel: :meth:`Histogram.add_counts`); ``values()`` gives them, asked only

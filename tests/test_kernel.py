@@ -114,6 +114,9 @@ def _same(c: TokenPartial, n: TokenPartial, scale: dict[str, float]) -> None:
         assert math.isclose(c.ratio.sq, n.ratio.sq, rel_tol=1e-12)
     else:
         assert c.ratio.total == n.ratio.total == math.inf
+    # the kernel bins into this thread's scratch counts, handed back whole: none is left
+    for buf in getattr(_fast._local, "bufs", {}).values():
+        assert not buf[0].any() and not buf[1].any()
     # Δ and d are computed with the same operations: histograms and extremes are exact
     for sk_c, sk_n in ((c.delta, n.delta), (c.kl_d, n.kl_d)):
         assert sk_c.n == sk_n.n
