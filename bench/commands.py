@@ -13,6 +13,9 @@ see :func:`run.paired`).
 | ``explain FILE --json`` | <= 1.3x |
 | ``check FILE --format json`` | <= 1.1x |
 
+Each line also gives the median ratio of the pairs' CPU times (user + system), which a
+busy machine disturbs less than wall times (not a criterion).
+
 The file is ``grpo-cli sample`` output of about ``--tokens`` tokens (default 10M: answers
 of 1 to 8,192 tokens, mean 1,367, groups of 8, row groups of 1,024 answers), cached under
 ``--data``. The machine's load average is printed before and after: on a shared machine a
@@ -64,14 +67,15 @@ def sample(data: Path, tokens: int) -> Path:
     return path
 
 
-def paired(base: list[str], cmd: list[str], n: int) -> list[float]:
-    """``n`` alternations of ``base`` then ``cmd``: the ratio of each pair."""
-    ratios = []
+def paired(base: list[str], cmd: list[str], n: int) -> tuple[list[float], list[float]]:
+    """``n`` alternations of ``base`` then ``cmd``: the ratio of each pair's wall times, and
+    of their CPU times (user + system: less sensitive to a busy machine than wall time)."""
+    walls, cpus = [], []
     for _ in range(n):
-        a = float(measure(base, 1)["wall_s"])
-        b = float(measure(cmd, 1, ok=(0, 1))["wall_s"])
-        ratios.append(b / a)
-    return ratios
+        a, b = measure(base, 1), measure(cmd, 1, ok=(0, 1))
+        walls.append(float(b["wall_s"]) / float(a["wall_s"]))
+        cpus.append(float(b["cpu_s"]) / float(a["cpu_s"]))
+    return walls, cpus
 
 
 def main() -> None:
@@ -90,16 +94,16 @@ def main() -> None:
     print(f"load average before: {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}")
     obj = measure(base, 1)
     print(f"objective alone: {float(obj['wall_s']):.2f} s")
-    print(f"{'target':<20} {'median':>7} {'range':>13} {'criterion':>10}  verdict")
+    print(f"{'target':<20} {'median':>7} {'range':>13} {'criterion':>10}  verdict   CPU ratio")
     for name, argv, limit in targets(path):
         if only and name not in only:
             continue
-        ratios = paired(base, [*cli, *argv], args.paired)
+        ratios, cpus = paired(base, [*cli, *argv], args.paired)
         med = statistics.median(ratios)
         verdict = "PASS" if med <= limit else "FAIL"
         print(
             f"{name:<20} {med:>7.2f} {min(ratios):>6.2f}-{max(ratios):<6.2f} "
-            f"{'<= ' + str(limit) + 'x':>10}  {verdict}"
+            f"{'<= ' + str(limit) + 'x':>10}  {verdict}      {statistics.median(cpus):.2f}"
         )
     load1 = os.getloadavg()
     print(f"load average after: {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}")
