@@ -151,7 +151,11 @@ class RolloutPartial:
         if n == 0:
             return None
         mean_r, mean_r2 = self.r_sum / n, self.r2_sum / n
-        ess_token = mean_r * mean_r / mean_r2 if math.isfinite(mean_r2) else 0.0
+        # Σρ² beyond float64: one weight dominates (ESS → 0); below it (every ρ² underflows
+        # to 0) the ratio is not representable: NaN, null in JSON with a warning
+        ess_token = 0.0 if not math.isfinite(mean_r2) else math.nan
+        if math.isfinite(mean_r2) and mean_r2 > 0.0:
+            ess_token = mean_r * mean_r / mean_r2
         return RolloutReport(
             tokens=n,
             answers=self.answers,
