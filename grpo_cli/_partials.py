@@ -828,8 +828,8 @@ class TokenPartial:
         n = self.delta.n
         if n == 0:
             return Distribution(0, None, None, None, None, {})
-        with np.errstate(over="ignore"):
-            lo, hi = math.exp(self.delta.hist.vmin), np.exp(self.delta.hist.vmax)
+        with np.errstate(over="ignore"):  # every Δ may be above 709.78: ρ = inf
+            lo, hi = np.exp(self.delta.hist.vmin), np.exp(self.delta.hist.vmax)
         vals = self.delta.quantiles(QUANTILE_LEVELS, np.exp)
         assert vals is not None
         mean = self.ratio.total / n
@@ -838,7 +838,7 @@ class TokenPartial:
             count=n,
             mean=mean,
             std=std,
-            min=lo,
+            min=float(lo),
             max=float(hi),
             quantiles={k: float(v) for k, v in zip(QUANTILES, vals, strict=True)},
             exact=self.delta.is_exact,

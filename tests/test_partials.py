@@ -25,3 +25,19 @@ def test_rollout_weights_that_underflow_give_no_division_by_zero() -> None:
     big.update(np.array([400.0, 0.0]), np.zeros(2), -np.array([400.0, 0.0]), np.array([0, 2]))
     rb = big.report()
     assert rb is not None and rb.ess_token == 0.0
+
+
+def test_ratio_distribution_of_ratios_that_all_overflow() -> None:
+    """Every Δ above log(float64 max) = 709.78: ρ's min and max are inf, not an
+    OverflowError (tests/test_fuzz.py met Δ = 710 on a one-token answer)."""
+    from grpo_cli._partials import TokenPartial
+    from grpo_cli._settings import Settings
+    from grpo_cli.batch import Batch
+
+    b = Batch(0, np.array([0, 1]), {"logp": np.array([0.0]), "old_logp": np.array([-710.0])},
+              np.array([1]))  # fmt: skip
+    p = TokenPartial(Settings(beta=0.0))
+    with np.errstate(over="ignore"):
+        p.update(b, np.array([1.0]))
+    d = p.ratio_distribution()
+    assert d.min == d.max == math.inf and p.overflow == 1
