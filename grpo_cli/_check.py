@@ -849,17 +849,18 @@ def _scan_values(
     is valid); ``where_token(k, i, t, **extra)`` places token ``k`` (answer ``i``, token
     ``t``).
 
-    A clean slice (the common case) costs two reductions over the values as stored, under
-    the mask: a finite sum means every valid value is finite, and the maximum says that
-    none is positive (below 0 for ``logp``: none is 0 either). Anything else is counted,
-    and placed, token by token."""
+    A clean slice (the common case) costs two reductions over its valid values as stored
+    (gathered under the mask first: numpy's masked reductions are slower than the gather):
+    a finite sum means every valid value is finite, and the maximum says that none is
+    positive (below 0 for ``logp``: none is 0 either). Anything else is counted, and
+    placed, token by token."""
     if v.dtype.kind == "f" and v.shape[0]:
-        where = True if m is None else m
+        valid = v if m is None else v[m]
         with np.errstate(over="ignore", invalid="ignore"):  # ±1e308s may sum to inf
-            finite = math.isfinite(np.add.reduce(v, where=where))
+            finite = math.isfinite(np.add.reduce(valid))
             if finite and f == "entropy":
                 return
-            top = np.maximum.reduce(v, where=where, initial=-np.inf)
+            top = np.maximum.reduce(valid, initial=-np.inf)
         if finite and (top < 0 or (top == 0 and f != "logp")):
             return
     vf = v.astype(np.float64, copy=False)
