@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields, replace
-from typing import Any, Literal, TypedDict, Unpack, get_args
+from typing import Any, Literal, NamedTuple, TypedDict, Unpack, get_args
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -99,8 +99,7 @@ ClipUnit = Literal["tokens", "sequences"]
 Divisor = Literal["answers", "tokens", "norm", "one"]
 
 
-@dataclass(frozen=True)
-class AggregationRule:
+class AggregationRule(NamedTuple):
     """An aggregation as ``(1/D) Σ_i u_i Σ_t v_{i,t}``: the divisor ``D``'s kind (one
     constant of the whole input: :func:`aggregation_divisor`) and whether the per-answer
     factor is ``u_i = 1/|o_i|`` (``answer_mean``) or 1. The weight of one token is

@@ -22,7 +22,7 @@ import math
 import threading
 from dataclasses import dataclass
 from functools import cache
-from typing import Any, Unpack
+from typing import Any, NamedTuple, Unpack
 
 import numpy as np
 from numpy.typing import NDArray
@@ -175,8 +175,7 @@ def supports_options(o: TermOptions) -> bool:
     return supports(o.ratio_level, o.beta, o.kl_bias_correction)
 
 
-@dataclass(frozen=True)
-class GradientParts:
+class GradientParts(NamedTuple):
     """Per answer, the sums of :func:`grpo_cli._core.token_gradients`' derivatives over its
     tokens: ``Σ g_p²``, ``Σ g_k²`` and ``Σ g_p·g_k`` (the KL's None when not asked), and
     its tokens of nonzero ``g_p``."""
@@ -187,8 +186,7 @@ class GradientParts:
     nonzero: I64
 
 
-@dataclass(frozen=True)
-class Extremes:
+class Extremes(NamedTuple):
     """Per answer, the largest |Δ| and KL estimate (None without ``ref_logp``), and the
     first of its tokens holding each (as ``np.argmax``)."""
 

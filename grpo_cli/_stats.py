@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -202,11 +201,10 @@ def bin_index(x: float, lo: float, inv_width: float, nbins: int) -> int:
     return int(min(max(pos, 0.0), float(nbins + 1)))
 
 
-@dataclass(frozen=True)
-class BinCounts:
-    """The occupied bins of a histogram (``index``, ascending) and their counts."""
+class BinCounts(NamedTuple):
+    """The occupied bins of a histogram (``bins``, ascending) and their counts."""
 
-    index: NDArray[np.int64]
+    bins: NDArray[np.int64]
     counts: NDArray[np.int64]
 
 
@@ -255,11 +253,11 @@ class Histogram:
     def add_counts(self, c: BinCounts, lo: float, hi: float) -> Histogram:
         """Add the counts ``c`` (binned as :meth:`update` bins, e.g. by the compiled
         kernel) of values whose min and max are ``lo`` and ``hi``."""
-        if c.index.shape[0] and not (0 <= c.index[0] and c.index[-1] < self.counts.shape[0]):
+        if c.bins.shape[0] and not (0 <= c.bins[0] and c.bins[-1] < self.counts.shape[0]):
             raise MergeError(f"histogram counts of bins beyond the {self.counts.shape[0]} bins")
         if lo > hi:  # no value
             return self
-        self.counts[c.index] += c.counts
+        self.counts[c.bins] += c.counts
         self.vmin = min(self.vmin, lo)
         self.vmax = max(self.vmax, hi)
         return self
