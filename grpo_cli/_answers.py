@@ -10,33 +10,44 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
-from . import _partials
+from . import _fast, _partials
 from ._core import (
+    SequenceMeans,
+    aggregation_rule,
     answer_clip_counts,
     difference,
     kl_from_log_ratio,
-    segment_mean,
     segment_sum,
     token_gradients,
     token_terms,
 )
-from ._partials import agg_factor
-from ._report import TOKEN_FIELDS, Pass1, objective_pass1, objective_report
+from ._partials import AnswerCounts, divisor_of
+from ._report import TOKEN_FIELDS, Pass1, objective_pass1
 from ._settings import Settings
 from .batch import Batch, Part, parts
-from .engine.local import Mergeable
 from .engine.options import EngineOptions, Ran
-from .errors import UsageError
+from .errors import InputError, UsageError
 from .io import Source
-from .plan import plan, run
+from .plan import Pipeline, plan, run
 
-M = TypeVar("M", bound=Mergeable)
+__all__ = [
+    "SORT_KEYS",
+    "AnswerStats",
+    "AnswersReport",
+    "GradientWeights",
+    "TopAnswers",
+    "answer_rows",
+    "answer_stats",
+    "answers_report",
+]
 
-__all__ = ["SORT_KEYS", "AnswersReport", "TopAnswers", "answer_rows", "answers_report"]
+F64 = NDArray[np.float64]
+I64 = NDArray[np.int64]
 
 # --sort KEY -> the field ranked (descending; advantage by |A|, reported signed)
 SORT_KEYS = {
@@ -104,17 +115,234 @@ def _score(key: str, v: float | None) -> float:
 
 
 @dataclass(frozen=True)
-class GradientScale:
-    """What turns per-token derivatives into each answer's share of ``‖∂J/∂logp‖²``: the
-    aggregations' constants and kinds (:func:`grpo_cli._partials.agg_factor`), β, and the
-    whole input's squared norm (a first pass: ``objective --gradient``)."""
+class GradientWeights:
+    """What turns an answer's derivative sums (``Σ g_p²``, ``Σ g_k²``, ``Σ g_p·g_k`` of
+    :func:`token_gradients`) into its part of ``‖∂J/∂logp‖²``, up to the constant ``c_p²``
+    that every answer shares (and that cancels in its share of the whole).
 
-    cp: float
-    up: int
-    ck: float
-    uk: int
+    ``∂J/∂logp_t = c_p·(u_p·g_p − β·r·u_k·g_k)`` with ``u = 1/|o_i|`` for an aggregation
+    that averages within answers (``up``, ``uk``), else 1, and ``r = c_k/c_p = D_p/D_k``
+    the ratio of the two aggregations' divisors (:data:`grpo_cli._core.AGGREGATION_RULES`):
+    1 when they are of one kind, else a ratio of the counts N, T, L. So an answer's part is
+    ``u_p² Σg_p² − 2βr·u_p·u_k Σg_p·g_k + β²r²·u_k² Σg_k²``: sums over its tokens, which
+    add over the slices of a long answer. ``beta`` is 0 when the loss has no KL term."""
+
+    up: bool
+    uk: bool
     beta: float
-    norm2: float
+    ratio: float
+
+    def norm2(self, pp: F64, kk: F64 | None, pk: F64 | None, lengths: I64) -> F64:
+        """Each answer's part of ``‖g‖² / c_p²`` from its sums (``lengths``: the whole
+        answers' valid tokens)."""
+        inv = 1.0 / lengths
+        a = inv if self.up else 1.0
+        with np.errstate(over="ignore", invalid="ignore"):
+            out = a * a * pp
+            if self.beta and kk is not None and pk is not None:
+                b = (inv if self.uk else 1.0) * (self.beta * self.ratio)
+                out = out - 2.0 * a * b * pk + b * b * kk
+        return np.asarray(out, dtype=np.float64)
+
+
+def gradient_weights(
+    settings: Settings, answers: int, tokens: int | None, longest: int | None
+) -> GradientWeights | None:
+    """The :class:`GradientWeights` of ``settings`` for an input of ``answers`` answers;
+    None when ``r`` needs the tokens (T) or the widest row (L) and they are not given
+    (None): a counts pass first (:func:`answers_report`)."""
+    o = settings.term_options()
+    rp, rk = aggregation_rule(settings.agg), aggregation_rule(settings.kl_aggregation)
+    beta = o.beta
+    if not beta or rp.divisor == rk.divisor:
+        return GradientWeights(rp.answer_mean, rk.answer_mean, beta, 1.0)
+    need = {rp.divisor, rk.divisor}
+    if ("tokens" in need and tokens is None) or (
+        "norm" in need and settings.max_len is None and longest is None
+    ):
+        return None
+    t, w = tokens or 0, longest or 0
+    d_p = divisor_of(settings, settings.agg, answers, t, w)
+    d_k = divisor_of(settings, settings.kl_aggregation, answers, t, w)
+    return GradientWeights(rp.answer_mean, rk.answer_mean, beta, d_p / d_k)
+
+
+@dataclass
+class AnswerStats:
+    """Per answer of a run (``(n,)`` arrays), every statistic ``answers`` reports, from
+    one pass over its tokens; the statistics of consecutive slices of the same answers
+    combine (:meth:`then`), so a long answer is computed a slice at a time.
+
+    ``length`` its valid tokens; ``kl_sum``, ``kl_max`` and where (``kl_at``, counted among
+    its valid tokens) of the KL estimate (None without ``ref_logp``); ``lr_max``/``lr_at``
+    of ``|Δ|``; ``clipped`` its low- and high-clipped tokens (:func:`answer_clip_counts`);
+    ``rollout_sum`` ``Σ k3(old_logp − rollout_logp)`` (None without ``rollout_logp``);
+    ``adv`` its advantage (per-token advantages: the largest in magnitude, signed);
+    ``g2`` its part of ``‖∂J/∂logp‖²`` (:class:`GradientWeights`; None: not asked)."""
+
+    length: I64
+    kl_sum: F64 | None
+    kl_max: F64 | None
+    kl_at: I64 | None
+    lr_max: F64
+    lr_at: I64
+    clipped: I64
+    rollout_sum: F64 | None
+    adv: F64
+    g2: F64 | None
+
+    def then(self, o: AnswerStats) -> AnswerStats:
+        """These tokens followed by ``o``'s, of the same answers: sums add; of each
+        extreme the first largest is kept (as ``np.argmax``), its place shifted by these
+        tokens."""
+        shift = self.length
+
+        def first_max(a: F64, at: I64, b: F64, bt: I64) -> tuple[F64, I64]:
+            later = b > a
+            return np.where(later, b, a), np.where(later, bt + shift, at)
+
+        kl_max, kl_at = self.kl_max, self.kl_at
+        if kl_max is not None and kl_at is not None:
+            assert o.kl_max is not None and o.kl_at is not None
+            kl_max, kl_at = first_max(kl_max, kl_at, o.kl_max, o.kl_at)
+        lr_max, lr_at = first_max(self.lr_max, self.lr_at, o.lr_max, o.lr_at)
+        return AnswerStats(
+            length=self.length + o.length,
+            kl_sum=_plus(self.kl_sum, o.kl_sum),
+            kl_max=kl_max,
+            kl_at=kl_at,
+            lr_max=lr_max,
+            lr_at=lr_at,
+            clipped=self.clipped + o.clipped,
+            rollout_sum=_plus(self.rollout_sum, o.rollout_sum),
+            adv=np.where(np.abs(o.adv) > np.abs(self.adv), o.adv, self.adv),
+            g2=_plus(self.g2, o.g2),
+        )
+
+    def columns(self) -> dict[str, np.ndarray | None]:
+        """The ranked statistics (:data:`STATS` and ``length``) by name, ``(n,)`` each."""
+        n = self.length
+        with np.errstate(over="ignore", invalid="ignore"):
+            return {
+                "advantage": self.adv,
+                "kl_mean": None if self.kl_sum is None else self.kl_sum / n,
+                "kl_max": self.kl_max,
+                "log_ratio_max_abs": self.lr_max,
+                "clip_share": self.clipped / n,
+                "gradient_share": self.g2,
+                "rollout_kl_mean": None if self.rollout_sum is None else self.rollout_sum / n,
+                "length": n.astype(np.float64),
+            }
+
+
+def _plus(a: Any, b: Any) -> Any:
+    return None if a is None or b is None else a + b
+
+
+def _first_max(values: F64, offsets: I64) -> tuple[F64, I64]:
+    """Each answer's largest value and the first of its tokens holding it (``np.argmax``
+    of each answer's run, all answers at once)."""
+    starts = offsets[:-1]
+    top = np.maximum.reduceat(values, starts)
+    at_max = values == np.repeat(top, np.diff(offsets))
+    idx = np.where(at_max, np.arange(values.shape[0]), values.shape[0])
+    first = np.minimum.reduceat(idx, starts)
+    return top, np.where(first < values.shape[0], first - starts, 0)
+
+
+def answer_stats(
+    b: Batch,
+    adv: F64,
+    settings: Settings,
+    *,
+    grad: GradientWeights | None = None,
+    compiled: bool = False,
+    lengths: I64 | None = None,
+    seq_mean: F64 | None = None,
+    means: SequenceMeans | None = None,
+) -> AnswerStats:
+    """:class:`AnswerStats` of the answers of ``b`` (whole answers, or a slice of one:
+    ``lengths`` its whole length, ``seq_mean`` and ``means`` the answer's means the
+    sequence-level ratio and gradient take). ``compiled``: from one pass of the kernel
+    (:func:`grpo_cli._fast.fold`) when the settings and a per-answer advantage allow it,
+    else numpy, composed of the core's definitions (:func:`token_terms`,
+    :func:`answer_clip_counts`, :func:`token_gradients`)."""
+    o = settings.term_options()
+    f = b.fields
+    whole = b.lengths if lengths is None else lengths
+    per_token = adv.shape != (b.n,)
+    args = (f["logp"], f.get("old_logp"), f.get("ref_logp"), adv, b.offsets)
+    g2 = None
+    if compiled and not per_token and _fast.supports_options(o):
+        out = _fast.fold(*args, options=o, gradient=grad is not None, extremes=True)
+        ext = out.extremes
+        assert ext is not None
+        if grad is not None:
+            g = out.gradient
+            assert g is not None
+            g2 = grad.norm2(g.pp, g.kk, g.pk, whole)
+        kl_sum, kl_max, kl_at, lr_max, lr_at = (
+            out.kl,
+            ext.kl_max,
+            ext.kl_at,
+            *(ext.log_ratio_max, ext.log_ratio_at),
+        )
+        clipped = out.low + out.high
+    else:
+        terms = token_terms(*args, options=o, seq_mean=seq_mean)
+        kl_sum = kl_max = kl_at = None
+        if terms.kl is not None:
+            kl_sum = segment_sum(terms.kl, b.offsets)
+            kl_max, kl_at = _first_max(terms.kl, b.offsets)
+        lr_max, lr_at = _first_max(np.abs(terms.delta), b.offsets)
+        low, high = answer_clip_counts(
+            terms.ratio, adv, b.offsets, clip_eps=o.clip_eps, clip_eps_high=o.clip_eps_high
+        )
+        clipped = low + high
+        if grad is not None:
+            gp, gk = token_gradients(terms, offsets=b.offsets, options=o, answer_means=means)
+            with np.errstate(over="ignore", invalid="ignore"):
+                pp = segment_sum(gp * gp, b.offsets)
+                kk = pk = None
+                if gk is not None and grad.beta:
+                    kk, pk = segment_sum(gk * gk, b.offsets), segment_sum(gp * gk, b.offsets)
+            g2 = grad.norm2(pp, kk, pk, whole)
+    rollout_sum = None
+    rollout = f.get("rollout_logp")
+    if rollout is not None:  # sampler vs trainer, δ = old_logp − rollout_logp: Σ k3(δ)
+        dr = difference(f.get("old_logp", f["logp"]), rollout)
+        rollout_sum = segment_sum(kl_from_log_ratio(dr, estimator="k3"), b.offsets)  # e^δ − δ − 1
+    if per_token:  # (KL in the reward) the answer's largest in magnitude, signed
+        _, at = _first_max(np.abs(adv), b.offsets)
+        adv = adv[b.offsets[:-1] + at]
+    return AnswerStats(
+        b.lengths, kl_sum, kl_max, kl_at, lr_max, lr_at, clipped, rollout_sum, adv, g2
+    )
+
+
+def part_stats(
+    part: Part, settings: Settings, grad: GradientWeights | None, compiled: bool
+) -> AnswerStats:
+    """:func:`answer_stats` of a run of whole answers, or of a long answer a slice of its
+    tokens at a time (the sequence-level ratio's means from a first pass over them)."""
+    assert part.adv is not None
+    if not part.long:
+        return answer_stats(part.batch, part.adv, settings, grad=grad, compiled=compiled)
+    seq = means = None
+    if settings.ratio_level == "sequence":
+        seq = _partials.seq_mean(part)
+        if grad is not None:  # the gradient takes answer means: a first pass
+            means = _partials.sequence_means(part, settings, seq)
+    total: AnswerStats | None = None
+    for _, _, piece, a in part.slices():
+        assert a is not None
+        got = answer_stats(
+            piece, a, settings, grad=grad, compiled=compiled, lengths=part.batch.lengths,
+            seq_mean=seq, means=means,
+        )  # fmt: skip
+        total = got if total is None else total.then(got)
+    assert total is not None
+    return total
 
 
 def answer_rows(
@@ -125,149 +353,30 @@ def answer_rows(
     *,
     keys: Sequence[str],
     k: int,
-    grad: GradientScale | None = None,
+    grad: GradientWeights | None = None,
+    compiled: bool = False,
 ) -> list[dict[str, Any]]:
     """The ``k`` answers of a batch ranking highest by each of ``keys`` (or more:
-    :class:`TopAnswers` keeps the ``k`` best of its key), with their statistics (the core's
-    definitions: :func:`token_terms`, :func:`answer_clip_counts`), computed once for all
-    keys. An answer longer than a slice is computed a slice of its tokens at a time
-    (:func:`_long_row`)."""
+    :class:`TopAnswers` keeps the ``k`` best of its key), with their statistics
+    (:class:`AnswerStats`, computed once for all keys, over the batch's :func:`parts`).
+    ``gradient_share`` holds the answer's part of ``‖g‖²`` (:class:`GradientWeights`),
+    divided by the whole input's once it is known (:func:`answers_report`)."""
     rows: list[dict[str, Any]] = []
     for part in parts(b, adv):
-        assert part.adv is not None
-        if part.long:
-            rows.append(_long_row(part, settings, src, grad))
-        elif part.batch.n:
-            rows += _run_rows(part.batch, part.adv, settings, src, keys=keys, k=k, grad=grad)
+        if part.batch.n:
+            st = part_stats(part, settings, grad, compiled)
+            rows += _rows(part.batch, st, keys=keys, k=k, src=src)
     return rows
 
 
-def _long_row(
-    part: Part, settings: Settings, src: Source, grad: GradientScale | None
-) -> dict[str, Any]:
-    """The row of a long answer, a slice of its tokens at a time: sums, maxima and where
-    they are carried from slice to slice."""
-    b, adv, per_token = part.batch, part.adv, part.per_token
-    assert adv is not None
-    f, n = b.fields, int(b.offsets[-1])
-    seq = means = None
-    if settings.ratio_level == "sequence":
-        seq = _partials.seq_mean(part)
-        if grad is not None:  # the gradient takes answer means: a first pass
-            means = _partials.sequence_means(part, settings, seq)
-    kl_sum = rollout_sum = g2 = adv_best = 0.0
-    kl_at = lr_at = clipped = 0
-    kl_max = lr_max = adv_abs = -np.inf
-    has_kl = "ref_logp" in f
-    rollout = f.get("rollout_logp")
-    for lo, _, p, a in part.slices():
-        assert a is not None
-        pf = p.fields
-        terms = token_terms(
-            pf["logp"], pf.get("old_logp"), pf.get("ref_logp"), a, p.offsets,
-            seq_mean=seq, **settings.term_kwargs(),
-        )  # fmt: skip
-        if terms.kl is not None:
-            kl_sum += float(np.sum(terms.kl))
-            t = int(np.argmax(terms.kl))
-            if terms.kl[t] > kl_max or lo == 0:  # the first largest, as np.argmax
-                kl_max, kl_at = float(terms.kl[t]), lo + t
-        absd = np.abs(terms.delta)
-        t = int(np.argmax(absd))
-        if absd[t] > lr_max or lo == 0:
-            lr_max, lr_at = float(absd[t]), lo + t
-        low, high = answer_clip_counts(
-            terms.ratio, a, p.offsets, clip_eps=settings.clip_eps,
-            clip_eps_high=settings.clip_eps_high,
-        )  # fmt: skip
-        clipped += int(low[0] + high[0])
-        if rollout is not None:
-            dr = difference(pf.get("old_logp", pf["logp"]), pf["rollout_logp"])
-            rollout_sum += float(np.sum(kl_from_log_ratio(dr, estimator="k3")))
-        if grad is not None:
-            gp, gk = token_gradients(
-                terms, offsets=p.offsets, answer_means=means, **settings.term_kwargs()
-            )
-            with np.errstate(over="ignore", invalid="ignore"):
-                g = grad.cp * (gp / n if grad.up else gp)
-                if gk is not None and grad.beta:
-                    g = g - grad.beta * grad.ck * (gk / n if grad.uk else gk)
-                g2 += float(np.dot(g, g))
-        if per_token:
-            t = int(np.argmax(np.abs(a)))
-            if abs(a[t]) > adv_abs or lo == 0:
-                adv_abs, adv_best = abs(float(a[t])), float(a[t])
-    return {
-        **_identity(b, 0, src),
-        "kl_max_token": kl_at if has_kl else None,
-        "log_ratio_max_token": lr_at,
-        "advantage": adv_best if per_token else float(adv[0]),
-        "kl_mean": kl_sum / n if has_kl else None,
-        "kl_max": kl_max if has_kl else None,
-        "log_ratio_max_abs": lr_max,
-        "clip_share": clipped / n,
-        "gradient_share": None if grad is None else g2 / grad.norm2,
-        "rollout_kl_mean": None if rollout is None else rollout_sum / n,
-    }
-
-
-def _run_rows(
-    b: Batch,
-    adv: np.ndarray,
-    settings: Settings,
-    src: Source,
-    *,
-    keys: Sequence[str],
-    k: int,
-    grad: GradientScale | None = None,
+def _rows(
+    b: Batch, st: AnswerStats, *, keys: Sequence[str], k: int, src: Source
 ) -> list[dict[str, Any]]:
-    """The ``k`` answers of a run of whole answers ranking highest by each of ``keys``."""
-    f = b.fields
-    terms = token_terms(
-        f["logp"], f.get("old_logp"), f.get("ref_logp"), adv, b.offsets, **settings.term_kwargs()
-    )
-    starts = b.offsets[:-1]
-    lengths = b.lengths
-    stats: dict[str, np.ndarray | None] = {"kl_mean": None, "kl_max": None}
-    if terms.kl is not None:
-        stats["kl_mean"] = segment_mean(terms.kl, b.offsets)
-        stats["kl_max"] = np.maximum.reduceat(terms.kl, starts)
-    stats["log_ratio_max_abs"] = np.maximum.reduceat(np.abs(terms.delta), starts)
-    low, high = answer_clip_counts(
-        terms.ratio,
-        adv,
-        b.offsets,
-        clip_eps=settings.clip_eps,
-        clip_eps_high=settings.clip_eps_high,
-    )
-    stats["clip_share"] = (low + high) / lengths
-    stats["length"] = lengths.astype(np.float64)
-    stats["rollout_kl_mean"] = None
-    rollout = f.get("rollout_logp")
-    if rollout is not None:  # sampler vs trainer, δ = old_logp − rollout_logp: mean k3(δ)
-        dr = difference(f.get("old_logp", f["logp"]), rollout)
-        k3 = kl_from_log_ratio(dr, estimator="k3")  # e^δ − δ − 1
-        stats["rollout_kl_mean"] = segment_mean(k3, b.offsets)
-    stats["gradient_share"] = None
-    if grad is not None:
-        gp, gk = token_gradients(terms, offsets=b.offsets, **settings.term_kwargs())
-        inv = np.repeat(1.0 / lengths, lengths)
-        with np.errstate(over="ignore", invalid="ignore"):
-            g = grad.cp * (gp * inv if grad.up else gp)
-            if gk is not None and grad.beta:
-                g = g - grad.beta * grad.ck * (gk * inv if grad.uk else gk)
-            stats["gradient_share"] = segment_sum(g * g, b.offsets) / grad.norm2
-    if adv.shape == (b.n,):
-        stats["advantage"] = adv
-    else:  # per-token advantages (KL in the reward): the answer's largest in magnitude
-        idx = starts + np.array(
-            [np.argmax(np.abs(adv[s:e])) for s, e in zip(starts, b.offsets[1:], strict=True)],
-            dtype=np.int64,
-        )
-        stats["advantage"] = adv[idx] if b.n else adv[:0]
+    """The rows of the ``k`` answers of ``b`` ranking highest by each of ``keys``."""
+    cols = st.columns()
     chosen: set[int] = set()
     for key in keys:
-        ranked = stats[key]
+        ranked = cols[key]
         if ranked is None:
             chosen.update(range(min(k, b.n)))
             continue
@@ -278,30 +387,13 @@ def _run_rows(
     out = []
     for i in sorted(chosen):
         rec = _identity(b, i, src)
-        s0, s1 = int(b.offsets[i]), int(b.offsets[i + 1])  # the worst token, in the answer
-        rec["kl_max_token"] = None if terms.kl is None else int(np.argmax(terms.kl[s0:s1]))
-        rec["log_ratio_max_token"] = int(np.argmax(np.abs(terms.delta[s0:s1])))
+        rec["kl_max_token"] = None if st.kl_at is None else int(st.kl_at[i])
+        rec["log_ratio_max_token"] = int(st.lr_at[i])
         for name in STATS:
-            col = stats[name]
+            col = cols[name]
             rec[name] = None if col is None else float(col[i])
         out.append(rec)
     return out
-
-
-def _gradient_scale(
-    src: Source, settings: Settings, engine: EngineOptions, notes: list[str]
-) -> GradientScale | None:
-    """Pass 0: the whole input's ``‖∂J/∂logp‖`` and the aggregation constants."""
-    r = objective_report(src, settings, engine=engine, gradient=True)
-    g = r.gradient
-    norm2 = None if g is None else g["norm"] ** 2
-    if norm2 is None or not (np.isfinite(norm2) and norm2 > 0):
-        notes.append("gradient_share: the gradient's norm is 0 or not finite; null")
-        return None
-    cp, up = agg_factor(settings, settings.agg, r.answers, r.tokens, r.max_len)
-    kl_on = settings.beta != 0.0 and settings.kl_mode == "loss"
-    ck, uk = agg_factor(settings, settings.kl_aggregation, r.answers, r.tokens, r.max_len)
-    return GradientScale(cp, up, ck, uk, settings.beta if kl_on else 0.0, norm2)
 
 
 def _identity(b: Batch, i: int, src: Source) -> dict[str, Any]:
@@ -349,23 +441,37 @@ def answers_report(
     engine: EngineOptions | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> AnswersReport:
-    """The ``top`` answers by ``sort`` (a key of :data:`SORT_KEYS`), descending."""
+    """The ``top`` answers by ``sort`` (a key of :data:`SORT_KEYS`), descending.
+
+    One pass over the tokens: each answer's part of ``‖∂J/∂logp‖²`` is known up to a
+    constant every answer shares (:class:`GradientWeights`), so the answers rank by it as
+    they come, and the whole input's norm (their sum) divides the kept rows at the end.
+    Only when the policy and KL aggregations divide by constants of different kinds and
+    one of them needs the token count or the widest row (e.g. seq-mean-token-mean with a
+    token-mean KL) does a counts pass over ``logp`` come first."""
     engine = (engine or EngineOptions()).resolved()
     if sort not in SORT_KEYS:
         raise UsageError(f"--sort: expected one of {', '.join(SORT_KEYS)}, got {sort!r}")
     if top < 1:
         raise UsageError(f"--top: expected a positive number of answers, got {top}")
     key = SORT_KEYS[sort]
-    notes: list[str] = []
-    grad = _gradient_scale(src, settings, engine, notes)
-    p1: Pass1 = objective_pass1(src, settings, engine=engine)
-
-    def fold(acc: TopAnswers, b: Batch) -> None:
-        adv = p1.advantages(b, src.label)
-        acc.add(answer_rows(b, adv, settings, src, keys=[key], k=top, grad=grad))
-
-    best, ran = fold_answers(src, lambda: TopAnswers(key, top), fold, engine, progress)
-    notes = list(p1.warnings) + notes
+    # the token streams start decoding now, while pass 1 reads the answer columns
+    with Pipeline(plan(src, TOKEN_FIELDS, engine)) as pipe:
+        p1: Pass1 = objective_pass1(src, settings, engine=engine)
+        n = int(p1.adv.shape[0])
+        ran = p1.ran
+        grad = gradient_weights(settings, n, None, None)
+        if grad is None:  # the ratio of the two aggregations' constants needs T or L
+            counts, pre = run(plan(src, ["logp"], engine), AnswerCounts, AnswerCounts.update)
+            ran = ran.then(pre)
+            grad = gradient_weights(settings, n, counts.tokens, counts.max_width)
+        new, fold = answers_fold(src, settings, p1, [key], top=top, engine=engine, grad=grad)
+        best, fold_ran = pipe.run(new, fold, progress)
+    _check_counts(src, settings, best, n)
+    notes = list(p1.warnings)
+    norm2 = best.gradient
+    if not (np.isfinite(norm2) and norm2 > 0):
+        notes.append("gradient_share: the gradient's norm is 0 or not finite; null")
     if key in ("kl_mean", "kl_max") and not src.has("ref_logp"):
         notes.append("no ref_logp: kl_mean and kl_max are null, the ranking is by row")
     elif not src.has("ref_logp"):
@@ -378,39 +484,100 @@ def answers_report(
     if not src.has("ref_logp"):
         notes.append("no ref_logp: kl_max_token is null")
     rows = []
-    for r in best.rows:
+    for r in best.tops[key].rows:
         out = {}
         for name in FIELDS:
             v = r[name]
+            if name == "gradient_share":
+                v = v / norm2 if np.isfinite(norm2) and norm2 > 0 else None
             if isinstance(v, float) and not np.isfinite(v):
                 notes.append(f"row {r['row']} of {r['source']}: {name} is {v} (null in JSON)")
                 v = None
             out[name] = v
         rows.append(out)
-    return AnswersReport(src.label, settings, engine, sort, top, rows, notes, p1.ran.then(ran))
+    return AnswersReport(src.label, settings, engine, sort, top, rows, notes, ran.then(fold_ran))
 
 
-def fold_answers(
-    src: Source,
-    new: Callable[[], M],
-    fold: Callable[[M, Batch], None],
-    engine: EngineOptions,
-    progress: Callable[[int], None] | None,
-) -> tuple[M, Ran]:
-    """Fold the token batches of ``src`` on ``engine``'s plan."""
-    return run(plan(src, TOKEN_FIELDS, engine), new, fold, progress=progress)
+def _check_counts(src: Source, settings: Settings, acc: AnswersPartial, n: int) -> None:
+    """The checks of :func:`grpo_cli._report.objective_record` on the folded answers: each
+    was folded once, and ``max_len`` is no shorter than the widest row."""
+    if acc.answers != n:
+        raise InputError(
+            f"{src.label}: {acc.answers} token rows but {n} answers (rewards/advantages)"
+        )
+    if (
+        settings.agg == "seq-mean-token-sum-norm"
+        and settings.max_len is not None
+        and settings.max_len < acc.max_width
+    ):
+        hint = ""
+        if settings.preset == "dr-grpo":
+            hint = (
+                " (the dr-grpo preset sets TRL's default max_completion_length, 512: "
+                "pass --max-len with your run's value)"
+            )
+        raise UsageError(
+            f"--max-len {settings.max_len} is shorter than the widest row "
+            f"({acc.max_width} tokens, masked ones included){hint}"
+        )
 
 
 @dataclass
-class TopByKey:
-    """:class:`TopAnswers` for several keys at once (one pass over the tokens)."""
+class AnswersPartial:
+    """What ``answers`` folds: the top answers by each key (:class:`TopAnswers`), and, of
+    every answer, their count, the widest row and the sum of their parts of
+    ``‖∂J/∂logp‖²`` (``gradient``: the whole input's, up to :class:`GradientWeights`'
+    constant)."""
 
     tops: dict[str, TopAnswers]
+    gradient: float = 0.0
+    answers: int = 0
+    max_width: int = 0
 
-    def merge(self, o: TopByKey) -> TopByKey:
+    def merge(self, o: AnswersPartial) -> AnswersPartial:
         for key, t in self.tops.items():
             t.merge(o.tops[key])
+        self.gradient += o.gradient
+        self.answers += o.answers
+        self.max_width = max(self.max_width, o.max_width)
         return self
+
+
+def answers_fold(
+    src: Source,
+    settings: Settings,
+    p1: Pass1,
+    keys: Sequence[str],
+    *,
+    top: int,
+    engine: EngineOptions,
+    grad: GradientWeights | None = None,
+) -> tuple[Callable[[], AnswersPartial], Callable[[AnswersPartial, Batch], None]]:
+    """``new`` and ``fold`` of one pass over the token batches (:func:`grpo_cli.plan.run`):
+    the ``top`` answers by each of ``keys`` (values of :data:`SORT_KEYS`), with their
+    gradient parts when ``grad`` is given."""
+    compiled = engine.backend == "c"
+
+    def fold(acc: AnswersPartial, b: Batch) -> None:
+        adv = p1.advantages(b, src.label)
+        acc.answers += b.n
+        acc.max_width = max(acc.max_width, int(b.width.max()) if b.n else 0)
+        rows: list[dict[str, Any]] = []
+        for part in parts(b, adv):
+            if not part.batch.n:
+                continue
+            st = part_stats(part, settings, grad, compiled)
+            if st.g2 is not None:
+                with np.errstate(over="ignore", invalid="ignore"):
+                    acc.gradient += float(np.sum(st.g2))
+            rows += _rows(part.batch, st, keys=list(acc.tops), k=top, src=src)
+        for t in acc.tops.values():
+            t.add(rows)
+
+    def new() -> AnswersPartial:
+        return AnswersPartial({k: TopAnswers(k, top) for k in keys})
+
+    return new, fold
 
 
 def worst_answers(
@@ -428,15 +595,6 @@ def worst_answers(
     it already has)."""
     if p1 is None:
         p1 = objective_pass1(src, settings, engine=engine)
-
-    def fold(acc: TopByKey, b: Batch) -> None:
-        assert p1 is not None
-        adv = p1.advantages(b, src.label)
-        rows = answer_rows(b, adv, settings, src, keys=list(acc.tops), k=top)
-        for t in acc.tops.values():
-            t.add(rows)
-
-    best, _ = fold_answers(
-        src, lambda: TopByKey({k: TopAnswers(k, top) for k in keys}), fold, engine, None
-    )
+    new, fold = answers_fold(src, settings, p1, keys, top=top, engine=engine)
+    best, _ = run(plan(src, TOKEN_FIELDS, engine), new, fold)
     return {k: t.rows for k, t in best.tops.items()}

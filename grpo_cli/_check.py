@@ -831,7 +831,22 @@ def _scan_values(
     """The token checks of field ``f`` (named ``name`` in the file) over the tokens
     ``lo ..`` of a batch of answers at ``offsets`` (``m``: their mask, None when every token
     is valid); ``where_token(k, i, t, **extra)`` places token ``k`` (answer ``i``, token
-    ``t``)."""
+    ``t``).
+
+    A clean slice (the common case) costs two reductions over its valid values as stored
+    (gathered under the mask first: numpy's masked reductions are slower than the gather):
+    a finite sum means every valid value is finite, and the maximum says that none is
+    positive (below 0 for ``logp``: none is 0 either). Anything else is counted, and
+    placed, token by token."""
+    if v.dtype.kind == "f" and v.shape[0]:
+        valid = v if m is None else v[m]
+        with np.errstate(over="ignore", invalid="ignore"):  # ±1e308s may sum to inf
+            finite = math.isfinite(np.add.reduce(valid))
+            if finite and f == "entropy":
+                return
+            top = np.maximum.reduce(valid, initial=-np.inf)
+        if finite and (top < 0 or (top == 0 and f != "logp")):
+            return
     vf = v.astype(np.float64, copy=False)
 
     def count(attr: str, flags: NDArray[np.bool_], value: Callable[[int], Any]) -> None:

@@ -18,8 +18,8 @@ Arrow list columns store the data already, and padding never exists in it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from dataclasses import dataclass, fields, replace
+from typing import Any, Literal, NamedTuple, TypedDict, Unpack, get_args
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -28,8 +28,10 @@ from .errors import InputError, UsageError
 
 __all__ = [
     "AGGREGATIONS",
+    "AGGREGATION_RULES",
     "AdvantageEstimator",
     "Aggregation",
+    "AggregationRule",
     "ClipCounts",
     "ClipUnit",
     "GroupStats",
@@ -38,10 +40,13 @@ __all__ = [
     "RatioLevel",
     "Scale",
     "Singleton",
+    "TermConventions",
+    "TermOptions",
     "TokenTerms",
     "advantages_by_group",
     "advantages_from_stats",
     "aggregate",
+    "aggregation_divisor",
     "aggregation_weights",
     "answer_clip_counts",
     "answer_clip_tokens",
@@ -89,6 +94,58 @@ Aggregation = Literal[
 AGGREGATIONS: tuple[Aggregation, ...] = get_args(Aggregation)
 NormScale = Literal["n-lmax", "lmax"]
 ClipUnit = Literal["tokens", "sequences"]
+# What an aggregation divides by: N answers, T tokens, N·L or L (seq-mean-token-sum-norm,
+# by ``norm_scale``), or nothing.
+Divisor = Literal["answers", "tokens", "norm", "one"]
+
+
+class AggregationRule(NamedTuple):
+    """An aggregation as ``(1/D) Σ_i u_i Σ_t v_{i,t}``: the divisor ``D``'s kind (one
+    constant of the whole input: :func:`aggregation_divisor`) and whether the per-answer
+    factor is ``u_i = 1/|o_i|`` (``answer_mean``) or 1. The weight of one token is
+    ``u_i / D`` (:func:`aggregation_weights`); ``∂J/∂logp_t`` carries the same factor."""
+
+    divisor: Divisor
+    answer_mean: bool
+
+
+# The one table of the aggregations (see :func:`aggregate` for the papers and trainers).
+AGGREGATION_RULES: dict[str, AggregationRule] = {
+    "seq-mean-token-mean": AggregationRule("answers", answer_mean=True),
+    "token-mean": AggregationRule("tokens", answer_mean=False),
+    "seq-mean-token-sum": AggregationRule("answers", answer_mean=False),
+    "seq-mean-token-sum-norm": AggregationRule("norm", answer_mean=False),
+    "token-sum": AggregationRule("one", answer_mean=False),
+}
+
+
+def aggregation_rule(agg: str) -> AggregationRule:
+    """The rule of ``agg`` (a :class:`UsageError` listing the aggregations otherwise)."""
+    rule = AGGREGATION_RULES.get(agg)
+    if rule is None:
+        raise UsageError(f"unknown aggregation {agg!r}; choose one of {', '.join(AGGREGATIONS)}")
+    return rule
+
+
+def aggregation_divisor(
+    agg: str, *, answers: int, tokens: float, max_len: float, norm_scale: NormScale = "n-lmax"
+) -> float:
+    """The constant ``D`` of ``agg`` (:data:`AGGREGATION_RULES`) for ``answers`` (N),
+    ``tokens`` (T) and ``max_len`` (L): N, T, N·L (``norm_scale="lmax"``: L) or 1.
+
+    Example:
+        >>> aggregation_divisor("seq-mean-token-sum-norm", answers=4, tokens=10, max_len=8)
+        32.0
+    """
+    kind = aggregation_rule(agg).divisor
+    if kind == "answers":
+        return float(answers)
+    if kind == "tokens":
+        return float(tokens)
+    if kind == "norm":
+        return float(max_len if norm_scale == "lmax" else answers * max_len)
+    return 1.0
+
 
 # exp(x) overflows float64 above this.
 EXP_MAX = float(np.log(np.finfo(np.float64).max))
@@ -630,7 +687,14 @@ def sequence_log_ratio(
 
     Returns:
         ``(T,)``: answer ``i``'s mean log-ratio repeated over its tokens.
+
+    Raises:
+        InputError: ``offsets`` breaks the contract of :func:`check_offsets` (without
+            ``mean``, an answer without a token too), or ``mean`` is not ``(N,)``.
     """
+    offsets = check_offsets(offsets, delta.shape[0], nonempty=mean is None)
+    if mean is not None and np.shape(mean) != (offsets.shape[0] - 1,):
+        raise InputError(f"mean: expected shape ({offsets.shape[0] - 1},), got {np.shape(mean)}")
     seq = segment_mean(delta, offsets) if mean is None else np.array(mean, dtype=np.float64)
     if upper is not None:
         np.minimum(seq, upper, out=seq)
@@ -854,10 +918,14 @@ def suffix_sum(values: F64, offsets: I64) -> F64:
 def segment_count(flags: NDArray[np.bool_], offsets: I64) -> I64:
     """How many flags are set in each answer's run (0 for an empty answer, wherever it is).
 
+    Raises:
+        InputError: ``offsets`` breaks the contract of :func:`check_offsets`.
+
     Example:
         >>> segment_count(np.array([True, False, True]), np.array([0, 2, 3, 3])).tolist()
         [1, 1, 0]
     """
+    offsets = check_offsets(offsets, flags.shape[0])
     counts = np.zeros(offsets.shape[0] - 1, dtype=np.int64)
     T = flags.shape[0]
     # reduceat casts its whole input to int64 first: 8 bytes a flag, so long runs of flags
@@ -914,20 +982,14 @@ def aggregation_weights(
         [0.5, 0.16666666666666666]
     """
     ln = np.asarray(lengths, dtype=np.float64)
+    rule = aggregation_rule(agg)
     n = ln.shape[0] if answers is None else answers
     t = float(ln.sum()) if tokens is None else tokens
-    if agg == "seq-mean-token-mean":
-        return 1.0 / (n * ln)
-    if agg == "token-mean":
-        return np.full(ln.shape, 1.0 / t)
-    if agg == "seq-mean-token-sum":
-        return np.full(ln.shape, 1.0 / n)
-    if agg == "token-sum":
-        return np.ones(ln.shape)
-    if agg == "seq-mean-token-sum-norm":
-        lmax = float(ln.max()) if max_len is None else float(max_len)
-        return np.full(ln.shape, 1.0 / (lmax if norm_scale == "lmax" else n * lmax))
-    raise UsageError(f"unknown aggregation {agg!r}; choose one of {', '.join(AGGREGATIONS)}")
+    lmax = (float(ln.max()) if ln.shape[0] else 0.0) if max_len is None else float(max_len)
+    d = aggregation_divisor(agg, answers=n, tokens=t, max_len=lmax, norm_scale=norm_scale)
+    if rule.answer_mean:
+        return 1.0 / (d * ln)
+    return np.full(ln.shape, 1.0 / d)
 
 
 # ----------------------------------------------------------------------- aggregation
@@ -963,20 +1025,13 @@ def aggregate(
     if offsets.shape[0] < 2:
         raise InputError("offsets: no answer to aggregate")
     lengths = np.diff(offsets)
-    n = lengths.shape[0]
-    if agg == "seq-mean-token-mean":
-        return float(np.mean(segment_sum(values, offsets) / lengths))
-    if agg == "token-mean":
-        return float(np.sum(values) / values.shape[0])
-    if agg == "seq-mean-token-sum":
-        return float(np.sum(values) / n)
-    if agg == "token-sum":
-        return float(np.sum(values))
-    if agg == "seq-mean-token-sum-norm":
-        lmax = int(lengths.max()) if max_len is None else int(max_len)
-        scale = lmax if norm_scale == "lmax" else n * lmax
-        return float(np.sum(values) / scale)
-    raise UsageError(f"unknown aggregation {agg!r}; choose one of {', '.join(AGGREGATIONS)}")
+    rule = aggregation_rule(agg)
+    lmax = int(lengths.max()) if max_len is None else int(max_len)
+    d = aggregation_divisor(
+        agg, answers=lengths.shape[0], tokens=values.shape[0], max_len=lmax, norm_scale=norm_scale
+    )
+    total = np.sum(segment_sum(values, offsets) / lengths) if rule.answer_mean else np.sum(values)
+    return float(total / d)
 
 
 # ------------------------------------------------------------------- per-token terms
@@ -1002,6 +1057,69 @@ class TokenTerms:
     kl_loss: F64 | None = None
 
 
+@dataclass(frozen=True)
+class TermOptions:
+    """The conventions of the per-token terms, in one record: what :func:`token_terms`,
+    :func:`token_gradients` and the compiled kernel (:func:`grpo_cli._fast.fold`) take.
+
+    ``clip_eps`` ε_low (and ε_high unless ``clip_eps_high``), ``dual_clip`` c (None: off),
+    ``log_ratio_clamp`` (None: off; clamps Δ before ``exp`` at token level, and k3's
+    exponent), ``seq_ratio_clamp`` (the sequence log-ratio's upper bound),
+    ``ratio_level`` token|sequence, ``beta`` β, ``kl_estimator`` k1|k2|k3, ``kl_clamp``,
+    ``kl_bias_correction`` (TRL: the loss's KL times the ratio). The functions also take
+    these as keywords (:class:`TermConventions`), which override ``options``.
+
+    Example:
+        >>> TermOptions(beta=0.0).eps_high
+        0.2
+    """
+
+    clip_eps: float = 0.2
+    clip_eps_high: float | None = None
+    dual_clip: float | None = None
+    log_ratio_clamp: float | None = None
+    seq_ratio_clamp: float | None = None
+    ratio_level: RatioLevel = "token"
+    beta: float = 0.04
+    kl_estimator: KLEstimator = "k3"
+    kl_clamp: float | None = None
+    kl_bias_correction: bool = False
+
+    @property
+    def eps_high(self) -> float:
+        return self.clip_eps if self.clip_eps_high is None else self.clip_eps_high
+
+    @classmethod
+    def of(cls, source: object, **overrides: Any) -> TermOptions:
+        """The options named like attributes of ``source`` (e.g. a
+        :class:`~grpo_cli._settings.Settings`), then ``overrides``."""
+        values = {f.name: getattr(source, f.name) for f in fields(cls)}
+        return cls(**{**values, **overrides})
+
+
+class TermConventions(TypedDict, total=False):
+    """:class:`TermOptions` as keywords (the same names and types; tests/test_core.py
+    checks that the two agree)."""
+
+    clip_eps: float
+    clip_eps_high: float | None
+    dual_clip: float | None
+    log_ratio_clamp: float | None
+    seq_ratio_clamp: float | None
+    ratio_level: RatioLevel
+    beta: float
+    kl_estimator: KLEstimator
+    kl_clamp: float | None
+    kl_bias_correction: bool
+
+
+def term_options(options: TermOptions | None, conventions: TermConventions) -> TermOptions:
+    """``options`` (default: :class:`TermOptions`'s defaults) with the keyword
+    ``conventions`` applied."""
+    base = TermOptions() if options is None else options
+    return replace(base, **conventions) if conventions else base
+
+
 def used_log_ratio(
     delta: F64,
     offsets: I64,
@@ -1020,6 +1138,10 @@ def used_log_ratio(
       OpenRLHF 0.11.2 ``PolicyLoss``, TRL 1.16.0), then bounded from above by
       ``seq_ratio_clamp`` (verl: 10), repeated over the answer's tokens.
 
+    Raises:
+        InputError: ``offsets`` breaks the contract of :func:`check_offsets` (at sequence
+            level an answer without a token too, when ``seq_mean`` is not given).
+
     Example:
         >>> used_log_ratio(np.array([30.0, -1.0]), np.array([0, 1, 2]), log_ratio_clamp=20.0)
         array([20., -1.])
@@ -1027,7 +1149,9 @@ def used_log_ratio(
         ...                seq_ratio_clamp=10.0)
         array([10., 10.])
     """
-    if ratio_level == "sequence":
+    sequence = ratio_level == "sequence"
+    offsets = check_offsets(offsets, delta.shape[0], nonempty=sequence and seq_mean is None)
+    if sequence:
         return sequence_log_ratio(delta, offsets, upper=seq_ratio_clamp, mean=seq_mean)
     if log_ratio_clamp is None:
         return delta
@@ -1041,17 +1165,9 @@ def token_terms(
     adv: F64,
     offsets: I64,
     *,
-    clip_eps: float = 0.2,
-    clip_eps_high: float | None = None,
-    dual_clip: float | None = None,
-    log_ratio_clamp: float | None = None,
-    seq_ratio_clamp: float | None = None,
-    ratio_level: RatioLevel = "token",
-    beta: float = 0.04,
-    kl_estimator: KLEstimator = "k3",
-    kl_clamp: float | None = None,
-    kl_bias_correction: bool = False,
+    options: TermOptions | None = None,
     seq_mean: F64 | None = None,
+    **conventions: Unpack[TermConventions],
 ) -> TokenTerms:
     """Per-token GRPO terms of ragged data: ``policy − β · KL`` (DeepSeekMath eq. 3).
 
@@ -1066,6 +1182,8 @@ def token_terms(
         ref_logp: ``(T,)`` log π_ref, or None (then ``beta`` must be 0).
         adv: ``(N,)`` one advantage per answer, or ``(T,)`` one per token.
         offsets: ``(N+1,)``.
+        options: the conventions (:class:`TermOptions`; default its defaults), each of
+            which a keyword of the same name (``clip_eps=``, ``beta=``, ...) overrides.
         seq_mean: ``(N,)`` the answers' mean ``Δ`` for the sequence-level ratio, when the
             batch holds a slice of an answer's tokens (else computed from ``offsets``).
 
@@ -1078,6 +1196,7 @@ def token_terms(
     """
     T = logp.shape[0]
     offsets = check_offsets(offsets, T, nonempty=True)
+    o = term_options(options, conventions)
     for name, a in (("old_logp", old_logp), ("ref_logp", ref_logp)):
         if a is not None and a.shape != logp.shape:
             raise InputError(f"{name}: expected shape {logp.shape} like logp, got {a.shape}")
@@ -1094,31 +1213,31 @@ def token_terms(
     used = used_log_ratio(
         delta,
         offsets,
-        ratio_level=ratio_level,
-        log_ratio_clamp=log_ratio_clamp,
-        seq_ratio_clamp=seq_ratio_clamp,
+        ratio_level=o.ratio_level,
+        log_ratio_clamp=o.log_ratio_clamp,
+        seq_ratio_clamp=o.seq_ratio_clamp,
         seq_mean=seq_mean,
     )
     with np.errstate(over="ignore"):
         ratio = np.exp(used)
     adv_tok = adv if per_token else np.repeat(adv, lengths)
     policy = clipped_surrogate(
-        ratio, adv_tok, clip_eps=clip_eps, clip_eps_high=clip_eps_high, dual_clip=dual_clip
+        ratio, adv_tok, clip_eps=o.clip_eps, clip_eps_high=o.clip_eps_high, dual_clip=o.dual_clip
     )
     kl = kl_loss = d = None
     if ref_logp is not None:
         d = difference(ref_logp, logp)
         kl = kl_loss = kl_from_log_ratio(
-            d, estimator=kl_estimator, clamp=kl_clamp, log_ratio_clamp=log_ratio_clamp
+            d, estimator=o.kl_estimator, clamp=o.kl_clamp, log_ratio_clamp=o.log_ratio_clamp
         )
-        if kl_bias_correction:
+        if o.kl_bias_correction:
             with np.errstate(over="ignore", invalid="ignore"):
                 kl_loss = kl * ratio
             kl_loss[kl == 0.0] = 0.0  # an overflowed ratio times a zero KL is no NaN
-    require_reference(beta, ref_logp)
-    if beta != 0.0:
+    require_reference(o.beta, ref_logp)
+    if o.beta != 0.0:
         assert kl_loss is not None
-        term = np.multiply(kl_loss, beta)
+        term = np.multiply(kl_loss, o.beta)
         np.subtract(policy, term, out=term)
     else:
         term = policy
@@ -1144,15 +1263,12 @@ class SequenceMeans:
     kl: F64 | None
 
 
-def _unclipped(
-    terms: TokenTerms, clip_eps: float, clip_eps_high: float | None, dual_clip: float | None
-) -> NDArray[np.bool_]:
+def _unclipped(terms: TokenTerms, o: TermOptions) -> NDArray[np.bool_]:
     """Tokens where ``min`` takes the unclipped branch and no dual clip binds."""
-    high = clip_eps if clip_eps_high is None else clip_eps_high
     rho, a = terms.ratio, terms.adv
-    active = ((a > 0) & (rho <= 1.0 + high)) | ((a < 0) & (rho >= 1.0 - clip_eps))
-    if dual_clip is not None:
-        active &= ~((a < 0) & (rho > dual_clip))
+    active = ((a > 0) & (rho <= 1.0 + o.eps_high)) | ((a < 0) & (rho >= 1.0 - o.clip_eps))
+    if o.dual_clip is not None:
+        active &= ~((a < 0) & (rho > o.dual_clip))
     return active
 
 
@@ -1160,14 +1276,18 @@ def sequence_sums(
     terms: TokenTerms,
     offsets: I64,
     *,
-    clip_eps: float = 0.2,
-    clip_eps_high: float | None = None,
-    dual_clip: float | None = None,
+    options: TermOptions | None = None,
+    **conventions: Unpack[TermConventions],
 ) -> tuple[F64, F64 | None]:
     """Per answer, the sums behind :class:`SequenceMeans` (active ``ρA``, KL; the mean
     ``Δ`` is the ratio's own, known before) over the tokens of ``terms``: sums of an
-    answer's slices add up to the answer's."""
-    active = _unclipped(terms, clip_eps, clip_eps_high, dual_clip)
+    answer's slices add up to the answer's.
+
+    Raises:
+        InputError: ``offsets`` breaks the contract of :func:`check_offsets`.
+    """
+    offsets = check_offsets(offsets, terms.ratio.shape[0])
+    active = _unclipped(terms, term_options(options, conventions))
     with np.errstate(over="ignore", invalid="ignore"):
         per = np.where(active, terms.ratio * terms.adv, 0.0)
     kl = None if terms.kl is None else segment_sum(terms.kl, offsets)
@@ -1178,17 +1298,9 @@ def token_gradients(
     terms: TokenTerms,
     *,
     offsets: I64 | None = None,
-    clip_eps: float = 0.2,
-    clip_eps_high: float | None = None,
-    dual_clip: float | None = None,
-    log_ratio_clamp: float | None = None,
-    seq_ratio_clamp: float | None = None,
-    ratio_level: RatioLevel = "token",
-    beta: float = 0.04,
-    kl_estimator: KLEstimator = "k3",
-    kl_clamp: float | None = None,
-    kl_bias_correction: bool = False,
+    options: TermOptions | None = None,
     answer_means: SequenceMeans | None = None,
+    **conventions: Unpack[TermConventions],
 ) -> tuple[F64, F64 | None]:
     """Each token's ``∂policy/∂logp_t`` and ``∂kl_loss/∂logp_t`` for the terms of
     :func:`token_terms`, before the aggregation weights (which are constant within an
@@ -1213,47 +1325,55 @@ def token_gradients(
     The KL in the reward enters through the advantages, which the trainers detach: no term.
     ``answer_means`` gives the answer means of the sequence level when ``terms`` hold a
     slice of an answer (:func:`sequence_sums` over its slices, divided by its length).
+    ``options`` and the keywords as :func:`token_terms` takes them (β plays no part).
+
+    Raises:
+        InputError: ``offsets`` (needed at sequence level) breaks the contract of
+            :func:`check_offsets`.
     """
-    del beta
+    o = term_options(options, conventions)
     rho, a = terms.ratio, terms.adv
-    active = _unclipped(terms, clip_eps, clip_eps_high, dual_clip)
-    if ratio_level == "sequence":
+    if offsets is not None:
+        offsets = check_offsets(offsets, rho.shape[0], nonempty=answer_means is None)
+    active = _unclipped(terms, o)
+    if o.ratio_level == "sequence":
         if offsets is None:
             raise UsageError("the sequence-level gradient needs the answers' offsets")
         lengths = np.diff(offsets)
         m = answer_means
         free: NDArray[np.bool_] = np.ones(rho.shape, dtype=bool)
-        if seq_ratio_clamp is not None:
+        if o.seq_ratio_clamp is not None:
             mean_delta = segment_mean(terms.delta, offsets) if m is None else m.delta
-            free = np.repeat(mean_delta <= seq_ratio_clamp, lengths)
+            free = np.repeat(mean_delta <= o.seq_ratio_clamp, lengths)
         with np.errstate(over="ignore", invalid="ignore"):
             per = np.where(active, rho * a, 0.0)
             mean_per = segment_mean(per, offsets) if m is None else m.policy
             gp = np.where(free, np.repeat(mean_per, lengths), 0.0)
     else:
         free = np.ones(rho.shape, dtype=bool)  # ∂Δ'/∂logp = 1: no log-ratio clamp binds
-        if log_ratio_clamp is not None:
-            free = np.abs(terms.delta) <= log_ratio_clamp
+        if o.log_ratio_clamp is not None:
+            free = np.abs(terms.delta) <= o.log_ratio_clamp
         with np.errstate(over="ignore", invalid="ignore"):
             gp = np.where(active & free, rho * a, 0.0)
     if terms.ref_delta is None or terms.kl is None:
         return gp, None
     d = terms.ref_delta
-    if kl_estimator == "k1":
+    lrc = o.log_ratio_clamp
+    if o.kl_estimator == "k1":
         gk = np.ones(d.shape)
-    elif kl_estimator == "k2":
+    elif o.kl_estimator == "k2":
         gk = -d
     else:
-        dc = d if log_ratio_clamp is None else np.clip(d, -log_ratio_clamp, log_ratio_clamp)
+        dc = d if lrc is None else np.clip(d, -lrc, lrc)
         with np.errstate(over="ignore"):
             gk = 1.0 - np.exp(dc)
-        if log_ratio_clamp is not None:
-            gk[np.abs(d) > log_ratio_clamp] = 0.0
-    if kl_clamp is not None:
-        gk[np.abs(terms.kl) >= kl_clamp] = 0.0  # the clamp binds (kl is clamped already)
-    if kl_bias_correction:
+        if lrc is not None:
+            gk[np.abs(d) > lrc] = 0.0
+    if o.kl_clamp is not None:
+        gk[np.abs(terms.kl) >= o.kl_clamp] = 0.0  # the clamp binds (kl is clamped already)
+    if o.kl_bias_correction:
         with np.errstate(over="ignore", invalid="ignore"):
-            if ratio_level == "sequence":
+            if o.ratio_level == "sequence":
                 assert offsets is not None
                 kl_means = answer_means.kl if answer_means is not None else None
                 if kl_means is None:

@@ -8,7 +8,10 @@ environment: the CLI maps ``GRPO_CLI_KERNEL`` to the backend (CI sets ``c``, so 
 kernel fails there instead of silently testing numpy).
 
 The kernel folds one record batch in one pass over its token columns; see
-:func:`fold`. A ctypes call releases the GIL, so worker threads run it in parallel.
+:func:`fold`: the objective's sums, counts and histograms, and on request each answer's
+gradient sums (``objective --gradient``, ``explain``) and extremes (``answers``). A ctypes
+call releases the GIL, so worker threads run it in parallel. What it returns is fresh
+arrays; the caller merges them (histogram counts: :meth:`grpo_cli._stats.Histogram.add_counts`).
 """
 
 from __future__ import annotations
@@ -16,15 +19,23 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import math
+import threading
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import Any, NamedTuple, Unpack
 
 import numpy as np
 from numpy.typing import NDArray
 
-from ._core import require_reference
-from .errors import GrpoCliError
+from ._core import (
+    TermConventions,
+    TermOptions,
+    check_offsets,
+    require_reference,
+    term_options,
+)
+from ._stats import BinCounts, bin_index
+from .errors import GrpoCliError, InputError
 
 F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
@@ -69,32 +80,57 @@ class Totals(ctypes.Structure):
     ]
 
 
+class Out(ctypes.Structure):
+    """Where ``grpo_fold`` writes its per-answer results and histogram counts (NULL:
+    not asked); the order of ``grpo_out`` in _kernel.c."""
+
+    _fields_ = [
+        (name, ctypes.c_void_p)
+        for name in (
+            "term",
+            "policy",
+            "kl",
+            "low",
+            "high",
+            "d_hist",
+            "x_hist",
+            "g_pp",
+            "g_kk",
+            "g_pk",
+            "g_nz",
+            "kl_max",
+            "lr_max",
+            "kl_at",
+            "lr_at",
+        )
+    ]
+
+
 _ptr, _i64 = ctypes.c_void_p, ctypes.c_int64
-# grpo_fold(params, n, offsets, adv, logp, old, ref, f32, term, policy, kl, low_n, high_n,
-#           d_hist, x_hist, totals, vector)
-_ARGS: list[Any] = [ctypes.POINTER(Params), _i64, *[_ptr] * 5, _i64, *[_ptr] * 7]
+# grpo_fold(params, n, offsets, adv, logp, old, ref, f32, out, totals, vector)
+_ARGS: list[Any] = [ctypes.POINTER(Params), _i64, *[_ptr] * 5, _i64, ctypes.POINTER(Out)]
 _ARGS += [ctypes.POINTER(Totals), _i64]
 
 
-ABI_VERSION = 3  # grpo_abi() in _kernel.c: bump both when Params, Totals or grpo_fold change
+ABI_VERSION = 4  # grpo_abi() in _kernel.c: bump both when Params, Totals, Out or grpo_fold change
 
 
 def check_abi(lib: ctypes.CDLL, origin: str) -> None:
     """Refuse a kernel built from another version of ``_kernel.c``: its struct layouts
     would be read as garbage (a :class:`GrpoCliError` saying to rebuild)."""
-    out = (ctypes.c_int64 * 3)()
+    out = (ctypes.c_int64 * 4)()
     abi = getattr(lib, "grpo_abi", None)
-    got = (0, 0, 0)
+    got = (0, 0, 0, 0)
     if abi is not None:
         abi.restype = ctypes.c_int64
-        abi(out)
-        got = (out[0], out[1], out[2])
-    want = (ABI_VERSION, ctypes.sizeof(Params), ctypes.sizeof(Totals))
+        n = min(int(abi(out)), 4)
+        got = tuple(out[k] if k < n else 0 for k in range(4))  # type: ignore[assignment]
+    want = (ABI_VERSION, ctypes.sizeof(Params), ctypes.sizeof(Totals), ctypes.sizeof(Out))
     if got != want:
         raise GrpoCliError(
             f"{origin}: the compiled kernel does not match this grpo-cli (interface "
-            f"{got[0]}, struct sizes {got[1]}/{got[2]}; expected {want[0]}, "
-            f"{want[1]}/{want[2]}): rebuild it with pip install -e ."
+            f"{got[0]}, struct sizes {'/'.join(map(str, got[1:]))}; expected {want[0]}, "
+            f"{'/'.join(map(str, want[1:]))}): rebuild it with pip install -e ."
         )
 
 
@@ -134,6 +170,32 @@ def supports(ratio_level: str, beta: float, kl_bias_correction: bool) -> bool:
     return ratio_level == "token" and not (kl_bias_correction and beta != 0.0)
 
 
+def supports_options(o: TermOptions) -> bool:
+    """:func:`supports` of a :class:`~grpo_cli._core.TermOptions`."""
+    return supports(o.ratio_level, o.beta, o.kl_bias_correction)
+
+
+class GradientParts(NamedTuple):
+    """Per answer, the sums of :func:`grpo_cli._core.token_gradients`' derivatives over its
+    tokens: ``Σ g_p²``, ``Σ g_k²`` and ``Σ g_p·g_k`` (the KL's None when not asked), and
+    its tokens of nonzero ``g_p``."""
+
+    pp: F64
+    kk: F64 | None
+    pk: F64 | None
+    nonzero: I64
+
+
+class Extremes(NamedTuple):
+    """Per answer, the largest |Δ| and KL estimate (None without ``ref_logp``), and the
+    first of its tokens holding each (as ``np.argmax``)."""
+
+    log_ratio_max: F64
+    log_ratio_at: I64
+    kl_max: F64 | None
+    kl_at: I64 | None
+
+
 @dataclass(frozen=True)
 class Folded:
     """What :func:`fold` returns for a batch of ``n`` answers."""
@@ -144,6 +206,12 @@ class Folded:
     low: I64  # (n,) tokens with ρ < 1 − ε_low and A < 0, per answer
     high: I64  # (n,) tokens with ρ > 1 + ε_high and A > 0, per answer
     totals: Totals
+    # the occupied bins' counts of Δ and of d = ref_logp − logp on ``bins`` (None: not
+    # asked), binned as :class:`grpo_cli._stats.Histogram` bins: merged with add_counts
+    d_counts: BinCounts | None = None
+    x_counts: BinCounts | None = None
+    gradient: GradientParts | None = None
+    extremes: Extremes | None = None
 
 
 def _same_dtype(*arrays: np.ndarray | None) -> tuple[bool, list[np.ndarray | None]]:
@@ -160,70 +228,98 @@ def fold(
     adv: F64,
     offsets: I64,
     *,
-    d_hist: I64,
-    x_hist: I64,
-    bins: tuple[float, float, int],
+    options: TermOptions | None = None,
+    bins: tuple[float, float, int] | None = None,
+    gradient: bool = False,
+    extremes: bool = False,
     vector: bool = True,
-    clip_eps: float = 0.2,
-    clip_eps_high: float | None = None,
-    dual_clip: float | None = None,
-    log_ratio_clamp: float | None = None,
-    seq_ratio_clamp: float | None = None,
-    ratio_level: str = "token",
-    beta: float = 0.04,
-    kl_estimator: str = "k3",
-    kl_clamp: float | None = None,
-    kl_bias_correction: bool = False,
+    **conventions: Unpack[TermConventions],
 ) -> Folded:
     """One pass over a batch: per-answer sums, clip counts, ratio and KL moments.
 
-    Arguments and settings as :func:`grpo_cli._core.token_terms` takes them (the ratio per
-    token only, no KL bias correction: :func:`supports` says). ``d_hist`` and ``x_hist``
-    (``nbins + 2`` int64 counts of the log-ratio ``Δ`` and of
-    ``d = ref_logp − logp`` on ``bins``) are incremented in place, binned exactly as
-    :class:`grpo_cli._stats.Histogram` bins. ``vector=False`` takes the scalar path even
-    on an AVX2 machine (the tests compare both with numpy).
+    Arguments and conventions as :func:`grpo_cli._core.token_terms` takes them (the ratio
+    per token only, no KL bias correction: :func:`supports` says). ``bins``: the layout
+    ``(lo, hi, nbins)`` of the two histograms to count Δ and ``d = ref_logp − logp`` into
+    (None: no histogram); ``gradient``: each answer's gradient sums (:class:`GradientParts`;
+    the KL's when β ≠ 0); ``extremes``: each answer's :class:`Extremes`. ``vector=False``
+    takes the scalar path even on an AVX2 machine (the tests compare both with numpy).
+
+    Raises:
+        InputError: ``offsets`` breaks the contract of :func:`grpo_cli._core.check_offsets`,
+            or the arrays' shapes disagree with it.
     """
     lib = _library()
     if lib is None:
         raise ValueError("the compiled kernel is not built")
-    if not supports(ratio_level, beta, kl_bias_correction):
+    offs = check_offsets(offsets, logp.shape[0])
+    n = int(offs.shape[0] - 1)
+    for name, x in (("old_logp", old_logp), ("ref_logp", ref_logp)):
+        if x is not None and x.shape != logp.shape:
+            raise InputError(f"{name}: expected shape {logp.shape} like logp, got {x.shape}")
+    if adv.shape != (n,):
+        raise InputError(f"adv: expected shape ({n},) (one advantage per answer), got {adv.shape}")
+    o = term_options(options, conventions)
+    if not supports_options(o):
         raise ValueError("the compiled kernel folds token-level ratios without KL bias correction")
-    del seq_ratio_clamp  # sequence level only
-    require_reference(beta, ref_logp)
+    require_reference(o.beta, ref_logp)
     f32, (lp, old, ref) = _same_dtype(logp, old_logp, ref_logp)
     if lp is None:
         raise ValueError("logp: required")
-    lo, hi, nb = bins
+    lo, hi, nb = bins if bins is not None else (0.0, 1.0, 1)
     params = Params(
-        lo=1.0 - clip_eps,
-        hi=1.0 + (clip_eps if clip_eps_high is None else clip_eps_high),
-        dual=math.nan if dual_clip is None else dual_clip,
-        lrc=math.inf if log_ratio_clamp is None else log_ratio_clamp,
-        beta=beta,
-        kl_clamp=math.inf if kl_clamp is None else kl_clamp,
-        kl_est={"k1": 1, "k2": 2, "k3": 3}[kl_estimator],
+        lo=1.0 - o.clip_eps,
+        hi=1.0 + o.eps_high,
+        dual=math.nan if o.dual_clip is None else o.dual_clip,
+        lrc=math.inf if o.log_ratio_clamp is None else o.log_ratio_clamp,
+        beta=o.beta,
+        kl_clamp=math.inf if o.kl_clamp is None else o.kl_clamp,
+        kl_est={"k1": 1, "k2": 2, "k3": 3}[o.kl_estimator],
         h_lo=lo,
         h_inv_w=nb / (hi - lo),
         h_nb=nb,
     )
-    n = int(offsets.shape[0] - 1)
     term, policy = np.empty(n), np.empty(n)
     kl = np.empty(n) if ref is not None else None
     low, high = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+    d_buf = x_buf = None
+    if bins is not None:
+        d_buf, x_buf = _scratch(nb)
+        x_buf = x_buf if ref is not None else None
+    grad = None
+    if gradient:
+        with_kl = ref is not None and o.beta != 0.0
+        grad = GradientParts(
+            np.empty(n),
+            np.empty(n) if with_kl else None,
+            np.empty(n) if with_kl else None,
+            np.empty(n, dtype=np.int64),
+        )
+    ext = None
+    if extremes:
+        with_ref = ref is not None
+        ext = Extremes(
+            np.empty(n),
+            np.empty(n, dtype=np.int64),
+            np.empty(n) if with_ref else None,
+            np.empty(n, dtype=np.int64) if with_ref else None,
+        )
     tot = Totals(
         d_min=math.inf, d_max=-math.inf, k_min=math.inf, k_max=-math.inf,
         x_min=math.inf, x_max=-math.inf,
     )  # fmt: skip
-    offs = np.ascontiguousarray(offsets, dtype=np.int64)
     a = np.ascontiguousarray(adv, dtype=np.float64)
-    for h in (d_hist, x_hist):
-        if not (h.dtype == np.int64 and h.flags.c_contiguous and h.shape[0] == nb + 2):
-            raise ValueError(f"histogram counts: expected {nb + 2} contiguous int64 counts")
 
     def p(x: np.ndarray | None) -> int | None:
         return None if x is None else x.ctypes.data
 
+    out = Out(
+        term=p(term), policy=p(policy), kl=p(kl), low=p(low), high=p(high),
+        d_hist=p(d_buf), x_hist=p(x_buf),
+        g_pp=p(grad.pp) if grad else None, g_kk=p(grad.kk) if grad else None,
+        g_pk=p(grad.pk) if grad else None, g_nz=p(grad.nonzero) if grad else None,
+        kl_max=p(ext.kl_max) if ext else None, lr_max=p(ext.log_ratio_max) if ext else None,
+        kl_at=p(ext.kl_at) if ext else None, lr_at=p(ext.log_ratio_at) if ext else None,
+    )  # fmt: skip
     lib.grpo_fold(
         ctypes.byref(params),
         n,
@@ -233,14 +329,39 @@ def fold(
         p(old),
         p(ref),
         int(f32),
-        p(term),
-        p(policy),
-        p(kl),
-        p(low),
-        p(high),
-        p(d_hist),
-        p(x_hist),
+        ctypes.byref(out),
         ctypes.byref(tot),
         int(vector),
     )
-    return Folded(term=term, policy=policy, kl=kl, low=low, high=high, totals=tot)
+    d_counts = x_counts = None
+    if d_buf is not None:
+        d_counts = _take(d_buf, tot.d_min, tot.d_max, lo, params.h_inv_w, nb)
+    if x_buf is not None:
+        x_counts = _take(x_buf, tot.x_min, tot.x_max, lo, params.h_inv_w, nb)
+    return Folded(term, policy, kl, low, high, tot, d_counts, x_counts, grad, ext)
+
+
+_local = threading.local()
+
+
+def _scratch(nb: int) -> tuple[I64, I64]:
+    """This thread's two zeroed count buffers of ``nb + 2`` bins the kernel bins into,
+    reused call after call (fresh ones would cost a page fault every 512 bins touched)."""
+    bufs: dict[int, tuple[I64, I64]] = _local.__dict__.setdefault("bufs", {})
+    if nb not in bufs:
+        bufs[nb] = (np.zeros(nb + 2, dtype=np.int64), np.zeros(nb + 2, dtype=np.int64))
+    return bufs[nb]
+
+
+def _take(buf: I64, vmin: float, vmax: float, lo: float, inv_w: float, nb: int) -> BinCounts:
+    """The occupied bins of ``buf`` and their counts, taken out: ``buf`` is left all zeros
+    for the next call. Only the bins between those of the values' min and max can be
+    occupied (binning is monotone), and only those are read."""
+    if vmin > vmax:  # no value binned
+        return BinCounts(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+    a, b = bin_index(vmin, lo, inv_w, nb), bin_index(vmax, lo, inv_w, nb) + 1
+    index = np.flatnonzero(buf[a:b])
+    index += a
+    out = BinCounts(index, buf[index])
+    buf[index] = 0
+    return out

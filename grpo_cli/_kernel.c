@@ -11,6 +11,12 @@
  * and on AVX2 machines the exponential is glibc's vector exp (libmvec, within 4 ulp of
  * the scalar one).
  *
+ * On request it also gives each answer's gradient sums (Σ g_p², Σ g_k², Σ g_p·g_k of
+ * grpo_cli._core.token_gradients' per-token derivatives, and the tokens of nonzero g_p) and
+ * its extremes (the largest KL estimate and |Δ|, and the first token holding each), and
+ * bins into histograms only when given them: what `objective --gradient` and `answers`
+ * need, in the same pass.
+ *
  * Built with -ffp-contract=off: a fused multiply-add would bin histogram values
  * differently from numpy's separate multiply and add.
  *
@@ -56,6 +62,17 @@ typedef struct {
 
 #define BLOCK 512
 
+/* Where the per-answer results go ((n,) arrays; NULL: not asked). */
+typedef struct {
+    double *term, *policy, *kl;     /* Σ_t of the term, the policy term and the KL estimate */
+    int64_t *low, *high;            /* tokens with ρ < 1 - ε_low and A < 0; ρ > 1 + ε_high, A > 0 */
+    int64_t *d_hist, *x_hist;       /* nb + 2 counts of Δ and of x (NULL: not binned) */
+    double *g_pp, *g_kk, *g_pk;     /* Σ g_p², Σ g_k², Σ g_p·g_k (g_kk, g_pk NULL: no KL part) */
+    int64_t *g_nz;                  /* tokens with g_p != 0 */
+    double *kl_max, *lr_max;        /* the largest KL estimate, the largest |Δ| */
+    int64_t *kl_at, *lr_at;         /* the first of the answer's tokens holding it */
+} grpo_out;
+
 /* One block of one answer, ready for phase 2: log-ratios and their exponentials. */
 typedef struct {
     int64_t m;
@@ -64,6 +81,7 @@ typedef struct {
     double rr[BLOCK]; /* the raw ratio exp(Δ), when Δ is clamped */
     double x[BLOCK];  /* x = ref_logp - logp */
     double k[BLOCK];  /* the KL estimate */
+    double ek[BLOCK]; /* k3's exp(x) (x clamped when asked): its derivative is 1 - exp(x) */
     double t[BLOCK];  /* scratch */
 } block;
 
@@ -71,6 +89,14 @@ typedef struct {
 typedef struct {
     double term, pol, kl, r, r2, kf, kf2, d, d20, x;
 } sums;
+
+/* The gradient sums and extremes of one answer, carried over its blocks. */
+typedef struct {
+    double pp, kk, pk;
+    int64_t nz;
+    double kl_max, lr_max;
+    int64_t kl_at, lr_at;
+} extras;
 
 /* ----------------------------------------------------------------- phase 1 */
 typedef void (*exp_fn)(const double *, double *, int64_t);
@@ -132,9 +158,9 @@ CLONES static void phase1(const grpo_params *p, exp_fn vexp, const void *logp, c
             for (int64_t j = 0; j < m; j++) B->t[j] = clampd(B->x[j], p->lrc);
             xe = B->t;
         }
-        vexp(xe, k, m);
+        vexp(xe, B->ek, m);
         for (int64_t j = 0; j < m; j++) {
-            k[j] -= xe[j];
+            k[j] = B->ek[j] - xe[j];
             k[j] -= 1.0;
             if (xe[j] == INFINITY) k[j] = INFINITY; /* inf - inf: the limit is +inf */
         }
@@ -188,7 +214,7 @@ static void phase2_scalar(const grpo_params *p, double A, int has_ref, const blo
         s->d20 += clampd(d, 20.0);
         tot->d_min = d < tot->d_min ? d : tot->d_min;
         tot->d_max = d > tot->d_max ? d : tot->d_max;
-        d_hist[bin_of(d, p->h_inv_w, c0, top)]++;
+        if (d_hist) d_hist[bin_of(d, p->h_inv_w, c0, top)]++;
         if (!has_ref) {
             s->term += pol;
             continue;
@@ -206,7 +232,7 @@ static void phase2_scalar(const grpo_params *p, double A, int has_ref, const blo
         tot->k_max = k > tot->k_max ? k : tot->k_max;
         tot->x_min = x < tot->x_min ? x : tot->x_min;
         tot->x_max = x > tot->x_max ? x : tot->x_max;
-        x_hist[bin_of(x, p->h_inv_w, c0, top)]++;
+        if (x_hist) x_hist[bin_of(x, p->h_inv_w, c0, top)]++;
         s->term += use_beta ? pol - p->beta * k : pol;
     }
 }
@@ -296,7 +322,7 @@ __attribute__((target("avx2,fma"))) static void phase2_avx2(const grpo_params *p
         s_d20 = ADD(s_d20, VMIN(VMAX(d, m20), c20));
         dmin = VMIN(d, dmin);
         dmax = VMAX(d, dmax);
-        bins4(d, inv_w, c0, top, di + j);
+        if (d_hist) bins4(d, inv_w, c0, top, di + j);
         if (!has_ref) {
             s_term = ADD(s_term, pol);
             continue;
@@ -312,11 +338,12 @@ __attribute__((target("avx2,fma"))) static void phase2_avx2(const grpo_params *p
         kmax = VMAX(k, kmax);
         xmin = VMIN(x, xmin);
         xmax = VMAX(x, xmax);
-        bins4(x, inv_w, c0, top, xi + j);
+        if (x_hist) bins4(x, inv_w, c0, top, xi + j);
         s_term = ADD(s_term, use_beta ? _mm256_sub_pd(pol, MUL(beta, k)) : pol);
     }
-    for (int64_t j = 0; j < m4; j++) d_hist[di[j]]++;
-    if (has_ref)
+    if (d_hist)
+        for (int64_t j = 0; j < m4; j++) d_hist[di[j]]++;
+    if (has_ref && x_hist)
         for (int64_t j = 0; j < m4; j++) x_hist[xi[j]]++;
     s->pol += hsum(s_pol);
     s->term += hsum(s_term);
@@ -346,14 +373,94 @@ __attribute__((target("avx2,fma"))) static void phase2_avx2(const grpo_params *p
 }
 #endif
 
+/* ------------------------------------------------------- gradient and extremes */
+/* The derivatives of grpo_cli._core.token_gradients at token level, with the same
+ * operations: g_p = ρA where the unclipped branch is taken, no dual clip binds and
+ * |Δ| <= the log-ratio clamp, else 0; g_k = 1 (k1), -x (k2), 1 - exp(x) (k3; 0 where
+ * |x| > the log-ratio clamp), 0 where |k| >= the KL clamp. Their squares and product are
+ * summed four lanes at a time (the lanes are added at the end of the block). */
+CLONES static void grad_block(const grpo_params *p, double A, int with_kl, const block *B,
+                              extras *e) {
+    const int64_t m = B->m;
+    const double lo = p->lo, hi = p->hi, dual = p->dual, lrc = p->lrc, klc = p->kl_clamp;
+    const int has_dual = !isnan(dual), has_lrc = isfinite(lrc), has_klc = isfinite(klc);
+    double pp[4] = {0, 0, 0, 0}, kk[4] = {0, 0, 0, 0}, pk[4] = {0, 0, 0, 0};
+    int64_t nz = 0;
+    for (int64_t j = 0; j < m; j++) {
+        const double r = B->r[j];
+        int act = 0;
+        if (A > 0) {
+            act = r <= hi;
+        } else if (A < 0) {
+            act = r >= lo && !(has_dual && r > dual);
+        }
+        if (has_lrc && !(fabs(B->dl[j]) <= lrc)) act = 0;
+        const double gp = act ? r * A : 0.0;
+        nz += gp != 0.0;
+        pp[j & 3] += gp * gp;
+        if (!with_kl) continue;
+        const double x = B->x[j];
+        double gk;
+        if (p->kl_est == 1) {
+            gk = 1.0;
+        } else if (p->kl_est == 2) {
+            gk = -x;
+        } else {
+            gk = 1.0 - B->ek[j];
+            if (has_lrc && fabs(x) > lrc) gk = 0.0;
+        }
+        if (has_klc && fabs(B->k[j]) >= klc) gk = 0.0;
+        kk[j & 3] += gk * gk;
+        pk[j & 3] += gp * gk;
+    }
+    e->pp += (pp[0] + pp[1]) + (pp[2] + pp[3]);
+    e->kk += (kk[0] + kk[1]) + (kk[2] + kk[3]);
+    e->pk += (pk[0] + pk[1]) + (pk[2] + pk[3]);
+    e->nz += nz;
+}
+
+/* The largest of m values (NaN-free: the KL estimate and |Δ| never are NaN), four lanes at
+ * a time, so that the compiler vectorises it. */
+CLONES static double block_max(const double *v, int64_t m) {
+    double l[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    int64_t j = 0;
+    for (; j + 4 <= m; j += 4)
+        for (int k = 0; k < 4; k++) l[k] = v[j + k] > l[k] ? v[j + k] : l[k];
+    for (; j < m; j++) l[0] = v[j] > l[0] ? v[j] : l[0];
+    const double a = l[0] > l[1] ? l[0] : l[1], b = l[2] > l[3] ? l[2] : l[3];
+    return a > b ? a : b;
+}
+
+/* Keep the first largest: when the block's largest exceeds the best so far, find its
+ * first token (b0: the block's first token within its answer), as numpy's argmax does. */
+static void first_max(const double *v, int64_t m, int64_t b0, double *best, int64_t *at) {
+    const double top = block_max(v, m);
+    if (!(top > *best)) return;
+    for (int64_t j = 0; j < m; j++) {
+        if (v[j] == top) {
+            *best = top;
+            *at = b0 + j;
+            return;
+        }
+    }
+}
+
+/* The largest KL estimate and |Δ| of the block's tokens and the first token holding each. */
+CLONES static void extremes_block(block *B, int has_ref, int64_t b0, extras *e) {
+    for (int64_t j = 0; j < B->m; j++) B->t[j] = fabs(B->dl[j]);
+    first_max(B->t, B->m, b0, &e->lr_max, &e->lr_at);
+    if (has_ref) first_max(B->k, B->m, b0, &e->kl_max, &e->kl_at);
+}
+
 /* The interface version and the sizes of the structs the caller mirrors (grpo_cli._fast):
  * the loader refuses a kernel whose layout is not its own instead of reading garbage. */
-#define GRPO_ABI_VERSION 3
+#define GRPO_ABI_VERSION 4
 int64_t grpo_abi(int64_t *out) {
     out[0] = GRPO_ABI_VERSION;
     out[1] = (int64_t)sizeof(grpo_params);
     out[2] = (int64_t)sizeof(grpo_totals);
-    return 3;
+    out[3] = (int64_t)sizeof(grpo_out);
+    return 4;
 }
 
 /* 1 when this build has the AVX2 path and this CPU can run it. */
@@ -367,15 +474,12 @@ int64_t grpo_vector_exp(void) {
 }
 
 /* Fold a batch of n answers (tokens offsets[i] .. offsets[i+1]) of float32 (f32 = 1) or
- * float64 columns; old and ref may be NULL. Writes the per-answer sums of the per-token
- * term, policy term and KL (kl_sum may be NULL without ref) and the per-answer counts of
- * low- and high-clipped tokens, increments the histograms and accumulates into *tot.
- * vector = 0 forces the scalar path. Returns 0. */
+ * float64 columns; old and ref may be NULL. Writes the per-answer results *out asks for
+ * (term, policy, low and high always; kl with ref), increments the histograms it gives
+ * and accumulates into *tot. vector = 0 forces the scalar path. Returns 0. */
 int64_t grpo_fold(const grpo_params *p, int64_t n, const int64_t *offsets, const double *adv,
                   const void *logp, const void *old, const void *ref, int64_t f32,
-                  double *term_sum, double *policy_sum, double *kl_sum, int64_t *low_n,
-                  int64_t *high_n, int64_t *d_hist, int64_t *x_hist, grpo_totals *tot,
-                  int64_t vector) {
+                  const grpo_out *out, grpo_totals *tot, int64_t vector) {
 #ifdef HAVE_AVX2
     const int use_avx2 = vector && grpo_vector_exp();
     const exp_fn vexp = use_avx2 ? exp_avx2 : exp_scalar;
@@ -384,33 +488,54 @@ int64_t grpo_fold(const grpo_params *p, int64_t n, const int64_t *offsets, const
     const exp_fn vexp = exp_scalar;
 #endif
     static __thread block B;
+    const int grad = out->g_pp != NULL, grad_kl = grad && ref && out->g_kk && out->g_pk;
+    const int ext = out->lr_max != NULL;
     for (int64_t i = 0; i < n; i++) {
         sums s = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+        extras e = {0, 0, 0, 0, -INFINITY, -INFINITY, 0, 0};
         const int64_t low0 = tot->n_low, high0 = tot->n_high;
         for (int64_t b0 = offsets[i]; b0 < offsets[i + 1]; b0 += BLOCK) {
             B.m = offsets[i + 1] - b0 < BLOCK ? offsets[i + 1] - b0 : BLOCK;
             phase1(p, vexp, logp, old, ref, (int)f32, b0, &B);
+            if (grad) grad_block(p, adv[i], grad_kl, &B, &e);
+            if (ext) extremes_block(&B, ref != NULL, b0 - offsets[i], &e);
 #ifdef HAVE_AVX2
             if (use_avx2) {
-                phase2_avx2(p, adv[i], ref != NULL, &B, &s, tot, d_hist, x_hist);
+                phase2_avx2(p, adv[i], ref != NULL, &B, &s, tot, out->d_hist, out->x_hist);
                 continue;
             }
 #endif
-            phase2_scalar(p, adv[i], ref != NULL, &B, 0, &s, tot, d_hist, x_hist);
+            phase2_scalar(p, adv[i], ref != NULL, &B, 0, &s, tot, out->d_hist, out->x_hist);
         }
-        term_sum[i] = s.term;
-        policy_sum[i] = s.pol;
-        low_n[i] = tot->n_low - low0;
-        high_n[i] = tot->n_high - high0;
+        out->term[i] = s.term;
+        out->policy[i] = s.pol;
+        out->low[i] = tot->n_low - low0;
+        out->high[i] = tot->n_high - high0;
         tot->r_sum += s.r;
         tot->r2_sum += s.r2;
         tot->d_sum += s.d;
         tot->d20_sum += s.d20;
         if (ref) {
-            kl_sum[i] = s.kl;
+            out->kl[i] = s.kl;
             tot->x_sum += s.x;
             tot->kf_sum += s.kf;
             tot->kf_sq += s.kf2;
+        }
+        if (grad) {
+            out->g_pp[i] = e.pp;
+            out->g_nz[i] = e.nz;
+            if (grad_kl) {
+                out->g_kk[i] = e.kk;
+                out->g_pk[i] = e.pk;
+            }
+        }
+        if (ext) {
+            out->lr_max[i] = e.lr_max;
+            out->lr_at[i] = e.lr_at;
+            if (ref) {
+                out->kl_max[i] = e.kl_max;
+                out->kl_at[i] = e.kl_at;
+            }
         }
     }
     return 0;

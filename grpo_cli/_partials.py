@@ -25,6 +25,8 @@ from ._core import (
     FloatArray,
     GroupStats,
     SequenceMeans,
+    aggregation_divisor,
+    aggregation_rule,
     aggregation_weights,
     answer_clip_tokens,
     clip_counts_of,
@@ -149,7 +151,11 @@ class RolloutPartial:
         if n == 0:
             return None
         mean_r, mean_r2 = self.r_sum / n, self.r2_sum / n
-        ess_token = mean_r * mean_r / mean_r2 if math.isfinite(mean_r2) else 0.0
+        # Σρ² beyond float64: one weight dominates (ESS → 0); below it (every ρ² underflows
+        # to 0) the ratio is not representable: NaN, null in JSON with a warning
+        ess_token = 0.0 if not math.isfinite(mean_r2) else math.nan
+        if math.isfinite(mean_r2) and mean_r2 > 0.0:
+            ess_token = mean_r * mean_r / mean_r2
         return RolloutReport(
             tokens=n,
             answers=self.answers,
@@ -314,6 +320,26 @@ class GradientSums:
         self.tokens_policy += int(np.count_nonzero(nz))
         return segment_count(nz, offsets)
 
+    def add_answers(self, g: _fast.GradientParts, lengths: I64) -> I64:
+        """Fold in per-answer sums of the derivatives (the compiled kernel's) of answers
+        (or slices of answers) whose whole lengths are ``lengths``: ``Σ (u g)²`` is
+        ``u² Σ g²`` with ``u`` constant within an answer. Returns ``g.nonzero``."""
+        inv = 1.0 / lengths
+        inv2 = inv * inv
+        with np.errstate(over="ignore", invalid="ignore"):
+            self.pp[0] += float(np.sum(g.pp))
+            self.pp[1] += float(np.sum(g.pp * inv2))
+            if g.kk is not None and g.pk is not None:
+                self.kk[0] += float(np.sum(g.kk))
+                self.kk[1] += float(np.sum(g.kk * inv2))
+                self.pk[0][0] += float(np.sum(g.pk))
+                one_inv = float(np.sum(g.pk * inv))
+                self.pk[0][1] += one_inv
+                self.pk[1][0] += one_inv
+                self.pk[1][1] += float(np.sum(g.pk * inv2))
+        self.tokens_policy += int(np.sum(g.nonzero))
+        return g.nonzero
+
     def count_answers(self, nonzero: I64) -> None:
         """Answers with a nonzero policy gradient, from :meth:`add`'s counts."""
         self.answers_policy += int(np.count_nonzero(nonzero))
@@ -470,14 +496,12 @@ def sequence_means(part: Part, s: Settings, seq: F64) -> SequenceMeans:
     for _, _, piece, a in part.slices():
         assert a is not None
         f = piece.fields
+        o = s.term_options()
         terms = token_terms(
-            f["logp"], f.get("old_logp"), f.get("ref_logp"), a, piece.offsets, seq_mean=seq,
-            **s.term_kwargs(),
+            f["logp"], f.get("old_logp"), f.get("ref_logp"), a, piece.offsets, options=o,
+            seq_mean=seq,
         )  # fmt: skip
-        sp, sk = sequence_sums(
-            terms, piece.offsets, clip_eps=s.clip_eps, clip_eps_high=s.clip_eps_high,
-            dual_clip=s.dual_clip,
-        )  # fmt: skip
+        sp, sk = sequence_sums(terms, piece.offsets, options=o)
         p += float(sp[0])
         kl = None if sk is None else (kl or 0.0) + float(sk[0])
     return SequenceMeans(seq, np.array([p / n]), None if kl is None else np.array([kl / n]))
@@ -490,8 +514,9 @@ class TokenPartial:
     part, its update in the fold, and its view. Two ways to fold a batch, with the same
     results (tests/test_kernel.py): the compiled kernel of :mod:`grpo_cli._fast` (backend
     ``c``: one pass over the token columns, when the ratio is per token and the KL has no
-    bias correction), else numpy, composed of the core's definitions (:func:`token_terms`,
-    :func:`clip_counts`, :func:`ratio_moments`).
+    bias correction, the gradient's sums included), else numpy, composed of the core's
+    definitions (:func:`token_terms`, :func:`clip_counts`, :func:`ratio_moments`,
+    :func:`token_gradients`).
     """
 
     PARTS = (
@@ -527,8 +552,8 @@ class TokenPartial:
         gradient: bool = False,
     ) -> None:
         self.settings = settings
-        # ‖∂J/∂logp‖ (numpy only: asking for it folds every batch in numpy)
-        self.gradient_wanted = gradient
+        self.options = settings.term_options()
+        self.gradient_wanted = gradient  # ‖∂J/∂logp‖
         self.grad = GradientSums()
         self.positive = PositiveLogp()  # log-probs > 0 inside the mask, by field
         self.length_adv = LengthAdvantage()  # answers by (length, advantage): the plot
@@ -555,11 +580,7 @@ class TokenPartial:
         self.old_ref = TermSums()
         # the compiled kernel folds token-level ratios; GSPO's sequence ratio and TRL's
         # bias-corrected KL stay in numpy
-        self.compiled = (
-            not gradient
-            and backend == "c"
-            and _fast.supports(settings.ratio_level, settings.beta, settings.kl_bias_correction)
-        )
+        self.compiled = backend == "c" and _fast.supports_options(self.options)
         self.vector = True  # the kernel's AVX2 path where the CPU has it (tests turn it off)
 
     # the counts, by name
@@ -645,7 +666,7 @@ class TokenPartial:
     def _tokens(self, b: Batch, adv: F64 | None, whole: Whole) -> AnswerSums:
         assert adv is not None
         if self.compiled and not whole.per_token:
-            sums = self._tokens_compiled(b, adv)
+            sums = self._tokens_compiled(b, adv, whole)
         else:
             sums = self._tokens_numpy(b, adv, whole)
         self._extras_tokens(b, sums)
@@ -677,9 +698,10 @@ class TokenPartial:
             self.rollout.update_answers(sums.rollout)
         self.length_adv.update(lengths, adv if sums.adv is None else sums.adv / lengths)
 
-    def _tokens_compiled(self, b: Batch, adv: F64) -> AnswerSums:
-        """The same statistics as :meth:`_tokens_numpy`, from one pass of the kernel (which
-        bins Δ and d into the two sketches' histograms in place, for speed)."""
+    def _tokens_compiled(self, b: Batch, adv: F64, whole: Whole) -> AnswerSums:
+        """The same statistics as :meth:`_tokens_numpy`, from one pass of the kernel: its
+        histogram counts merge into the two sketches, its per-answer gradient sums into
+        :class:`GradientSums`."""
         f = b.fields
         logp, old, ref = f["logp"], f.get("old_logp"), f.get("ref_logp")
         out = _fast.fold(
@@ -688,21 +710,20 @@ class TokenPartial:
             ref,
             adv,
             b.offsets,
-            d_hist=self.delta.hist.counts,
-            x_hist=self.kl_d.hist.counts,
+            options=self.options,
             bins=LOG_RATIO_BINS,
+            gradient=self.gradient_wanted,
             vector=self.vector,
-            **self.settings.term_kwargs(),
         )
         t, n = out.totals, int(b.offsets[-1])
         if out.kl is not None:
-            assert ref is not None
+            assert ref is not None and out.x_counts is not None
             self.kl_values.merge(
                 Moments.from_sums(
                     n, t.k_inf, float(np.sum(out.kl)), t.kf_sum, t.kf_sq, t.k_min, t.k_max
                 )
             )
-            self.kl_d.counted(n, t.x_min, t.x_max, lambda: difference(ref, logp))
+            self.kl_d.counted(n, out.x_counts, t.x_min, t.x_max, lambda: difference(ref, logp))
         # the kernel counts clipped tokens (its ratio is per token)
         self.clip = self.clip.merge(
             ClipCounts(t.n_low, t.n_high, t.n_low + t.n_high, t.n_outside, t.n_dual)
@@ -713,8 +734,12 @@ class TokenPartial:
         def delta() -> F64:
             return np.zeros(n) if old is None else log_ratio(logp, old)
 
-        self.delta.counted(n, t.d_min, t.d_max, delta)
-        return AnswerSums(term=out.term, policy=out.policy, kl=out.kl, low=out.low, high=out.high)
+        assert out.d_counts is not None
+        self.delta.counted(n, out.d_counts, t.d_min, t.d_max, delta)
+        sums = AnswerSums(term=out.term, policy=out.policy, kl=out.kl, low=out.low, high=out.high)
+        if out.gradient is not None:
+            sums.grad_nz = self.grad.add_answers(out.gradient, whole.lengths)
+        return sums
 
     def _tokens_numpy(self, b: Batch, adv: F64, whole: Whole) -> AnswerSums:
         s = self.settings
@@ -724,8 +749,8 @@ class TokenPartial:
             b.fields.get("ref_logp"),
             adv,
             b.offsets,
+            options=self.options,
             seq_mean=whole.seq_mean,
-            **s.term_kwargs(),
         )
         sums = AnswerSums(
             term=segment_sum(terms.term, b.offsets), policy=segment_sum(terms.policy, b.offsets)
@@ -753,9 +778,9 @@ class TokenPartial:
         self.delta.update(terms.delta)
         if self.gradient_wanted:
             gp, gk = token_gradients(
-                terms, offsets=b.offsets, answer_means=whole.grad_means, **s.term_kwargs()
+                terms, offsets=b.offsets, options=self.options, answer_means=whole.grad_means
             )
-            gk = gk if s.beta and s.kl_mode == "loss" else None
+            gk = gk if self.options.beta else None  # with the KL in the reward: no KL term
             sums.grad_nz = self.grad.add(gp, gk, b.offsets, whole.lengths)
         return sums
 
@@ -803,8 +828,8 @@ class TokenPartial:
         n = self.delta.n
         if n == 0:
             return Distribution(0, None, None, None, None, {})
-        with np.errstate(over="ignore"):
-            lo, hi = math.exp(self.delta.hist.vmin), np.exp(self.delta.hist.vmax)
+        with np.errstate(over="ignore"):  # every Δ may be above 709.78: ρ = inf
+            lo, hi = np.exp(self.delta.hist.vmin), np.exp(self.delta.hist.vmax)
         vals = self.delta.quantiles(QUANTILE_LEVELS, np.exp)
         assert vals is not None
         mean = self.ratio.total / n
@@ -813,7 +838,7 @@ class TokenPartial:
             count=n,
             mean=mean,
             std=std,
-            min=lo,
+            min=float(lo),
             max=float(hi),
             quantiles={k: float(v) for k, v in zip(QUANTILES, vals, strict=True)},
             exact=self.delta.is_exact,
@@ -826,19 +851,17 @@ class TokenPartial:
         return int(self.delta.hist.counts[0] + self.delta.hist.counts[-1])
 
     def aggregate(self, key: str, agg: str) -> float:
-        """:func:`grpo_cli._core.aggregate` of a per-token value, from the partial's sums."""
+        """:func:`grpo_cli._core.aggregate` of a per-token value, from the partial's sums
+        (the rule of :data:`grpo_cli._core.AGGREGATION_RULES`)."""
         sums: TermSums = getattr(self, key)
-        token_sum, mean_sum = sums.token, sums.answer_means
-        n, t = self.answers, self.tokens
-        if agg == "seq-mean-token-mean":
-            return mean_sum / n
-        if agg == "token-mean":
-            return token_sum / t
-        if agg == "seq-mean-token-sum":
-            return token_sum / n
-        if agg == "token-sum":
-            return token_sum
-        return token_sum / _norm_divisor(self.settings, n, self.max_width)
+        total = sums.answer_means if aggregation_rule(agg).answer_mean else sums.token
+        return total / self.divisor(agg)
+
+    def divisor(self, agg: str) -> float:
+        """The constant ``D`` of ``agg`` for this partial's answers, tokens and width (L:
+        ``max_len``, else the widest row: its padded width, masked tokens included, as
+        verl's ``loss_mask.shape[-1]``)."""
+        return divisor_of(self.settings, agg, self.answers, self.tokens, self.max_width)
 
     def objective(self, agg: str) -> float:
         """J under the policy aggregation ``agg``; the KL term keeps the settings' own
@@ -855,7 +878,7 @@ class TokenPartial:
         if not self.gradient_wanted or not self.answers:
             return None
         cp, i = agg_factor(s, s.agg, self.answers, self.tokens, self.max_width)
-        kl_on = s.beta != 0.0 and s.kl_mode == "loss"
+        kl_on = self.options.beta != 0.0
         ck, j = (
             agg_factor(s, s.kl_aggregation, self.answers, self.tokens, self.max_width)
             if kl_on
@@ -906,26 +929,21 @@ class TokenPartial:
         return [(edges[i], edges[i + 1], int(counts[i])) for i in range(len(edges) - 1)]
 
 
-def agg_factor(s: Settings, agg: str, answers: int, tokens: int, longest: int) -> tuple[float, int]:
-    """An aggregation as a global constant ``c`` and which per-token ``u`` it multiplies
-    (0: 1, 1: ``1/|o_i|``): the token weight of :func:`aggregation_weights` is ``c·u``."""
-    if agg == "seq-mean-token-mean":
-        return 1.0 / answers, 1
-    if agg == "token-mean":
-        return 1.0 / tokens, 0
-    if agg == "seq-mean-token-sum":
-        return 1.0 / answers, 0
-    if agg == "token-sum":
-        return 1.0, 0
-    return 1.0 / _norm_divisor(s, answers, longest), 0
-
-
-def _norm_divisor(s: Settings, answers: int, longest: int) -> float:
-    """The divisor of seq-mean-token-sum-norm: N·L (``n-lmax``) or L (``lmax``), with L =
-    ``max_len`` or the widest row (its padded width: masked tokens included, as verl's
-    ``loss_mask.shape[-1]``)."""
+def divisor_of(s: Settings, agg: str, answers: int, tokens: int, longest: int) -> float:
+    """:func:`grpo_cli._core.aggregation_divisor` under the settings: L is ``max_len``,
+    else ``longest`` (the widest row)."""
     lmax = s.max_len if s.max_len is not None else longest
-    return float(lmax if s.norm_scale == "lmax" else answers * lmax)
+    return aggregation_divisor(
+        agg, answers=answers, tokens=tokens, max_len=lmax, norm_scale=s.norm_scale
+    )
+
+
+def agg_factor(s: Settings, agg: str, answers: int, tokens: int, longest: int) -> tuple[float, int]:
+    """An aggregation as a global constant ``c = 1/D`` and which per-token ``u`` it
+    multiplies (0: 1, 1: ``1/|o_i|``): the token weight of :func:`aggregation_weights` is
+    ``c·u``."""
+    rule = aggregation_rule(agg)
+    return 1.0 / divisor_of(s, agg, answers, tokens, longest), int(rule.answer_mean)
 
 
 def length_weights(p: TokenPartial) -> list[dict[str, float]]:

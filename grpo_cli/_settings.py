@@ -22,6 +22,7 @@ from ._core import (
     RatioLevel,
     Scale,
     Singleton,
+    TermOptions,
 )
 from .errors import UsageError
 from .trainers import TRAINERS as _TRAINERS
@@ -112,20 +113,13 @@ class Settings:
             "clip": self.adv_clip,
         }
 
+    def term_options(self) -> TermOptions:
+        """The per-token terms' options; with the KL in the reward the loss has none."""
+        return TermOptions.of(self, beta=self.beta if self.kl_mode == "loss" else 0.0)
+
     def term_kwargs(self) -> dict[str, Any]:
-        """The per-token terms' settings; with the KL in the reward the loss has none."""
-        return {
-            "clip_eps": self.clip_eps,
-            "clip_eps_high": self.clip_eps_high,
-            "dual_clip": self.dual_clip,
-            "log_ratio_clamp": self.log_ratio_clamp,
-            "seq_ratio_clamp": self.seq_ratio_clamp,
-            "ratio_level": self.ratio_level,
-            "beta": self.beta if self.kl_mode == "loss" else 0.0,
-            "kl_estimator": self.kl_estimator,
-            "kl_clamp": self.kl_clamp,
-            "kl_bias_correction": self.kl_bias_correction,
-        }
+        """:meth:`term_options` as keywords (for callers of the keyword form)."""
+        return asdict(self.term_options())
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -189,6 +189,25 @@ def quantiles_from_counts(values: F64, counts: NDArray[np.int64], qs: F64) -> F6
     return np.where(x0 == x1, x0, out)
 
 
+def bin_index(x: float, lo: float, inv_width: float, nbins: int) -> int:
+    """The bin of ``x`` among ``nbins`` equal bins from ``lo`` (``inv_width``: 1 / their
+    width) and the two open end bins (0 and ``nbins + 1``; NaN: the top one), computed
+    with the operations of :meth:`Histogram.update` and the compiled kernel."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        pos = np.float64(x) * inv_width
+        pos += 1.0 - lo * inv_width
+    if pos != pos:
+        return nbins + 1
+    return int(min(max(pos, 0.0), float(nbins + 1)))
+
+
+class BinCounts(NamedTuple):
+    """The occupied bins of a histogram (``bins``, ascending) and their counts."""
+
+    bins: NDArray[np.int64]
+    counts: NDArray[np.int64]
+
+
 class Histogram:
     """Fixed-bin histogram of ``nbins`` equal bins on ``[lo, hi)`` plus two open end bins.
 
@@ -225,6 +244,22 @@ class Histogram:
             self.counts += np.bincount(idx, minlength=self.nbins + 2)
         self.vmin = min(self.vmin, float(np.min(x)) if lo is None else lo)
         self.vmax = max(self.vmax, float(np.max(x)) if hi is None else hi)
+        return self
+
+    def bin_of(self, x: float) -> int:
+        """The bin :meth:`update` counts ``x`` in (0 and ``nbins + 1``: the open ends)."""
+        return bin_index(x, self.lo, self.inv_width, self.nbins)
+
+    def add_counts(self, c: BinCounts, lo: float, hi: float) -> Histogram:
+        """Add the counts ``c`` (binned as :meth:`update` bins, e.g. by the compiled
+        kernel) of values whose min and max are ``lo`` and ``hi``."""
+        if c.bins.shape[0] and not (0 <= c.bins[0] and c.bins[-1] < self.counts.shape[0]):
+            raise MergeError(f"histogram counts of bins beyond the {self.counts.shape[0]} bins")
+        if lo > hi:  # no value
+            return self
+        self.counts[c.bins] += c.counts
+        self.vmin = min(self.vmin, lo)
+        self.vmax = max(self.vmax, hi)
         return self
 
     def layout(self) -> tuple[float, float, int]:
@@ -293,13 +328,15 @@ class Sketch:
         self.hist.update(x, lo, hi)
         return self._keep(int(x.shape[0]), lambda: np.array(x, dtype=np.float64, copy=True))
 
-    def counted(self, n: int, lo: float, hi: float, values: Callable[[], F64]) -> Sketch:
-        """Note ``n`` values (min ``lo``, max ``hi``) already added to ``hist.counts`` by
-        the compiled kernel; ``values()`` gives them, asked only while the sketch is exact."""
+    def counted(
+        self, n: int, counts: BinCounts, lo: float, hi: float, values: Callable[[], F64]
+    ) -> Sketch:
+        """Add ``n`` values already binned into ``counts`` (min ``lo``, max ``hi``; by the
+        compiled kernel: :meth:`Histogram.add_counts`); ``values()`` gives them, asked only
+        while the sketch is exact."""
         if n == 0:
             return self
-        self.hist.vmin = min(self.hist.vmin, lo)
-        self.hist.vmax = max(self.hist.vmax, hi)
+        self.hist.add_counts(counts, lo, hi)
         return self._keep(n, values)
 
     def _keep(self, n: int, values: Callable[[], F64]) -> Sketch:

@@ -206,3 +206,115 @@ def test_check_names_the_worst_answers_of_a_failing_health_rule(
     assert top_kl == pytest.approx(doc["objective"]["kl"]["max"])
     passing = [x for x in doc["results"] if x["status"] == "pass" and x["rule"] in WORST_BY]
     assert passing and all(x["examples"] == [] for x in passing)  # passing rules list nothing
+
+
+H = 1e-6
+
+
+def _gradient_file(
+    path: Path, seed: int
+) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray, int]:
+    """A small ragged file (masked tokens hold garbage); returns its offsets, valid token
+    fields, advantages and widest row (masked tokens included: L)."""
+    rng = np.random.default_rng(seed)
+    n = 14
+    widths = rng.integers(2, 11, n)
+    rows: dict[str, list[Any]] = {"advantage": [], "logp": [], "old_logp": [], "ref_logp": [],
+                                  "mask": []}  # fmt: skip
+    valid: dict[str, list[np.ndarray]] = {"logp": [], "old_logp": [], "ref_logp": []}
+    for w in widths:
+        mask = rng.random(w) < 0.85
+        mask[0] = True
+        lp = -rng.exponential(1.0, w)
+        # log-ratios up to ±0.6: the clips and the log-ratio clamp bind on some tokens
+        old, ref = lp - rng.uniform(-0.6, 0.6, w), lp + rng.normal(0, 0.8, w)
+        for k, v in (("logp", lp), ("old_logp", old), ("ref_logp", ref)):
+            valid[k].append(v[mask])
+            garbage = v.copy()
+            garbage[~mask] = 7.0
+            rows[k].append(garbage.tolist())
+        rows["mask"].append(mask.tolist())
+        rows["advantage"].append(float(rng.normal()))
+    pq.write_table(pa.table(rows), path, row_group_size=5)
+    lengths = [len(v) for v in valid["logp"]]
+    offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
+    fields = {k: np.concatenate(v) for k, v in valid.items()}
+    return offsets, fields, np.array(rows["advantage"]), int(widths.max())
+
+
+GRADIENT_CASES = [
+    {},  # seq-mean-token-mean for both: the constant cancels
+    {"agg": "token-sum", "kl_agg": "token-mean", "beta": 0.1},  # 1 against 1/T: T counted
+    {"agg": "seq-mean-token-sum-norm", "kl_agg": "seq-mean-token-mean", "beta": 0.05},  # L
+    {
+        "agg": "token-mean",
+        "kl_agg": "seq-mean-token-sum",
+        "beta": 0.2,
+        "kl_estimator": "k2",
+        "log_ratio_clamp": 0.3,
+    },
+    {
+        "ratio_level": "sequence",
+        "agg": "seq-mean-token-mean",
+        "kl_agg": "token-mean",
+        "beta": 0.1,
+        "clip_eps": 0.05,
+    },
+    {"kl_mode": "reward", "trainer": "verl", "beta": 0.5},  # no KL term in the loss
+]
+
+
+@pytest.mark.parametrize("backend", ["c", "numpy"])
+@pytest.mark.parametrize("kw", GRADIENT_CASES, ids=lambda kw: ",".join(map(str, kw.values())))
+def test_gradient_share_is_the_finite_difference_gradient(
+    tmp_path: Path, kw: dict[str, Any], backend: str
+) -> None:
+    """Each answer's gradient_share is its part of ‖∂J/∂logp‖², J = agg(policy) −
+    β·kl_agg(kl) computed by the core, differentiated by central differences: whichever
+    constants the two aggregations divide by (an answers pass does not know T or L
+    before the end), on every backend, over several batches."""
+    from grpo_cli import EngineOptions, open_source
+    from grpo_cli._answers import answers_report
+    from grpo_cli._core import aggregate, token_terms
+    from grpo_cli._settings import Settings
+
+    if backend == "c" and not _fast_built():
+        pytest.skip("compiled kernel not built")
+    path = tmp_path / "g.parquet"
+    offs, f, adv, widest = _gradient_file(path, 4)
+    s = Settings(**kw)
+    o = s.term_options()
+    lmax = widest if s.max_len is None else s.max_len  # the widest row, as verl pads
+
+    def J(x: np.ndarray) -> float:
+        t = token_terms(x, f["old_logp"], f["ref_logp"], adv, offs, options=o)
+
+        def agg(v: np.ndarray, how: Any) -> float:
+            return aggregate(v, offs, agg=how, max_len=lmax, norm_scale=s.norm_scale)
+
+        kl = agg(t.kl_loss, s.kl_aggregation) if o.beta and t.kl_loss is not None else 0.0
+        return agg(t.policy, s.agg) - o.beta * kl
+
+    lp = f["logp"]
+    g = np.zeros(lp.shape)
+    for i in range(lp.shape[0]):
+        up, down = lp.copy(), lp.copy()
+        up[i] += H
+        down[i] -= H
+        g[i] = (J(up) - J(down)) / (2 * H)
+    per_answer = np.add.reduceat(g * g, offs[:-1])
+    want = per_answer / per_answer.sum()
+    engine = EngineOptions(backend=backend, batch_tokens=16, workers=2)
+    r = answers_report(open_source([path]), s, sort="gradient", top=100, engine=engine)
+    got = {a["row"]: a["gradient_share"] for a in r.rows}
+    assert sorted(got) == list(range(len(want)))
+    for row, share in got.items():
+        assert share == pytest.approx(want[row], rel=1e-5, abs=1e-9), row
+    order = sorted(range(len(want)), key=lambda i: (-want[i], i))
+    assert [a["row"] for a in r.rows] == order  # ranked by the share, worst first
+
+
+def _fast_built() -> bool:
+    from grpo_cli import _fast
+
+    return _fast.built()

@@ -424,3 +424,135 @@ def test_segment_count_in_chunks(chunk: int, monkeypatch: pytest.MonkeyPatch) ->
         flags = rng.random(int(offsets[-1])) < 0.5
         want = [int(flags[a:b].sum()) for a, b in itertools.pairwise(offsets)]
         assert _core.segment_count(flags, offsets).tolist() == want
+
+
+# Every public function that takes ``offsets`` checks them first (issue 18 §7): offsets that
+# do not start at 0, decrease, fall short of the values or overrun them are an InputError
+# naming ``offsets``, never numbers. ``T`` values in each call below; ``off`` replaces the
+# good ``[0, 2, 4]`` offsets.
+BAD_OFFSETS = {
+    "not from 0": (np.array([1, 2, 4]), "offsets: must start at 0"),
+    "decreasing": (np.array([0, 3, 2, 4]), "offsets: must not decrease"),
+    "short": (np.array([0, 2, 3]), "offsets: must start at 0 and end at the number of values (4)"),
+    "overrun": (np.array([0, 2, 6]), "offsets: must start at 0 and end at the number of values"),
+    "2-D": (np.array([[0, 2, 4]]), "offsets: expected shape (N+1,)"),
+    "floats": (np.array([0.0, 2.0, 4.0]), "offsets: expected integers"),
+}
+
+
+def _terms() -> Any:
+    x = np.array([-1.0, -0.5, -2.0, -0.1])
+    return token_terms(x, x - 0.1, x + 0.2, np.array([1.0, -1.0]), np.array([0, 2, 4]))
+
+
+def _offset_calls() -> dict[str, Any]:
+    from grpo_cli._core import (
+        answer_clip_counts,
+        answer_clip_tokens,
+        segment_count,
+        sequence_log_ratio,
+        sequence_sums,
+        suffix_sum,
+        token_gradients,
+        used_log_ratio,
+    )
+
+    v = np.array([-1.0, -0.5, -2.0, -0.1])
+    a2 = np.array([1.0, -1.0])
+    t = _terms()
+    return {
+        "segment_sum": lambda off: segment_sum(v, off),
+        "segment_mean": lambda off: segment_mean(v, off),
+        "segment_count": lambda off: segment_count(v < -0.7, off),
+        "suffix_sum": lambda off: suffix_sum(v, off),
+        "aggregate": lambda off: aggregate(v, off),
+        "used_log_ratio": lambda off: used_log_ratio(v, off),
+        "used_log_ratio sequence": lambda off: used_log_ratio(v, off, ratio_level="sequence"),
+        "sequence_log_ratio": lambda off: sequence_log_ratio(v, off),
+        "sequence_log_ratio mean": lambda off: sequence_log_ratio(v, off, mean=a2),
+        "token_terms": lambda off: token_terms(v, v, v, a2, off),
+        "token_gradients": lambda off: token_gradients(t, offsets=off),
+        "token_gradients sequence": lambda off: token_gradients(
+            t, offsets=off, ratio_level="sequence"
+        ),
+        "sequence_sums": lambda off: sequence_sums(t, off),
+        "clip_counts": lambda off: clip_counts(np.exp(v), a2, off),
+        "answer_clip_tokens": lambda off: answer_clip_tokens(np.exp(v), a2, off),
+        "answer_clip_counts": lambda off: answer_clip_counts(np.exp(v), a2, off),
+    }
+
+
+@pytest.mark.parametrize("bad", list(BAD_OFFSETS))
+@pytest.mark.parametrize("fn", list(_offset_calls()))
+def test_every_function_taking_offsets_checks_them_first(fn: str, bad: str) -> None:
+    off, message = BAD_OFFSETS[bad]
+    call = _offset_calls()[fn]
+    call(np.array([0, 2, 4]))  # the good offsets give numbers
+    with pytest.raises(InputError, match=re.escape(message)):
+        call(off)
+
+
+def test_used_log_ratio_probes_of_the_review() -> None:
+    """The review's probes (issue 18): used_log_ratio returned numbers for offsets that do
+    not start at 0, decrease, or fall short of the values."""
+    from grpo_cli._core import used_log_ratio
+
+    d = np.array([0.5, -0.5, 1.0])
+    for off in ([1, 3], [0, 2, 1, 3], [0, 2]):
+        with pytest.raises(InputError, match="offsets: "):
+            used_log_ratio(d, np.array(off))
+
+
+def test_term_options_and_keywords_agree() -> None:
+    """TermConventions (the keywords) lists TermOptions' fields, with their types; the
+    keywords override options; Settings.term_options takes β = 0 with the KL in the
+    reward."""
+    import dataclasses
+    import typing
+
+    from grpo_cli._core import TermConventions, TermOptions
+    from grpo_cli._settings import resolve_settings
+
+    hints = typing.get_type_hints(TermOptions)
+    fields = [f.name for f in dataclasses.fields(TermOptions)]
+    assert list(typing.get_type_hints(TermConventions)) == fields
+    assert typing.get_type_hints(TermConventions) == {k: hints[k] for k in fields}
+    x = np.array([-1.0, -0.5, -2.0, -0.1])
+    off, adv = np.array([0, 2, 4]), np.array([1.0, -1.0])
+    by_kw = token_terms(x, x - 0.3, x + 0.2, adv, off, clip_eps=0.1, beta=0.5, kl_estimator="k2")
+    o = TermOptions(clip_eps=0.1, beta=0.5, kl_estimator="k2")
+    by_opt = token_terms(x, x - 0.3, x + 0.2, adv, off, options=o)
+    over = token_terms(x, x - 0.3, x + 0.2, adv, off, options=TermOptions(beta=9.0), beta=0.5,
+                       clip_eps=0.1, kl_estimator="k2")  # fmt: skip
+    for t in (by_opt, over):
+        assert np.array_equal(t.term, by_kw.term) and np.array_equal(t.policy, by_kw.policy)
+    s = resolve_settings("verl", kl_mode="reward")
+    assert s.beta != 0 and s.term_options().beta == 0.0
+    assert s.term_options() == TermOptions(**s.term_kwargs())
+
+
+def test_one_rule_table_for_every_aggregation() -> None:
+    """AGGREGATION_RULES covers AGGREGATIONS; each rule's weights (u_i / D) give
+    aggregate exactly, by hand: D = N, T, N·L (L alone with lmax), 1."""
+    from grpo_cli._core import AGGREGATION_RULES, aggregation_divisor
+
+    assert set(AGGREGATION_RULES) == set(AGGREGATIONS)
+    lengths = np.array([1, 3])
+    off = np.array([0, 1, 4])
+    v = np.array([2.0, 1.0, 1.0, 4.0])  # answer sums 2 and 6, means 2 and 2
+    want = {
+        "seq-mean-token-mean": (2.0 + 2.0) / 2,
+        "token-mean": 8.0 / 4,
+        "seq-mean-token-sum": 8.0 / 2,
+        "seq-mean-token-sum-norm": 8.0 / (2 * 5),
+        "token-sum": 8.0,
+    }
+    for agg, value in want.items():
+        assert aggregate(v, off, agg=agg, max_len=5) == value, agg  # type: ignore[arg-type]
+        w = aggregation_weights(lengths, agg=agg, max_len=5)  # type: ignore[arg-type]
+        assert float(np.sum(w * np.array([2.0, 6.0]))) == pytest.approx(value, rel=1e-15)
+    d = aggregation_divisor("seq-mean-token-sum-norm", answers=2, tokens=4, max_len=5,
+                            norm_scale="lmax")  # fmt: skip
+    assert d == 5.0
+    with pytest.raises(UsageError, match="unknown aggregation 'mean'"):
+        aggregation_divisor("mean", answers=1, tokens=1, max_len=1)

@@ -26,7 +26,7 @@ from grpo_cli._core import ClipCounts, clip_counts, ratio_moments, token_terms
 from grpo_cli._partials import TokenPartial
 from grpo_cli._settings import Settings
 from grpo_cli.batch import Batch
-from grpo_cli.errors import GrpoCliError, UsageError
+from grpo_cli.errors import GrpoCliError, InputError, UsageError
 
 from .conftest import SAMPLE, Cli
 
@@ -53,8 +53,15 @@ def _batch(rng: np.random.Generator, lengths: list[int], dtype: Any, spread: flo
     return Batch(start=0, offsets=offsets, fields=fields, width=lengths_arr)
 
 
-def _fold(batch: Batch, adv: np.ndarray, s: Settings, compiled: bool, vector: bool) -> TokenPartial:
-    p = TokenPartial(s)
+def _fold(
+    batch: Batch,
+    adv: np.ndarray,
+    s: Settings,
+    compiled: bool,
+    vector: bool,
+    gradient: bool = False,
+) -> TokenPartial:
+    p = TokenPartial(s, gradient=gradient)
     p.compiled, p.vector = compiled, vector
     p.update(batch, adv)
     return p
@@ -88,6 +95,8 @@ def _near(a: float, b: float, scale: float, what: str) -> None:
 def _same(c: TokenPartial, n: TokenPartial, scale: dict[str, float]) -> None:
     """Compiled partial ``c`` against numpy partial ``n``."""
     assert (c.answers, c.tokens, c.max_width) == (n.answers, n.tokens, n.max_width)
+    if c.gradient_wanted:
+        _same_gradient(c, n)
     assert c.clip == n.clip
     assert c.clip_shares == n.clip_shares  # per-answer counts over integer lengths: exact
     lc, ln = c.log_ratios, n.log_ratios
@@ -105,6 +114,9 @@ def _same(c: TokenPartial, n: TokenPartial, scale: dict[str, float]) -> None:
         assert math.isclose(c.ratio.sq, n.ratio.sq, rel_tol=1e-12)
     else:
         assert c.ratio.total == n.ratio.total == math.inf
+    # the kernel bins into this thread's scratch counts, handed back whole: none is left
+    for buf in getattr(_fast._local, "bufs", {}).values():
+        assert not buf[0].any() and not buf[1].any()
     # Δ and d are computed with the same operations: histograms and extremes are exact
     for sk_c, sk_n in ((c.delta, n.delta), (c.kl_d, n.kl_d)):
         assert sk_c.n == sk_n.n
@@ -120,6 +132,28 @@ def _same(c: TokenPartial, n: TokenPartial, scale: dict[str, float]) -> None:
         # extremes: the vector exp is within 4 ulp of numpy's, and k3 = e^x − x − 1 cancels
         for a, b in ((kc.lo, kn.lo), (kc.hi, kn.hi)):
             assert math.isclose(a, b, rel_tol=1e-13, abs_tol=1e-14), (a, b)
+
+
+def _same_gradient(c: TokenPartial, n: TokenPartial) -> None:
+    """The kernel's gradient sums against numpy's (token_gradients): the derivatives are
+    the same operations, so the counts of nonzero ones are equal and the sums of their
+    squares and products agree to the order of additions (1e-12 of their magnitude)."""
+    gc, gn = c.grad, n.grad
+    assert (gc.tokens_policy, gc.answers_policy) == (gn.tokens_policy, gn.answers_policy)
+    pairs = [(gc.pp[i], gn.pp[i]) for i in (0, 1)] + [(gc.kk[i], gn.kk[i]) for i in (0, 1)]
+    pairs += [(gc.pk[i][j], gn.pk[i][j]) for i in (0, 1) for j in (0, 1)]
+    size = max((abs(b) for _, b in pairs if math.isfinite(b)), default=0.0)
+    for a, b in pairs:
+        if math.isfinite(a) or math.isfinite(b):
+            # |Σ u u' g_p g_k| <= sqrt(pp·kk): the squares bound the products' rounding
+            assert abs(a - b) <= 1e-12 * size + 1e-300, (a, b, size)
+        else:
+            assert a == b or (math.isnan(a) and math.isnan(b)), (a, b)
+    gc_, gn_ = c.gradient(), n.gradient()
+    assert gc_ is not None and gn_ is not None
+    for key, v in gn_.items():
+        if math.isfinite(v):
+            assert gc_[key] == pytest.approx(v, rel=1e-9, abs=1e-12 * math.sqrt(size)), key
 
 
 SETTINGS = st.builds(
@@ -152,6 +186,7 @@ SETTINGS = st.builds(
     spread=st.sampled_from([1.0, 60.0, 800.0]),
     zero_adv=st.booleans(),
     vector=st.booleans(),
+    gradient=st.booleans(),
 )
 def test_kernel_equals_numpy(
     seed: int,
@@ -161,6 +196,7 @@ def test_kernel_equals_numpy(
     spread: float,
     zero_adv: bool,
     vector: bool,
+    gradient: bool,
 ) -> None:
     rng = np.random.default_rng(seed)
     b = _batch(rng, lengths, dtype, spread)
@@ -168,8 +204,8 @@ def test_kernel_equals_numpy(
     if zero_adv:
         adv[rng.random(b.n) < 0.5] = 0.0
     with np.errstate(over="ignore", invalid="ignore"):
-        c = _fold(b, adv, s, True, vector)
-        _same(c, _fold(b, adv, s, False, False), _scale(b, adv, s))
+        c = _fold(b, adv, s, True, vector, gradient)
+        _same(c, _fold(b, adv, s, False, False, gradient), _scale(b, adv, s))
         _same_as_core(c, b, adv, s)
 
 
@@ -199,7 +235,9 @@ def test_long_answers_cross_the_kernel_block(vector: bool) -> None:
     adv = rng.normal(0, 1, size=b.n)
     s = replace(resolve_settings(), dual_clip=3.0)
     with np.errstate(over="ignore", invalid="ignore"):
-        _same(_fold(b, adv, s, True, vector), _fold(b, adv, s, False, False), _scale(b, adv, s))
+        for g in (False, True):
+            c, n = _fold(b, adv, s, True, vector, g), _fold(b, adv, s, False, False, g)
+            _same(c, n, _scale(b, adv, s))
 
 
 def test_on_policy_and_no_reference() -> None:
@@ -313,3 +351,81 @@ def test_a_kernel_of_another_layout_is_refused() -> None:
         lib = _fast._library()
         assert lib is not None
         _fast.check_abi(lib, "built")  # the installed one matches
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    lengths=st.lists(st.integers(1, 1200), min_size=1, max_size=6),
+    s=SETTINGS,
+    dtype=st.sampled_from([np.float32, np.float64]),
+    vector=st.booleans(),
+)
+def test_answer_extremes_and_gradient_parts_equal_numpy(
+    seed: int, lengths: list[int], s: Settings, dtype: Any, vector: bool
+) -> None:
+    """Per answer, the kernel's largest |Δ| and KL estimate and their first tokens
+    (``np.argmax``), and its sums of the derivatives of :func:`token_gradients` (Σg_p²,
+    Σg_k², Σg_p·g_k, nonzero g_p), over answers longer than the kernel's block too."""
+    from grpo_cli._core import segment_sum, token_gradients
+
+    rng = np.random.default_rng(seed)
+    b = _batch(rng, lengths, dtype, 60.0)
+    adv = rng.normal(0, 1, size=b.n)
+    adv[rng.random(b.n) < 0.2] = 0.0
+    o = s.term_options()
+    f = b.fields
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = _fast.fold(f["logp"], f["old_logp"], f["ref_logp"], adv, b.offsets, options=o,
+                         gradient=True, extremes=True, vector=vector)  # fmt: skip
+        terms = token_terms(f["logp"], f["old_logp"], f["ref_logp"], adv, b.offsets, options=o)
+        gp, gk = token_gradients(terms, offsets=b.offsets, options=o)
+        assert gk is not None
+        want = {"pp": segment_sum(gp * gp, b.offsets), "kk": segment_sum(gk * gk, b.offsets),
+                "pk": segment_sum(gp * gk, b.offsets)}  # fmt: skip
+    ext, g = out.extremes, out.gradient
+    assert ext is not None and g is not None and ext.kl_max is not None and ext.kl_at is not None
+    for i, (lo, hi) in enumerate(zip(b.offsets[:-1], b.offsets[1:], strict=True)):
+        d = np.abs(terms.delta[lo:hi])
+        assert ext.log_ratio_max[i] == d.max() and ext.log_ratio_at[i] == int(np.argmax(d))
+        k = terms.kl[lo:hi]  # type: ignore[index]
+        assert math.isclose(ext.kl_max[i], k.max(), rel_tol=1e-13, abs_tol=1e-15)
+        top2 = np.sort(k)[-2:] if k.shape[0] > 1 else np.array([-np.inf, k[0]])
+        if not vector or top2[1] - top2[0] > 1e-9 * abs(top2[1]):  # no near tie
+            assert ext.kl_at[i] == int(np.argmax(k)), i
+        assert g.nonzero[i] == int(np.count_nonzero(gp[lo:hi]))
+    if o.beta:
+        assert g.kk is not None and g.pk is not None
+        got = {"pp": g.pp, "kk": g.kk, "pk": g.pk}
+    else:  # no KL part asked
+        assert g.kk is None and g.pk is None
+        got, want = {"pp": g.pp}, {"pp": want["pp"]}
+    scale = want["pp"] + want["kk"] if o.beta else want["pp"]  # bounds |Σ g_p·g_k| too
+    for key, w in want.items():
+        fin = np.isfinite(w) & np.isfinite(scale)
+        assert np.all(np.abs(got[key][fin] - w[fin]) <= 1e-12 * scale[fin] + 1e-300), key
+        assert np.array_equal(np.isfinite(got[key]), np.isfinite(w)), key
+
+
+@pytest.mark.parametrize(
+    ("offsets", "message"),
+    [
+        ([1, 2, 4], "offsets: must start at 0"),
+        ([0, 3, 2, 4], "offsets: must not decrease"),
+        ([0, 2, 3], "offsets: must start at 0 and end at the number of values (4)"),
+        ([0, 2, 9], "offsets: must start at 0 and end"),
+    ],
+)
+def test_fold_checks_offsets_first(offsets: list[int], message: str) -> None:
+    """The kernel reads tokens offsets[i] .. offsets[i+1]: offsets that overrun the values
+    would read past them, so they are checked before the call."""
+    import re
+
+    x = np.array([-1.0, -0.5, -2.0, -0.1])
+    adv = np.ones(len(offsets) - 1)
+    with pytest.raises(InputError, match=re.escape(message)):
+        _fast.fold(x, x, x, adv, np.array(offsets))
+    with pytest.raises(InputError, match=re.escape("old_logp: expected shape (4,)")):
+        _fast.fold(x, x[:3], x, np.ones(2), np.array([0, 2, 4]))
+    with pytest.raises(InputError, match=re.escape("adv: expected shape (2,)")):
+        _fast.fold(x, x, x, np.ones(4), np.array([0, 2, 4]))
