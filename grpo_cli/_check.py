@@ -24,6 +24,7 @@ from numpy.typing import NDArray
 from . import batch as _batch
 from ._core import advantages_by_group
 from ._logged import compare_logged
+from ._mistakes import shifted
 from ._partials import TokenPartial
 from ._report import (
     Pass1,
@@ -415,6 +416,53 @@ def rule_rollout_mismatch(f: Facts, c: RuleConfig) -> Result:
     )
 
 
+def rule_unmasked_padding(f: Facts, c: RuleConfig) -> Result:
+    """The share of answers (of 2+ valid tokens) closing with a run of exact 0.0 in every
+    log-prob field: padding counted as tokens (:class:`grpo_cli._mistakes.ClosingZeros`)."""
+    if (skip := _need_report("unmasked-padding", f)) is not None:
+        return skip
+    assert f.report is not None
+    ic = f.report.inputs
+    if ic is None or not ic.answers:
+        return _skip("unmasked-padding", "no answer of 2 or more valid tokens")
+    where = "inside the mask" if ic.masked else "with no mask"
+    return _judge(
+        "unmasked-padding",
+        c,
+        ic.closing_share,
+        f"{ic.closing_zeros} of {ic.answers} answers ({100 * ic.closing_share:.1f}%) close "
+        f"with 2+ exact 0.0 in every log-prob field {where} ({ic.closing_zero_tokens} tokens)",
+    )
+
+
+def rule_logp_alignment(f: Facts, c: RuleConfig) -> Result:
+    """Fails when the trainer's log-probs correlate with ``rollout_logp`` better at a
+    neighbouring position than at the same one (arrays shifted by one token)."""
+    if (skip := _need_report("logp-alignment", f)) is not None:
+        return skip
+    assert f.report is not None
+    ic = f.report.inputs
+    corr = None if ic is None else ic.alignment
+    if corr is None:
+        return _skip("logp-alignment", "no rollout_logp: nothing to align the log-probs with")
+    pairs = int(corr["pairs"] or 0)
+    if pairs < 100:
+        return _skip("logp-alignment", f"{pairs} token pairs: too few to tell (100 needed)")
+
+    def r(side: str) -> str:
+        v = corr[side]
+        return "n/a" if v is None else f"{v:.3f}"
+
+    side = shifted(corr)
+    msg = (
+        f"correlation with rollout_logp: same position {r('same')}, next {r('next')}, "
+        f"previous {r('previous')} ({pairs} pairs)"
+    )
+    if side is not None:
+        msg += f": the {side} position wins, the log-probs look shifted by one token"
+    return _judge("logp-alignment", c, int(side is not None), msg)
+
+
 def rule_advantage_mean(f: Facts, c: RuleConfig) -> Result:
     a = f.answers
     if f.advantages is None or a.codes is None or a.labels is None:
@@ -532,6 +580,8 @@ RULES: dict[str, tuple[Rule, RuleConfig]] = {
     "ratio-extreme": (rule_ratio_extreme, RuleConfig(warn=1e-4, fail=1e-3, params={"band": 10.0})),
     "on-policy-exact": (rule_on_policy_exact, RuleConfig(fail=0)),
     "rollout-mismatch": (rule_rollout_mismatch, RuleConfig(warn=0.01, fail=0.1)),
+    "unmasked-padding": (rule_unmasked_padding, RuleConfig(warn=0.2, fail=0.5)),
+    "logp-alignment": (rule_logp_alignment, RuleConfig(fail=0)),
     "advantage-mean": (rule_advantage_mean, RuleConfig(warn=1e-6, fail=1e-3)),
     "zero-variance-advantage": (rule_zero_variance_advantage, RuleConfig(fail=0)),
     "logged-metrics": (rule_logged_metrics, RuleConfig(fail=1e-3)),
@@ -994,7 +1044,7 @@ def run_check(
             results.append(integrity[rid])
         else:
             results.append(fn(facts, rc))
-    results = _with_worst_answers(results, facts, s, engine, p1)
+    results = _with_worst_answers(results, facts, s, engine, p1, cfg)
     results = [_required(r) if r.rule in cfg.require else r for r in results]
     if baseline is not None:
         results.append(_baseline(results, baseline, cfg.baseline_tolerance))
@@ -1027,9 +1077,12 @@ def _with_worst_answers(
     settings: Settings,
     engine: EngineOptions,
     p1: Pass1 | None,
+    cfg: CheckConfig | None = None,
 ) -> list[Result]:
-    """Health rules that warn or fail list the answers with the largest statistic behind
-    them (one more pass over the tokens, only then)."""
+    """Health rules that warn or fail list their places to look (one more pass over the
+    tokens, only then): the answers whose statistic is beyond the threshold the rule
+    crossed (:func:`_place_limit`), worst first; when no answer alone is beyond it, the
+    answers that contribute most, and the message says so."""
     flagged = [
         r for r in results if r.rule in WORST_BY and r.status in ("warn", "fail") and not r.examples
     ]
@@ -1043,8 +1096,18 @@ def _with_worst_answers(
     for r in results:
         if r in flagged:
             key = WORST_BY[r.rule]
+            limit = _place_limit(r, cfg)
+            rows = worst[key]
+            beyond = [row for row in rows if limit is None or row[key] > limit]
+            if not beyond and rows and limit is not None:
+                beyond = rows
+                r = replace(
+                    r,
+                    message=f"{r.message}; no answer alone is beyond {limit:.3g}: the "
+                    f"{len(rows)} that contribute most",
+                )
             examples = []
-            for row in worst[key]:
+            for row in beyond:
                 extra = {key: row[key], "length": row["length"]}
                 if key in WORST_TOKEN:
                     extra["valid_token"] = row[WORST_TOKEN[key]]  # among the valid ones
@@ -1052,6 +1115,20 @@ def _with_worst_answers(
             r = replace(r, examples=examples)
         out.append(r)
     return out
+
+
+def _place_limit(r: Result, cfg: CheckConfig | None) -> float | None:
+    """The per-answer value beyond which an answer is a place to look for rule ``r``: the
+    threshold it crossed (an answer's mean KL, max KL, clip share, mismatch KL are on the
+    rule's own scale); for ``ratio-extreme`` (a share of tokens), an answer with a token
+    outside the band, ``|log ρ| > log band``."""
+    if r.rule == "ratio-extreme":
+        rc = (cfg.rules.get(r.rule) if cfg is not None else None) or RULES[r.rule][1]
+        band = float(rc.params.get("band", 10.0))
+        return math.log(band)
+    if r.threshold is None:
+        return None
+    return r.threshold.get("fail" if r.status == "fail" else "warn")
 
 
 def _required(r: Result) -> Result:

@@ -43,6 +43,7 @@ from ._core import (
     token_gradients,
     token_terms,
 )
+from ._mistakes import AlignmentSums, ClosingZeros
 from ._settings import Settings
 from ._stats import IntCounts, Moments, Sketch
 from .batch import Batch, Part, parts
@@ -541,6 +542,8 @@ class TokenPartial:
         "grad",
         "positive",
         "length_adv",
+        "closing_zeros",
+        "alignment",
     )
 
     def __init__(
@@ -557,6 +560,8 @@ class TokenPartial:
         self.grad = GradientSums()
         self.positive = PositiveLogp()  # log-probs > 0 inside the mask, by field
         self.length_adv = LengthAdvantage()  # answers by (length, advantage): the plot
+        self.closing_zeros = ClosingZeros()  # answers closing in exact zeros (padding?)
+        self.alignment = AlignmentSums()  # logp against rollout_logp, position by position
         self.exact_cap = exact_cap
         cap = {} if exact_cap is None else {"exact_cap": exact_cap}
         self.counts = AnswerCounts()
@@ -658,6 +663,8 @@ class TokenPartial:
     def update(self, b: Batch, adv: F64) -> None:
         """Fold in a batch of answers with their advantages: ``(b.n,)``, or one per token
         (the kernel takes one per answer: per-token advantages fold in numpy)."""
+        self.closing_zeros.update(b)
+        self.alignment.update(b)
         with np.errstate(over="ignore"):  # sums beyond float64 are inf, reported as such
             for sub, a, sums in self._runs(b, adv, self._tokens):
                 assert a is not None

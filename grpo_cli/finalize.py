@@ -13,6 +13,7 @@ from numpy.typing import NDArray
 
 from ._core import AGGREGATIONS, EXP_MAX, GroupStats
 from ._logged import compare_logged
+from ._mistakes import CLOSING_RUN, shifted
 from ._partials import ADV_EDGES, LENGTH_EDGES, TokenPartial, length_weights
 from ._settings import Settings
 from ._stats import Histogram, IntCounts, Moments, Sketch, quantiles_linear
@@ -26,6 +27,7 @@ from .records import (
     ClipFractions,
     Distribution,
     GroupSummary,
+    InputChecks,
     KLReport,
     ObjectiveReport,
 )
@@ -199,6 +201,8 @@ def data_mistakes(src: Source, acc: TokenPartial, groups: GroupSummary | None) -
                 f"every answer has exactly {int(hi)} valid tokens: all truncated at a maximum "
                 f"length, or padding counted as tokens{where} (--column mask=NAME)"
             )
+    out += padding_warning(src, acc)
+    out += alignment_warning(src, acc)
     positive = acc.positive.counts.get("logp", 0)
     if acc.tokens and positive > acc.tokens / 2:
         out.append(
@@ -206,6 +210,56 @@ def data_mistakes(src: Source, acc: TokenPartial, groups: GroupSummary | None) -
             "these look like probabilities; grpo-cli takes log-probs (np.log of them)"
         )
     return out
+
+
+PADDED_SHARE = 0.5  # answers closing in exact zeros from which padding is the likely reading
+
+
+def input_checks(src: Source, acc: TokenPartial) -> InputChecks | None:
+    """The data-mistake checks' evidence, None when no answer was folded."""
+    z = acc.closing_zeros
+    if not acc.answers:
+        return None
+    return InputChecks(z.answers, z.closing, z.tokens, src.has("mask"), acc.alignment.report())
+
+
+def padding_warning(src: Source, acc: TokenPartial) -> list[str]:
+    """When most answers close with exact zeros in every log-prob field (padding counted
+    as tokens): above the share :data:`PADDED_SHARE`."""
+    z = acc.closing_zeros
+    if not z.answers or z.share <= PADDED_SHARE:
+        return []
+    fields = [src.name(f) for f in ("logp", "old_logp", "ref_logp", "rollout_logp") if src.has(f)]
+    why = (
+        "the mask does not cover the padding: is it the prompt's and answer's attention mask?"
+        if src.has("mask")
+        else "padding counted as tokens for want of a mask: give it (--column mask=NAME)"
+    )
+    return [
+        f"{z.closing} of {z.answers} answers close with {CLOSING_RUN} or more exact 0.0 in "
+        f"{', '.join(repr(f) for f in fields)} ({z.tokens} tokens, "
+        f"{100 * z.tokens / max(acc.tokens, 1):.1f}% of the tokens counted): {why}; "
+        "check fails on it (unmasked-padding)"
+    ]
+
+
+def alignment_warning(src: Source, acc: TokenPartial) -> list[str]:
+    """When the trainer's log-probs correlate with ``rollout_logp`` better one position
+    off than at the same position."""
+    corr = acc.alignment.report()
+    side = shifted(corr)
+    if side is None or corr is None:
+        return []
+    x = src.name("old_logp" if src.has("old_logp") else "logp")
+    same = corr["same"]
+    return [
+        f"{x!r} correlates with {src.name('rollout_logp')!r} at the {side} position "
+        f"(r = {corr[side]:.3f}) better than at the same one "
+        f"(r = {'n/a' if same is None else format(same, '.3f')}): the trainer's tokens look "
+        "shifted by one against the sampler's (log-probs of logits[:, :-1] not aligned with "
+        "input_ids[:, 1:]?); the rollout numbers compare the wrong tokens; check fails on "
+        "it (logp-alignment)"
+    ]
 
 
 @dataclass(frozen=True)
@@ -368,6 +422,7 @@ def objective_record(
         residual_advantages=p1.residual,
         gradient=acc.gradient(),
         gradient_asked=acc.gradient_wanted,
+        inputs=input_checks(src, acc),
         length_counts=acc.lengths,
         length_adv=acc.length_adv.counts,
         length_adv_edges=(LENGTH_EDGES, ADV_EDGES),

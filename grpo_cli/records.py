@@ -29,6 +29,7 @@ __all__ = [
     "Distribution",
     "Finding",
     "GroupSummary",
+    "InputChecks",
     "KLReport",
     "LoggedComparison",
     "LoggedReport",
@@ -155,6 +156,34 @@ class KLReport:
 
 
 @dataclass(frozen=True)
+class InputChecks:
+    """What the data-mistake checks saw (:mod:`grpo_cli._mistakes`): the answers of at least
+    two valid tokens, those closing in a run of exact 0.0 in every log-prob field and the
+    tokens of those runs, whether the input has a mask; and the correlations of the
+    trainer's log-probs with ``rollout_logp`` at the same and the neighbouring positions
+    (None without ``rollout_logp``; a correlation is None over fewer than 3 pairs or a
+    constant side)."""
+
+    answers: int
+    closing_zeros: int
+    closing_zero_tokens: int
+    masked: bool
+    alignment: dict[str, float | int | None] | None = None
+
+    @property
+    def closing_share(self) -> float:
+        return self.closing_zeros / self.answers if self.answers else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "answers": self.answers,
+            "closing_zeros": self.closing_zeros,
+            "closing_zero_tokens": self.closing_zero_tokens,
+            "alignment": self.alignment,
+        }
+
+
+@dataclass(frozen=True)
 class ClipFractions:
     """Clip fractions (TRL / verl definitions): shares of valid tokens, or of answers with
     ``unit == "sequences"`` (TRL's GSPO metrics count a clipped answer once)."""
@@ -223,6 +252,7 @@ class ObjectiveReport:
     # ‖∂J/∂logp‖ and its parts (objective --gradient): None when not asked for
     gradient: dict[str, float] | None = None
     gradient_asked: bool = False
+    inputs: InputChecks | None = None  # the data-mistake checks' evidence
     # exact counts of answer lengths (for views that need the tail: explain); not in JSON
     length_counts: IntCounts | None = field(default=None, compare=False, repr=False)
     # answers by (length bin, advantage bin), and the bins' edges (lengths, advantages;

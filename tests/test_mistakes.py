@@ -10,6 +10,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from grpo_cli import _mistakes
+
 from .conftest import Cli
 
 
@@ -64,3 +66,137 @@ def test_probabilities_instead_of_log_probs(cli: Cli, tmp_path: Path) -> None:
     r = cli("check", p, "--format", "json", "--beta", "0")
     rng = next(x for x in json.loads(r.stdout)["results"] if x["rule"] == "logp-range")
     assert r.exit_code == 1 and rng["status"] == "fail"
+
+
+def _padded(tmp_path: Path, lengths: list[int], width: int, *, mask: bool) -> Path:
+    """An npz of log-probs padded with 0.0 to ``width``, with or without its mask."""
+    rng = np.random.default_rng(5)
+    n = len(lengths)
+    valid = np.arange(width)[None, :] < np.array(lengths)[:, None]
+    arrays = {}
+    for name in ("logp", "old_logp", "ref_logp"):
+        arrays[name] = np.where(valid, -rng.exponential(1.0, (n, width)) - 1e-3, 0.0)
+    arrays["rewards"] = rng.integers(0, 2, n).astype(float)
+    arrays["groups"] = np.repeat(np.arange(n // 2), 2)
+    if mask:
+        arrays["mask"] = valid
+    p = tmp_path / f"padded_{int(mask)}.npz"
+    np.savez(p, **arrays)
+    return p
+
+
+def test_padding_without_a_mask(cli: Cli, tmp_path: Path) -> None:
+    lengths, width = [3, 6, 2, 8, 5, 8], 8
+    bare = cli.json("objective", _padded(tmp_path, lengths, width, mask=False))
+    masked = cli.json("objective", _padded(tmp_path, lengths, width, mask=True))
+    # answers closing in 2+ zeros: those at least 2 shorter than the width
+    closing = [L for L in lengths if width - L >= 2]
+    ic = bare["input_checks"]
+    assert ic["answers"] == 6 and ic["closing_zeros"] == len(closing) == 4
+    assert ic["closing_zero_tokens"] == sum(width - L for L in closing)
+    assert any("4 of 6 answers close with 2 or more exact 0.0" in w for w in bare["warnings"])
+    assert any("--column mask=NAME" in w for w in bare["warnings"])
+    # the padding dilutes the KL: k3 is 0 where every log-prob is 0, so the unmasked
+    # token mean is the true one scaled by the real tokens' share
+    assert bare["counts"]["tokens"] == 6 * width
+    share = sum(lengths) / (6 * width)
+    assert abs(bare["kl"]["mean"] - masked["kl"]["mean"] * share) < 1e-12
+    assert masked["input_checks"]["closing_zeros"] == 0
+    assert not any("exact 0.0" in w for w in masked["warnings"])
+    r = json.loads(cli("check", _padded(tmp_path, lengths, width, mask=False), "--format",
+                       "json").stdout)  # fmt: skip
+    rule = next(x for x in r["results"] if x["rule"] == "unmasked-padding")
+    assert rule["status"] == "fail" and rule["value"] == 4 / 6
+    r = json.loads(cli("check", _padded(tmp_path, lengths, width, mask=True), "--format",
+                       "json").stdout)  # fmt: skip
+    assert next(x for x in r["results"] if x["rule"] == "unmasked-padding")["status"] == "pass"
+
+
+def test_a_confident_last_token_is_not_padding(cli: Cli, tmp_path: Path) -> None:
+    """One exact 0.0 closing every answer (an EOS of probability 1) is not a run."""
+    rng = np.random.default_rng(2)
+    lp = [np.append(-rng.exponential(1.0, k), 0.0) for k in (3, 4, 5, 6)]
+    p = tmp_path / "eos.parquet"
+    pq.write_table(pa.table({"group": ["a", "a", "b", "b"], "reward": [1.0, 0.0, 1.0, 0.0],
+                             "logp": [x.tolist() for x in lp]}), p)  # fmt: skip
+    doc = cli.json("objective", p, "--beta", "0")
+    assert doc["input_checks"]["closing_zeros"] == 0
+    assert not any("exact 0.0" in w for w in doc["warnings"])
+
+
+def _rollout(tmp_path: Path, shift: int, *, row_group: int = 3) -> Path:
+    """Answers whose ``rollout_logp`` is ``old_logp`` plus noise, shifted by ``shift``
+    positions within each answer (``shift`` 1: the sampler's token t+1 is the trainer's t)."""
+    rng = np.random.default_rng(11)
+    lengths = rng.integers(20, 60, 48)
+    old, roll = [], []
+    for k in lengths:
+        x = -rng.exponential(1.0, k) - 1e-3
+        y = x * np.exp(rng.normal(0, 0.01, k))  # log-probs stay < 0
+        if shift:
+            y = np.concatenate([x[:1] - 0.5, x[:-1]]) if shift == 1 else np.append(x[1:], -0.5)
+        old.append(x.tolist())
+        roll.append(y.tolist())
+    p = tmp_path / f"rollout_{shift}.parquet"
+    pq.write_table(pa.table({
+        "group": np.repeat(np.arange(24), 2).astype(str), "reward": [1.0, 0.0] * 24,
+        "logp": old, "old_logp": old, "rollout_logp": roll,
+    }), p, row_group_size=row_group)  # fmt: skip
+    return p
+
+
+def _pearson(x: np.ndarray, y: np.ndarray) -> float:
+    return float(np.corrcoef(x, y)[0, 1])
+
+
+def test_log_probs_shifted_against_the_sampler(cli: Cli, tmp_path: Path) -> None:
+    ok = cli.json("objective", _rollout(tmp_path, 0), "--beta", "0")
+    al = ok["input_checks"]["alignment"]
+    assert al["same"] > 0.99 and al["next"] < 0.5 and al["previous"] < 0.5
+    assert not any("shifted by one" in w for w in ok["warnings"])
+    for shift, side in ((1, "next"), (-1, "previous")):
+        p = _rollout(tmp_path, shift)
+        doc = cli.json("objective", p, "--beta", "0")
+        al = doc["input_checks"]["alignment"]
+        # the correlations by hand, over every within-answer pair of the file
+        t = pq.read_table(p)
+        every = _mistakes.ALIGNMENT_EVERY  # the answers the check reads: every 8th by row
+        xs = [np.array(v) for v in t["old_logp"].to_pylist()[::every]]
+        ys = [np.array(v) for v in t["rollout_logp"].to_pylist()[::every]]
+        same = _pearson(np.concatenate(xs), np.concatenate(ys))
+        nxt = _pearson(np.concatenate([x[:-1] for x in xs]), np.concatenate([y[1:] for y in ys]))
+        prev = _pearson(np.concatenate([x[1:] for x in xs]), np.concatenate([y[:-1] for y in ys]))
+        assert al["pairs"] == sum(len(x) for x in xs)
+        assert abs(al["same"] - same) < 1e-9 and abs(al["next"] - nxt) < 1e-9
+        assert abs(al["previous"] - prev) < 1e-9
+        assert max(al["next"], al["previous"]) == al[side] > 0.99 > al["same"]
+        assert any(f"at the {side} position" in w for w in doc["warnings"])
+        r = json.loads(cli("check", p, "--format", "json", "--beta", "0").stdout)
+        rule = next(x for x in r["results"] if x["rule"] == "logp-alignment")
+        assert rule["status"] == "fail" and f"the {side} position wins" in rule["message"]
+    r = json.loads(cli("check", _rollout(tmp_path, 0), "--format", "json", "--beta", "0").stdout)
+    assert next(x for x in r["results"] if x["rule"] == "logp-alignment")["status"] == "pass"
+
+
+def test_check_places_are_the_answers_beyond_the_threshold(cli: Cli) -> None:
+    """kl_spike: one answer's KL spikes (84.5); the others' largest KL is ~0.005, far
+    below the threshold of 50: only the spike is a place to look."""
+    from grpo_cli._core import kl_from_log_ratio
+
+    path = Path(__file__).resolve().parents[1] / "sample_data" / "broken" / "kl_spike.parquet"
+    t = pq.read_table(path)
+    mask = t["mask"].to_pylist() if "mask" in t.column_names else None
+    maxima = []
+    for i, (lp, ref) in enumerate(
+        zip(t["logp"].to_pylist(), t["ref_logp"].to_pylist(), strict=True)
+    ):
+        d = np.array(ref) - np.array(lp)
+        if mask is not None:
+            d = d[np.array(mask[i], dtype=bool)]
+        maxima.append(float(np.max(kl_from_log_ratio(d, estimator="k3"))))
+    beyond = [i for i, m in enumerate(maxima) if m > 50.0]
+    r = json.loads(cli("check", path, "--format", "json").stdout)
+    rule = next(x for x in r["results"] if x["rule"] == "kl-max")
+    assert rule["status"] == "fail" and len(beyond) == 1
+    assert [e["answer"] for e in rule["examples"]] == beyond
+    assert "contribute most" not in rule["message"]

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
+from grpo_cli._check import RULES
 from grpo_cli.cli import app
 
 from .conftest import SAMPLE
@@ -111,7 +112,10 @@ def test_full_prints_every_table() -> None:
     assert "on-policy (no old_logp)" not in r.stdout  # no double negative
     assert "ratio from" in r.stdout and "logp − old_logp" in r.stdout
     full = run("check", SAMPLE / "batch.parquet", "--full").stdout
-    assert full.count("threshold ") == 16 and "every valid token's log-probs are finite" in full
+    assert (
+        full.count("threshold ") == len(RULES)
+        and "every valid token's log-probs are finite" in full
+    )
 
 
 def test_notes_once_on_stderr(tmp_path: Path) -> None:
@@ -162,7 +166,7 @@ def test_check_thresholds_are_never_broken() -> None:
     assert "FAIL  kl-max  value 84.52  threshold warn > 10, fail > 50" in text
     full = run("check", SAMPLE / "batch.parquet", "--full").stdout
     heads = [x for x in lines(full) if re.match(r"(PASS|WARN|FAIL|SKIP) ", x)]
-    assert len(heads) == 16
+    assert len(heads) == len(RULES)
     for h in heads:
         assert "threshold " in h and not h.rstrip().endswith((">", ","))
     assert "threshold warn > 1e-4, fail > 1e-3" in full
@@ -233,7 +237,10 @@ def test_github_format_says_when_every_rule_passes() -> None:
     r = run("check", SAMPLE / "batch.parquet", "--format", "github")
     assert r.exit_code == 0
     assert lines(r.stdout) == [
-        "::notice title=grpo-cli check::passed (13 pass, 3 skip): " + str(SAMPLE / "batch.parquet")
+        # every rule but three opt-in or input-less ones (on-policy-exact,
+        # zero-variance-advantage, logged-metrics) passes
+        f"::notice title=grpo-cli check::passed ({len(RULES) - 3} pass, 3 skip): "
+        + str(SAMPLE / "batch.parquet")
     ]
 
 

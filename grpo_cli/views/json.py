@@ -169,6 +169,7 @@ def objective_json(r: ObjectiveReport) -> dict[str, Any]:
         "trainer_metrics": _trainer_metrics(r),
         "rollout": r.rollout.to_json() if r.rollout is not None else None,
         "entropy": r.entropy.to_json() if r.entropy is not None else None,
+        "input_checks": r.inputs.to_json() if r.inputs is not None else None,
         "settings": r.settings.to_json(),
         "engine": r.engine.to_json(r.ran),
         "warnings": [*r.warnings, *_absent_note(r)],
@@ -286,6 +287,12 @@ def _absent_note(r: ObjectiveReport) -> list[str]:
         absent.append(f"rollout (no {'rollout_logp'})")
     if r.entropy is None:
         absent.append(f"entropy (no {'entropy'})")
+    if r.inputs is None:
+        absent.append("input_checks (no answers)")
+    elif r.inputs.alignment is None:
+        absent.append("input_checks.alignment (no rollout_logp)")
+    elif None in r.inputs.alignment.values():
+        absent.append("an input_checks.alignment correlation (< 3 pairs, or a constant side)")
     if r.clip.dual_clip_lower is None:
         absent.append("clip_fraction.dual_clip_lower (dual clip off)")
     absent.append("the last ratio_histogram bin's hi (the bin is open: up to +inf)")
