@@ -72,11 +72,13 @@ def trend_report(
     progress: Callable[[int], None] | None = None,
     step_column: str | None = None,
     notes: Sequence[str] = (),
+    on_step: Callable[[int, int], None] | None = None,
 ) -> TrendReport:
     """Every step's row (``objective`` of its file alone), in step order; with ``rules``,
     the trend rules' verdicts. With ``step_column`` the files are one dataset whose rows
     that column assigns to steps: each step's rows are copied, streaming, to a file of
-    their own in a temporary directory, then read as one step file each."""
+    their own in a temporary directory, then read as one step file each. ``on_step(done,
+    total)`` is called before the first step and as each step is done (a progress bar)."""
     engine = (engine or EngineOptions()).resolved()
     paths: list[InputPath] = []
     skipped: list[str] = []
@@ -102,7 +104,7 @@ def trend_report(
             )
         with tempfile.TemporaryDirectory(prefix="grpo-cli-steps-") as tmp:
             split = split_by_step(specs, step_column, Path(tmp), column_map, engine.batch_tokens)
-            report = _trend(split, settings, engine, column_map, rules, progress, named=False)
+            report = _trend(split, settings, engine, column_map, rules, progress, on_step, False)
         note = f"source is null: the steps are the values of column {step_column!r}"
         return replace(report, warnings=[*report.warnings, note])
     numbered = sorted(
@@ -113,7 +115,7 @@ def trend_report(
         if step in seen:
             raise InputError(f"{p}: step {step} again (also {seen[step].name}): one file a step")
         seen[step] = p
-    report = _trend(numbered, settings, engine, column_map, rules, progress, named=True)
+    report = _trend(numbered, settings, engine, column_map, rules, progress, on_step, True)
     notes = list(notes)
     if skipped:
         notes.append(
@@ -145,18 +147,27 @@ def _trend(
     column_map: dict[str, str] | None,
     rules: dict[str, RuleConfig] | None,
     progress: Callable[[int], None] | None,
-    *,
+    on_step: Callable[[int, int], None] | None,
     named: bool,
 ) -> TrendReport:
     steps, warnings = [], []
+    total = len(numbered)
+    if on_step is not None:
+        on_step(0, total)
     if engine.name == "ray":  # one task a step, all at once: each step folds in a worker
         from .engine.ray import map_calls
 
         inner = replace(engine, name="local", workers=1, prefetch=False)
         calls = [partial(_step_report, p, column_map, settings, inner) for _, p in numbered]
         reports, ran = map_calls(engine, calls, [str(p) for _, p in numbered])
+        if on_step is not None:
+            on_step(total, total)
     else:
-        reports = [_step_report(p, column_map, settings, engine, progress) for _, p in numbered]
+        reports = []
+        for k, (_, p) in enumerate(numbered):
+            reports.append(_step_report(p, column_map, settings, engine, progress))
+            if on_step is not None:
+                on_step(k + 1, total)
         ran = Ran()
     for (step, p), r in zip(numbered, reports, strict=True):
         steps.append(_row(step, p if named else None, r))

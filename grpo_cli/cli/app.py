@@ -15,7 +15,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -193,14 +193,20 @@ def _note(text: str) -> None:
 
 @contextmanager
 def _progress(
-    enabled: bool, total: int | None, what: str, *, first: str | None = None
+    enabled: bool,
+    total: int | None,
+    what: str,
+    *,
+    first: str | None = None,
+    unit: str = "answers",
+    minimum: int = 10_000,
 ) -> Iterator[Callable[[int], None] | None]:
     """A progress bar on stderr for a long pass (big inputs, a terminal to draw on): the
     answers done of ``total``, their rate and the time left, moving from the first second.
     ``first`` names a pass before the counted one that reports no progress (``answers
     --sort gradient``'s norm): until the first answer is counted the bar pulses under
     that name, with the time elapsed."""
-    if not enabled or not sys.stderr.isatty() or not total or total < 10_000:
+    if not enabled or not sys.stderr.isatty() or not total or total < minimum:
         yield None  # a bar only where it helps: big inputs, a terminal to draw on
         return
     from rich.console import Console
@@ -210,13 +216,15 @@ def _progress(
     class Rate(ProgressColumn):
         def render(self, task: Any) -> Text:
             speed = task.finished_speed or task.speed
-            return Text("" if not speed else f"{speed:,.0f}/s", style="cyan")
+            if not speed:
+                return Text("")
+            return Text(f"{speed:,.0f}/s" if speed >= 10 else f"{speed:.2g}/s", style="cyan")
 
     class Count(ProgressColumn):
         def render(self, task: Any) -> Text:
             if task.total is None:  # a pass that reports nothing: its time only
                 return Text("")
-            return Text(f"{task.completed:,.0f}/{task.total:,.0f} answers", style="green")
+            return Text(f"{task.completed:,.0f}/{task.total:,.0f} {unit}", style="green")
 
     class Time(ProgressColumn):
         """Time elapsed while the total is unknown, then the time left."""
@@ -252,6 +260,28 @@ def _progress(
             prog.advance(task, n)
 
         yield tick
+
+
+@contextmanager
+def _steps_bar(enabled: bool) -> Iterator[Callable[[int, int], None] | None]:
+    """``trend``'s bar: the steps done of the steps found, their rate and the time left
+    (three steps or more); ``on_step(done, total)`` is called before the first step and
+    after each."""
+    if not enabled or not sys.stderr.isatty():
+        yield None
+        return
+    with ExitStack() as stack:
+        ticks: list[Callable[[int], None] | None] = []
+
+        def on_step(done: int, total: int) -> None:
+            if not ticks:
+                ticks.append(
+                    stack.enter_context(_progress(True, total, "trend", unit="steps", minimum=3))
+                )
+            if ticks[0] is not None and done:
+                ticks[0](1)
+
+        yield on_step
 
 
 def _plot_thresholds() -> dict[str, tuple[float | None, float | None]]:
@@ -716,15 +746,17 @@ def trend(
         from ..views.plot import require_plot
 
         require_plot(plot)
-        report = trend_report(
-            files,
-            settings,
-            engine=engine_options(workers, engine, ray_address),
-            column_map=parse_column_map(column),
-            rules=rules if check else None,
-            step_column=step_column,
-            notes=notes,
-        )
+        with _steps_bar(progress) as on_step:
+            report = trend_report(
+                files,
+                settings,
+                engine=engine_options(workers, engine, ray_address),
+                column_map=parse_column_map(column),
+                rules=rules if check else None,
+                step_column=step_column,
+                notes=notes,
+                on_step=on_step,
+            )
         if plot is not None:
             from ..views.plot import plot_trend
 
