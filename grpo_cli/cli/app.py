@@ -188,7 +188,18 @@ def _emit_json(doc: dict[str, Any]) -> None:
 
 
 def _note(text: str) -> None:
-    typer.echo(f"grpo-cli: note: {text}", err=True)
+    """A note on stderr: one line for a log or a pipe; in a terminal, wrapped at its width
+    between words, the continuation lines indented."""
+    line = f"grpo-cli: note: {text}"
+    if sys.stderr.isatty():
+        import shutil
+        import textwrap
+
+        width = shutil.get_terminal_size((80, 24)).columns
+        if len(line) > width:
+            line = textwrap.fill(line, width=max(width - 1, 40), subsequent_indent="  ",
+                                 break_on_hyphens=False)  # fmt: skip
+    typer.echo(line, err=True)
 
 
 @contextmanager
