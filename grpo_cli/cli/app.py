@@ -208,15 +208,12 @@ def _progress(
     total: int | None,
     what: str,
     *,
-    first: str | None = None,
     unit: str = "answers",
     minimum: int = 10_000,
 ) -> Iterator[Callable[[int], None] | None]:
-    """A progress bar on stderr for a long pass (big inputs, a terminal to draw on): the
-    answers done of ``total``, their rate and the time left, moving from the first second.
-    ``first`` names a pass before the counted one that reports no progress (``answers
-    --sort gradient``'s norm): until the first answer is counted the bar pulses under
-    that name, with the time elapsed."""
+    """A progress bar on stderr for a long pass (``minimum`` units or more, a terminal to
+    draw on): the ``unit``s done of ``total``, their rate and the time left (the time
+    elapsed until the first is done), moving from the first second."""
     if not enabled or not sys.stderr.isatty() or not total or total < minimum:
         yield None  # a bar only where it helps: big inputs, a terminal to draw on
         return
@@ -233,15 +230,13 @@ def _progress(
 
     class Count(ProgressColumn):
         def render(self, task: Any) -> Text:
-            if task.total is None:  # a pass that reports nothing: its time only
-                return Text("")
             return Text(f"{task.completed:,.0f}/{task.total:,.0f} {unit}", style="green")
 
     class Time(ProgressColumn):
-        """Time elapsed while the total is unknown, then the time left."""
+        """Time elapsed until the first unit is done, then the time left."""
 
         def render(self, task: Any) -> Text:
-            if task.total is None or not task.completed:
+            if not task.completed:
                 seconds = task.elapsed or 0.0
                 return Text(f"{int(seconds) // 60}:{int(seconds) % 60:02d}", style="yellow")
             left = task.time_remaining
@@ -260,14 +255,9 @@ def _progress(
         transient=True,
         refresh_per_second=8,
     ) as prog:
-        task = prog.add_task(first or what, total=None if first else total)
-        started = first is None
+        task = prog.add_task(what, total=total)
 
         def tick(n: int) -> None:
-            nonlocal started
-            if not started:  # the counted pass begins: the bar and its ETA start here
-                prog.reset(task, total=total, description=what)
-                started = True
             prog.advance(task, n)
 
         yield tick
@@ -823,9 +813,7 @@ def answers(
     with _errors():
         src = open_source(files, parse_column_map(column), group_scope=group_scope)
         settings, src = conventions.for_source(src)
-        first = "answers 1/2 (‖∂J‖)" if sort == "gradient" else None
-        what = "answers 2/2" if first else "answers"
-        with _progress(progress, src.n_rows(), what, first=first) as tick:
+        with _progress(progress, src.n_rows(), "answers") as tick:  # one pass, any sort
             report = answers_report(
                 src,
                 settings,
