@@ -216,6 +216,19 @@ class RunWriter:
         os.replace(tmp, path)
         return path
 
+    def write_call(
+        self, step: int, micro_batch: int, micro_batches: int, table: pa.Table,
+        info: Mapping[str, Any],
+    ) -> Path:  # fmt: skip
+        """:meth:`write_micro_batch` of call ``micro_batch`` of ``micro_batches`` (in
+        ``info`` as ``micro_batches``), then, after the last, :meth:`finish_step`."""
+        path = self.write_micro_batch(
+            step, micro_batch, table, {"micro_batches": micro_batches, **info}
+        )
+        if micro_batch == micro_batches - 1:
+            self.finish_step(step)
+        return path
+
     def finish_step(self, step: int) -> None:
         """The step's marker, written after its files: a reader takes the step as whole."""
         d = self.step_dir(step)

@@ -328,12 +328,7 @@ def write_experiences(
             tokenizer=tokenizer,
             token_dtype=token_dtype,
         )
-        path = writer.write_micro_batch(
-            step, micro_batch, table, {"micro_batches": micro_batches, **info}
-        )
-        if micro_batch == micro_batches - 1:
-            writer.finish_step(step)
-        return path
+        return writer.write_call(step, micro_batch, micro_batches, table, info)
 
     return guard.run(write)
 
