@@ -327,6 +327,17 @@ class Settings:
             raise SettingError(
                 "correction", f"{c} is {owner}'s, the settings' trainer is {self.trainer}"
             )
+        if c == "openrlhf-is" and self.ratio_level == "sequence":
+            raise SettingError(
+                "correction",
+                "openrlhf-is with a sequence ratio (gspo) takes the ratio against the "
+                "sampler's log-probs instead: give rollout_logp as old_logp",
+            )
+        if c == "trl-vllm" and self.loss == "trl/vespo" and self.vllm_is_mode.startswith("seq"):
+            raise SettingError(
+                "vllm_is_mode",
+                "trl/vespo takes TRL's token-level ratio only (token_truncate, token_mask)",
+            )
         lo, hi = self.vllm_is_clip_min, self.vllm_is_clip_max
         if lo is not None and hi is not None and lo >= hi:
             raise SettingError(

@@ -478,6 +478,14 @@ def _objective_tables(r: ObjectiveReport) -> list[RenderableType]:
                 [(k, fmt(v, 10)) for k, v in r.trainer_metrics.items()],
             )
         )
+    if r.loss_metrics:
+        what = " and ".join(x for x in (s.loss, s.correction) if x not in ("clip", "none"))
+        parts.append(
+            _kv_table(
+                f"What the trainer logs for {what} (its names)",
+                [(k, fmt(v, 10)) for k, v in r.loss_metrics.items()],
+            )
+        )
     if r.logged is not None:
         parts.append(_logged_table(r.logged))
     return parts
