@@ -166,7 +166,11 @@ def policy_terms(
 
 
 # ------------------------------------------------------------ the metrics part
-# a metric's fold: ("mean", Σ, count) | ("min", v, 0) | ("max", v, 0) | ("single", v, 0)
+# a metric's fold: ("mean", Σ, count) | ("vmean", Σ, count: verl's Σ/(count + 1e-8)) |
+# ("min", v, 0) | ("max", v, 0) | ("single", v, 0)
+# verl metrics that are a token mean minus a constant (chi2_token = E[ρ²] − 1): folded as
+# the mean itself
+_SHIFT = {"rollout_corr/chi2_token": 1.0}
 # (a statistic of one batch that does not merge: kept only when one batch was folded)
 Entry = list[object]
 
@@ -226,7 +230,7 @@ class LossMetrics:
             self.entries[name] = [kind, value, count]
             return
         e[2] = float(e[2]) + count  # type: ignore[arg-type]
-        if kind == "mean":
+        if kind in ("mean", "vmean"):
             e[1] = float(e[1]) + value  # type: ignore[arg-type]
         elif kind == "min":
             e[1] = min(float(e[1]), value)  # type: ignore[arg-type]
@@ -253,9 +257,12 @@ class LossMetrics:
                 kind, per = _correction_kind(name, seq)
                 if kind == "mean":
                     count = float(T if per == "tokens" else n)
-                    if name.startswith("rollout_corr/"):
-                        count += _VERL_EPS
-                    self._add(name, kind, value * count, count)
+                    if name.startswith("rollout_corr/") and per == "tokens":
+                        # verl's Σx / (T + 1e-8): the sum back, the 1e-8 added once at the end
+                        v = value + _SHIFT.get(name, 0.0)
+                        self._add(name, "vmean", v * (count + _VERL_EPS), count)
+                    else:
+                        self._add(name, kind, value * count, count)
                 else:
                     self._add(name, kind, value)
 
@@ -296,9 +303,10 @@ class LossMetrics:
         """Every metric by its logged name (a statistic of one batch only when one was)."""
         out: dict[str, float] = {}
         for name, (kind, value, count) in self.entries.items():
-            if kind == "mean":
-                c = float(count)  # type: ignore[arg-type]
+            if kind in ("mean", "vmean"):
+                c = float(count) + (_VERL_EPS if kind == "vmean" else 0.0)  # type: ignore[arg-type]
                 out[name] = float(value) / c if c else math.nan  # type: ignore[arg-type]
+                out[name] -= _SHIFT.get(name, 0.0)
             elif kind == "single":
                 if self.batches == 1:
                     out[name] = float(value)  # type: ignore[arg-type]
