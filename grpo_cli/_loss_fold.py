@@ -22,7 +22,7 @@ from ._core import segment_mean
 from ._settings import Settings
 from .errors import InputError
 
-__all__ = ["LossMetrics", "correction_of", "needs_numpy", "policy_terms"]
+__all__ = ["CLIP_METRICS", "LossMetrics", "correction_of", "needs_numpy", "policy_terms"]
 
 F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
@@ -32,6 +32,20 @@ _VERL_EPS = L.VERL_MEAN_EPS
 # the verl cispo, sapo and dppo log-ratio clamp (rollout_corr_helper.SAFETY_BOUND, and the
 # losses' own ±20)
 _VERL_CLAMP = 20.0
+
+
+# Each loss's own clip share (``check``'s clip-region rule): the logged metrics whose sum is
+# the share of tokens (answers at sequence level) the loss clips; absent: the loss clips
+# nothing (SAPO's soft gate, VESPO's weight, GPG, DRO, KL-Cov's penalty)
+CLIP_METRICS: dict[str, tuple[str, ...]] = {
+    "trl/cispo": ("cispo_clip_ratio",),  # ρ above the cap with A > 0
+    "trl/luspo": ("clip_ratio/region_mean",),
+    "verl/cispo": ("actor/pg_clipfrac",),  # the weight differs from ρ
+    "verl/dppo_tv": ("actor/pg_clipfrac",),  # masked by the divergence threshold
+    "verl/dppo_kl": ("actor/pg_clipfrac",),
+    "verl/clip_cov": ("actor/pg_clipfrac",),  # the tokens whose gradient is removed
+    "verl/geo_mean": ("actor/pg_clipfrac", "actor/pg_clipfrac_lower"),  # A > 0 and A < 0
+}
 
 
 def needs_numpy(s: Settings) -> bool:

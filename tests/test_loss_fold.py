@@ -6,6 +6,7 @@ loss_type cispo and sapo is reproduced with no flags."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any, get_args
@@ -33,9 +34,9 @@ def _data(seed: int = 7, n: int = 36) -> dict[str, Any]:
     return {
         "lengths": lengths,
         "old_logp": old,
-        "logp": [o + rng.normal(0, 0.25, size=o.shape[0]) for o in old],
-        "ref_logp": [o + rng.normal(0, 0.2, size=o.shape[0]) for o in old],
-        "rollout_logp": [o + rng.normal(0, 0.15, size=o.shape[0]) for o in old],
+        "logp": [np.minimum(o + rng.normal(0, 0.25, size=o.shape[0]), -1e-3) for o in old],
+        "ref_logp": [np.minimum(o + rng.normal(0, 0.2, size=o.shape[0]), -1e-3) for o in old],
+        "rollout_logp": [np.minimum(o + rng.normal(0, 0.15, size=o.shape[0]), -1e-3) for o in old],
         "group": np.repeat(np.arange(n // 4), 4),
         "reward": rng.integers(0, 3, size=n).astype(float),
     }
@@ -362,3 +363,32 @@ def test_a_trl_run_with_its_own_loss_is_reproduced_with_no_flags(
         assert any(0 < x < 1 for x in ratios), ratios  # the cap binds on some tokens only
     else:
         assert "kl" in compared
+
+
+# ------------------------------------------------------------- explain and check
+def test_explain_names_the_loss_and_the_release(cli: Cli, tmp_path: Path) -> None:
+    p = str(_parquet(tmp_path / "b.parquet", _data(), rows=100))
+    doc = cli.json("explain", p, "--preset", "verl", "--loss", "dppo_tv")
+    f = next(x for x in doc["findings"] if x["id"] == "loss-followed")
+    assert "DPPO-TV" in f["message"] and "verl 0.9.1" in f["message"]
+    assert f["evidence"]["loss"] == "verl/dppo_tv" and f["evidence"]["preset"] == "verl"
+    plain = cli.json("explain", p)  # the seed's surrogate, no trainer: nothing to say
+    assert not any(x["id"] == "loss-followed" for x in plain["findings"])
+
+
+def test_the_clip_rule_reads_the_loss_s_own_clip_metric(cli: Cli, tmp_path: Path) -> None:
+    p = str(_parquet(tmp_path / "b.parquet", _data(), rows=100))
+
+    def clip_rule(*flags: str) -> dict[str, Any]:
+        r = cli("check", p, "--format", "json", *flags)
+        return next(x for x in json.loads(r.stdout)["results"] if x["rule"] == "clip-region")
+
+    obj = cli.json("objective", p, "--loss", "trl/cispo", "--clip-eps-high", "1.1")
+    rule = clip_rule("--loss", "trl/cispo", "--clip-eps-high", "1.1")
+    assert rule["value"] == obj["loss_metrics"]["cispo_clip_ratio"] > 0
+    assert "cispo_clip_ratio" in rule["message"]
+    sapo = clip_rule("--loss", "trl/sapo")
+    assert sapo["status"] == "skip" and "does not apply" in sapo["message"]
+    geo = clip_rule("--loss", "verl/geo_mean")
+    m = cli.json("objective", p, "--loss", "verl/geo_mean")["loss_metrics"]
+    assert geo["value"] == m["actor/pg_clipfrac"] + m["actor/pg_clipfrac_lower"]
