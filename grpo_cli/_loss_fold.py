@@ -216,9 +216,10 @@ def _correction_kind(name: str, seq: bool) -> tuple[str, str]:
 @dataclass
 class LossMetrics:
     """The loss's and the correction's logged metrics as mergeable sums: a mean as (Σ,
-    count), an extreme as itself; a statistic that does not merge (a std, an effective
-    sample size, a batch-normalisation factor) is kept when one batch was folded, else left
-    out with a note. ``batches`` counts the batches folded, ``gradient_missing`` whether a
+    count), an extreme as itself, verl's IS spreads from sums of the weights and their
+    squares; a statistic that does not merge (a batch-normalisation factor, the spreads
+    of batch-normalised weights) is kept when one batch was folded, else left out with a
+    note. ``batches`` counts the batches folded, ``gradient_missing`` whether a
     loss without a closed-form gradient was folded."""
 
     loss: str = "clip"
@@ -228,6 +229,13 @@ class LossMetrics:
     answers: int = 0
     gradient_missing: bool = False
     seq_correction: bool = False  # the correction's unit is the answer
+    # verl's IS weights: their upper bound (the std and ESS clamp to it), and whether they
+    # are batch-normalised (then their spread is one batch's)
+    is_upper: float | None = None
+    batch_normalize: bool = False
+    # Σ wc, Σ wc², T of the clamped weights, Σ s, Σ s², N of their answer means (verl's
+    # rollout_is_std, _eff_sample_size, _seq_std from mergeable sums)
+    spread: list[float] = field(default_factory=lambda: [0.0] * 6)
 
     @classmethod
     def of(cls, s: Settings) -> LossMetrics:
@@ -236,7 +244,36 @@ class LossMetrics:
             or (s.correction == "verl-rollout" and s.rollout_is == "sequence")
             or (s.correction == "openrlhf-is" and s.is_correction_level == "seq")
         )
-        return cls(loss=s.loss, correction=s.correction, seq_correction=seq)
+        upper = None
+        if s.correction == "verl-rollout" and s.rollout_is is not None:
+            upper = L._is_threshold(s.rollout_is_threshold)[0]
+        return cls(
+            loss=s.loss, correction=s.correction, seq_correction=seq, is_upper=upper,
+            batch_normalize=s.rollout_is_batch_normalize,
+        )  # fmt: skip
+
+    def _add_spread(self, w: F64, offsets: I64) -> None:
+        """verl 0.9.1 ``compute_is_metrics``' spreads as sums: ``rollout_is_std`` =
+        ``sqrt(max(E[wc²] − E[wc]², 0))`` and ``_eff_sample_size`` = ``1 / E[(wc / (E[wc] +
+        1e-8))²]`` with ``wc = clamp(w, 0, upper)`` and ``E`` = Σ / (T + 1e-8); ``_seq_std``
+        the sample std of the answers' ``Σ_t w / (|o_i| + 1e-8)``."""
+        assert self.is_upper is not None
+        wc = np.clip(w, 0.0, self.is_upper)
+        seq = np.add.reduceat(w, offsets[:-1]) / (np.diff(offsets) + _VERL_EPS)
+        sums = (np.sum(wc), np.dot(wc, wc), w.shape[0], np.sum(seq), np.dot(seq, seq), seq.shape[0])
+        for i, v in enumerate(sums):
+            self.spread[i] += float(v)
+
+    def _spread_values(self) -> dict[str, float]:
+        s1, s2, t, q1, q2, n = self.spread
+        out: dict[str, float] = {}
+        m, m2 = s1 / (t + _VERL_EPS), s2 / (t + _VERL_EPS)
+        p = "rollout_corr/rollout_is_"
+        out[p + "std"] = math.sqrt(max(m2 - m * m, 0.0)) if t > 1 else 0.0
+        out[p + "eff_sample_size"] = 1.0 / (m2 / (m + 1e-8) ** 2)
+        var = (q2 - q1 * q1 / n) / (n - 1) if n > 1 else 0.0
+        out[p + "seq_std"] = math.sqrt(max(var, 0.0))
+        return out
 
     def _add(self, name: str, kind: str, value: float, count: float = 0.0) -> None:
         e = self.entries.get(name)
@@ -266,6 +303,8 @@ class LossMetrics:
             for name, key, unit in L.LOSS_METRICS[self.loss]:
                 self._loss_metric(terms, offsets, name, key, unit, n, T)
         if correction is not None:
+            if self.is_upper is not None and not self.batch_normalize:
+                self._add_spread(correction.weight, offsets)
             seq = self.seq_correction
             for name, value in correction.metrics.items():
                 kind, per = _correction_kind(name, seq)
@@ -310,6 +349,7 @@ class LossMetrics:
             self._add(name, str(kind), float(value), float(count))  # type: ignore[arg-type]
         self.batches += o.batches
         self.answers += o.answers
+        self.spread = [a + b for a, b in zip(self.spread, o.spread, strict=True)]
         self.gradient_missing = self.gradient_missing or o.gradient_missing
         return self
 
@@ -326,6 +366,8 @@ class LossMetrics:
                     out[name] = float(value)  # type: ignore[arg-type]
             else:
                 out[name] = float(value)  # type: ignore[arg-type]
+        if self.spread[2]:  # verl's spreads, from sums: whatever the batches
+            out.update({k: v for k, v in self._spread_values().items() if k in self.entries})
         return out
 
     def notes(self) -> list[str]:
@@ -339,13 +381,14 @@ class LossMetrics:
                 "each batch is one of its micro-batches (one file or row group per "
                 "micro-batch), else they differ"
             )
-        left = [n for n, e in self.entries.items() if e[0] == "single"]
+        kept = self._spread_values() if self.spread[2] else {}
+        left = [n for n, e in self.entries.items() if e[0] == "single" and n not in kept]
         if left and k > 1:
             out.append(
                 f"{', '.join(left)}: statistics of one batch that do not merge, left out "
                 f"over {k} batches"
             )
-        if self.correction == "verl-rollout" and k > 1:
+        if self.correction == "verl-rollout" and self.batch_normalize and k > 1:
             out.append(
                 "verl's rollout correction is computed over its whole training batch: the "
                 f"weights' batch normalisation (if on) is each of grpo-cli's {k} batches'"
