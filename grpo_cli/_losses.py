@@ -59,8 +59,13 @@ from ._core import (
 from .errors import InputError, UsageError
 
 __all__ = [
+    "BATCH_LOSSES",
+    "FORCED_AGGREGATION",
     "LOSS_METRICS",
+    "TOKEN_RATIO_LOSSES",
     "Correction",
+    "CorrectionName",
+    "LossName",
     "PolicyTerms",
     "apply_correction",
     "cispo_terms",
@@ -93,6 +98,40 @@ BypassLoss = Literal["ppo_clip", "reinforce"]
 OrlLevel = Literal["off", "token", "seq"]
 OrlMode = Literal["mask", "clip"]
 OrlGating = Literal["ratio", "binary_kl", "tv"]
+
+# The policy losses a computation can follow (``Settings.loss``): the core's clipped
+# surrogate ("clip": TRL grpo/bnpo/dr_grpo/dapo, verl vanilla/gspo, OpenRLHF ppo/gspo), or
+# one of these, named ``trainer/config value`` (the keys of LOSS_METRICS). verl's
+# ``bypass_mode`` (rollout_logp as the old policy, its rejection removing tokens from the
+# counts) is a function here (:func:`verl_bypass_mode`) but not a loss the fold follows.
+LossName = Literal[
+    "clip",
+    "trl/cispo", "trl/sapo", "trl/luspo", "trl/vespo",
+    "verl/dppo_tv", "verl/dppo_kl", "verl/sapo", "verl/gpg", "verl/clip_cov", "verl/kl_cov",
+    "verl/geo_mean", "verl/dro", "verl/cispo",
+]  # fmt: skip
+# The sampler–trainer corrections (``Settings.correction``), applied with rollout_logp
+CorrectionName = Literal["none", "trl-vllm", "verl-rollout", "openrlhf-is"]
+
+# The aggregation a loss forces whatever the trainer's configuration names (PolicyTerms.agg
+# of its function): TRL 1.16.0 ``_compute_loss`` aggregates sapo as grpo and luspo as a mean
+# over answers of their token sums; verl 0.9.1's sapo and geo_mean take a mean over rows of
+# their token means whatever ``loss_agg_mode``.
+FORCED_AGGREGATION: dict[str, Aggregation] = {
+    "trl/sapo": "seq-mean-token-mean",
+    "trl/luspo": "seq-mean-token-sum",
+    "verl/sapo": "seq-mean-token-mean",
+    "verl/geo_mean": "seq-mean-token-mean",
+}
+# Losses whose ratio is per token whatever ``ratio_level`` (verl's read none; TRL's vespo
+# is a sequence weight of its own)
+TOKEN_RATIO_LOSSES = (
+    "verl/dppo_tv", "verl/dppo_kl", "verl/sapo", "verl/gpg", "verl/clip_cov", "verl/kl_cov",
+    "verl/geo_mean", "verl/dro", "verl/cispo",
+)  # fmt: skip
+# Losses that select tokens by a covariance over the whole batch the loss saw (the
+# trainer's micro-batch): they do not fold across batches
+BATCH_LOSSES = ("verl/clip_cov", "verl/kl_cov")
 
 # verl 0.9.1 rollout_corr_helper.SAFETY_BOUND: log-ratios are clamped to ±20 before exp
 SAFETY_BOUND = 20.0

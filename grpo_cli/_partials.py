@@ -8,6 +8,7 @@ whatever order they were folded. :class:`GroupPartial` is pass 1 as a partial, a
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
@@ -25,6 +26,7 @@ from ._core import (
     FloatArray,
     GroupStats,
     SequenceMeans,
+    TokenTerms,
     aggregation_divisor,
     aggregation_rule,
     aggregation_weights,
@@ -43,6 +45,7 @@ from ._core import (
     token_gradients,
     token_terms,
 )
+from ._loss_fold import LossMetrics, correction_of, needs_numpy, policy_terms
 from ._mistakes import AlignmentSums, ClosingZeros
 from ._settings import Settings
 from ._stats import IntCounts, Moments, Sketch
@@ -405,6 +408,13 @@ class PositiveLogp:
         return self
 
 
+def _times(a: F64, w: F64) -> F64:
+    """``a·w``, 0 where the weight is 0 (a masked token), even where ``a`` is ±inf."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = a * w
+    return np.where(w == 0.0, 0.0, out)
+
+
 def _plus(a: Any, b: Any) -> Any:
     return None if a is None or b is None else a + b
 
@@ -518,6 +528,16 @@ class TokenPartial:
     bias correction, the gradient's sums included), else numpy, composed of the core's
     definitions (:func:`token_terms`, :func:`clip_counts`, :func:`ratio_moments`,
     :func:`token_gradients`).
+
+    A loss other than the clipped surrogate (``Settings.loss``), or a sampler–trainer
+    correction (``Settings.correction``), always folds in numpy, whole answers at a time
+    (the kernel computes the clipped surrogate only): the loss's terms
+    (:func:`grpo_cli._loss_fold.policy_terms`, the functions of :mod:`grpo_cli._losses`)
+    replace the policy term, the KL term stays the settings' (β, estimator, ``kl_agg``),
+    the gradient is the loss's, and its logged metrics fold in ``loss_metrics``
+    (:class:`~grpo_cli._loss_fold.LossMetrics`). ``verl/clip_cov`` and ``verl/kl_cov``
+    choose tokens over each batch folded (the trainer's micro-batch when a batch is one:
+    ``loss_metrics.notes()`` says so).
     """
 
     PARTS = (
@@ -544,6 +564,7 @@ class TokenPartial:
         "length_adv",
         "closing_zeros",
         "alignment",
+        "loss_metrics",
     )
 
     def __init__(
@@ -585,7 +606,11 @@ class TokenPartial:
         self.old_ref = TermSums()
         # the compiled kernel folds token-level ratios; GSPO's sequence ratio and TRL's
         # bias-corrected KL stay in numpy
-        self.compiled = backend == "c" and _fast.supports_options(self.options)
+        # ... and a loss other than the clipped surrogate, or a correction, in numpy too
+        self.compiled = (
+            backend == "c" and _fast.supports_options(self.options) and not needs_numpy(settings)
+        )
+        self.loss_metrics = LossMetrics.of(settings)  # the loss's and correction's metrics
         self.vector = True  # the kernel's AVX2 path where the CPU has it (tests turn it off)
 
     # the counts, by name
@@ -623,7 +648,7 @@ class TokenPartial:
     ) -> Iterator[tuple[Batch, F64 | None, AnswerSums]]:
         for part in parts(b, adv):
             sub, a, per_token = part.batch, part.adv, part.per_token
-            if not part.long:
+            if not part.long or needs_numpy(self.settings):  # a loss takes whole answers
                 sums = step(sub, a, Whole(sub.lengths, per_token))
                 if per_token:
                     assert a is not None
@@ -759,6 +784,9 @@ class TokenPartial:
             options=self.options,
             seq_mean=whole.seq_mean,
         )
+        loss_grad: F64 | None = None
+        if needs_numpy(s):  # the settings' loss in place of the clipped surrogate
+            terms, loss_grad = self._loss_terms(b, adv, terms)
         sums = AnswerSums(
             term=segment_sum(terms.term, b.offsets), policy=segment_sum(terms.policy, b.offsets)
         )
@@ -788,8 +816,35 @@ class TokenPartial:
                 terms, offsets=b.offsets, options=self.options, answer_means=whole.grad_means
             )
             gk = gk if self.options.beta else None  # with the KL in the reward: no KL term
+            if needs_numpy(s):
+                gp = loss_grad if loss_grad is not None else np.zeros_like(gp)
             sums.grad_nz = self.grad.add(gp, gk, b.offsets, whole.lengths)
         return sums
+
+    def _loss_terms(self, b: Batch, adv: F64, terms: TokenTerms) -> tuple[TokenTerms, F64 | None]:
+        """``terms`` with the settings' loss (:func:`grpo_cli._loss_fold.policy_terms`) as
+        the policy term and the correction applied, the KL term unchanged; and the policy
+        term's gradient (None: no closed form, the fold's gradient is then null). Folds the
+        loss's and the correction's metrics."""
+        s = self.settings
+        corr = correction_of(s, b.fields, b.offsets)
+        pt = None
+        if s.loss != "clip":
+            pt = policy_terms(s, b.fields, adv, b.offsets, corr)
+            policy, grad = pt.term, pt.grad
+        else:
+            assert corr is not None
+            policy = _times(terms.policy, corr.weight)
+            grad = None
+            if self.gradient_wanted:
+                gp, _ = token_gradients(terms, offsets=b.offsets, options=self.options)
+                grad = _times(gp, corr.weight)
+        self.loss_metrics.add(pt, corr, b.offsets)
+        term = policy
+        if terms.kl_loss is not None and self.options.beta:
+            with np.errstate(over="ignore", invalid="ignore"):
+                term = policy - self.options.beta * terms.kl_loss
+        return dataclasses.replace(terms, policy=policy, term=term), grad
 
     def _extras_tokens(self, b: Batch, sums: AnswerSums) -> None:
         """Entropy, sampler-vs-trainer and reward-KL statistics, when they apply."""
@@ -882,7 +937,7 @@ class TokenPartial:
         """``‖∂J/∂logp‖`` over the valid tokens and its policy and KL parts, and the shares
         of tokens and answers whose policy part is nonzero; None when not folded."""
         g, s = self.grad, self.settings
-        if not self.gradient_wanted or not self.answers:
+        if not self.gradient_wanted or not self.answers or self.loss_metrics.gradient_missing:
             return None
         cp, i = agg_factor(s, s.agg, self.answers, self.tokens, self.max_width)
         kl_on = self.options.beta != 0.0

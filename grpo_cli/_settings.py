@@ -24,10 +24,26 @@ from ._core import (
     Singleton,
     TermOptions,
 )
+from ._losses import (
+    FORCED_AGGREGATION,
+    TOKEN_RATIO_LOSSES,
+    CorrectionName,
+    LossName,
+    OrlGating,
+    OrlLevel,
+    OrlMode,
+    TrlISMode,
+    VerlISLevel,
+    _is_threshold,
+)
 from .errors import UsageError
 from .trainers import TRAINERS as _TRAINERS
 
 __all__ = [
+    "CORRECTIONS",
+    "CORRECTION_PARAMS",
+    "LOSSES",
+    "LOSS_PARAMS",
     "OFF",
     "PRESETS",
     "RELEASE_PRESETS",
@@ -36,6 +52,7 @@ __all__ = [
     "Settings",
     "preset_for",
     "preset_settings",
+    "qualify_loss",
     "resolve_run_settings",
     "resolve_settings",
 ]
@@ -64,6 +81,21 @@ class Settings:
     Aggregation: ``agg``, ``max_len`` (L of seq-mean-token-sum-norm; None: the widest row)
     and ``norm_scale`` n-lmax|lmax.
     ``trainer`` and ``mirrors`` name the trainer (and version) a preset reproduces.
+
+    Loss (:mod:`grpo_cli._losses`): ``loss`` "clip" (the clipped surrogate above) or a
+    trainer's own, ``trainer/value`` as its config names it (``trl/cispo``, ``verl/dppo_tv``;
+    a bare ``cispo`` takes the settings' trainer), with its parameters under the trainer's
+    config names: TRL ``sapo_temperature_pos``/``_neg``, ``vespo_k_pos``,
+    ``vespo_lambda_pos``, ``vespo_k_neg``, ``vespo_lambda_neg``; verl ``clip_cov_ratio``,
+    ``clip_cov_lb``, ``clip_cov_ub``, ``kl_cov_ratio``, ``ppo_kl_coef``, ``dro_beta``. The
+    clip bounds of cispo, dppo, clip_cov and geo_mean are ``clip_eps``/``clip_eps_high``
+    (TRL's cispo caps ρ at ``clip_eps_high`` itself, verl's at ``1 + clip_eps_high``), dppo's
+    ratio cap is ``dual_clip`` (verl's ``clip_ratio_c``; 3.0 when off).
+    Correction (applied where ``rollout_logp`` is given): ``correction`` none|trl-vllm|
+    verl-rollout|openrlhf-is; TRL ``vllm_is_mode``, ``vllm_is_clip_max``, ``vllm_is_clip_min``
+    (``vllm_importance_sampling_mode``/``_clip_max``/``_clip_min``); verl ``rollout_is``,
+    ``rollout_is_threshold``, ``rollout_is_batch_normalize``; OpenRLHF
+    ``is_correction_level``, ``_mode``, ``_gating``, ``_low``, ``_high`` (its threshold).
     """
 
     preset: str | None = None
@@ -93,6 +125,33 @@ class Settings:
     kl_agg: Aggregation | None = None
     max_len: int | None = None
     norm_scale: NormScale = "n-lmax"
+    # the policy loss and its parameters (defaults: the trainers' config defaults)
+    loss: LossName = "clip"
+    sapo_temperature_pos: float = 1.0
+    sapo_temperature_neg: float = 1.05
+    vespo_k_pos: float = 2.0
+    vespo_lambda_pos: float = 3.0
+    vespo_k_neg: float = 3.0
+    vespo_lambda_neg: float = 2.0
+    clip_cov_ratio: float = 0.0002
+    clip_cov_lb: float = 1.0
+    clip_cov_ub: float = 5.0
+    kl_cov_ratio: float = 0.0002
+    ppo_kl_coef: float = 0.1
+    dro_beta: float | None = None
+    # the sampler–trainer correction and its parameters
+    correction: CorrectionName = "none"
+    vllm_is_mode: TrlISMode = "sequence_mask"
+    vllm_is_clip_max: float | None = 3.0
+    vllm_is_clip_min: float | None = None
+    rollout_is: VerlISLevel | None = "sequence"
+    rollout_is_threshold: float | str = 2.0
+    rollout_is_batch_normalize: bool = False
+    is_correction_level: OrlLevel = "token"
+    is_correction_mode: OrlMode = "mask"
+    is_correction_gating: OrlGating = "ratio"
+    is_correction_low: float = 0.5
+    is_correction_high: float = 5.0
 
     @property
     def eps_high(self) -> float:
@@ -126,9 +185,17 @@ class Settings:
         out["from"] = out.pop("origin")
         return out
 
+    @property
+    def loss_family(self) -> str | None:
+        """The trainer whose loss ``loss`` is (``"trl"`` for ``trl/cispo``), None for clip."""
+        return None if self.loss == "clip" else self.loss.split("/", 1)[0]
+
     def __post_init__(self) -> None:
+        # a bare loss name ("cispo") is the settings' trainer's
+        object.__setattr__(self, "loss", qualify_loss(self.loss, self.trainer))
         self._check_fields()
         self._check_combination()
+        self._check_loss()
 
     def validate(self) -> Settings:
         """The settings themselves: they were checked when made (kept for callers)."""
@@ -148,6 +215,12 @@ class Settings:
             "kl_agg": (None, *AGGREGATIONS),
             "norm_scale": NORM_SCALES,
             "trainer": (None, *_TRAINERS),
+            "correction": CORRECTIONS,
+            "vllm_is_mode": get_args(TrlISMode),
+            "rollout_is": (None, *get_args(VerlISLevel)),
+            "is_correction_level": get_args(OrlLevel),
+            "is_correction_mode": get_args(OrlMode),
+            "is_correction_gating": get_args(OrlGating),
         }
         if self.norm_scale in _OLD_NORM_SCALES:
             raise SettingError(
@@ -202,6 +275,146 @@ class Settings:
                 )
             if self.seq_ratio_clamp is not None:
                 raise SettingError("seq_ratio_clamp", "needs ratio_level sequence")
+
+    def _check_loss(self) -> None:
+        """The loss's and the correction's parameters, and what they need of the rest."""
+        positive = {
+            "sapo_temperature_pos": self.sapo_temperature_pos,
+            "sapo_temperature_neg": self.sapo_temperature_neg,
+            "vespo_k_pos": self.vespo_k_pos,
+            "vespo_k_neg": self.vespo_k_neg,
+            "vespo_lambda_pos": self.vespo_lambda_pos,
+            "vespo_lambda_neg": self.vespo_lambda_neg,
+            "clip_cov_ratio": self.clip_cov_ratio,
+            "kl_cov_ratio": self.kl_cov_ratio,
+            "is_correction_high": self.is_correction_high,
+        }
+        for name in ("dro_beta", "vllm_is_clip_max", "vllm_is_clip_min"):
+            if getattr(self, name) is not None:
+                positive[name] = getattr(self, name)
+        for name, v in positive.items():
+            if not _finite(v) or v <= 0:
+                raise SettingError(name, f"must be a finite number > 0, got {v}")
+        for name in ("ppo_kl_coef", "is_correction_low", "clip_cov_lb", "clip_cov_ub"):
+            v = getattr(self, name)
+            if not _finite(v) or (v < 0 and name != "clip_cov_lb"):
+                raise SettingError(name, f"must be a finite number >= 0, got {v}")
+        if self.clip_cov_lb >= self.clip_cov_ub:
+            raise SettingError(
+                "clip_cov_lb",
+                f"must be below clip_cov_ub ({self.clip_cov_ub}), got {self.clip_cov_lb}",
+            )
+        family = self.loss_family
+        if family is not None and self.trainer is not None and family != self.trainer:
+            raise SettingError(
+                "loss", f"{self.loss} is {family}'s loss, the settings' trainer is {self.trainer}"
+            )
+        forced = FORCED_AGGREGATION.get(self.loss)
+        if forced is not None and self.agg != forced:
+            raise SettingError(
+                "agg", f"{self.loss} aggregates as {forced} whatever the config, got {self.agg}"
+            )
+        if self.loss in TOKEN_RATIO_LOSSES and self.ratio_level != "token":
+            raise SettingError("ratio_level", f"sequence is not one {self.loss} takes (token only)")
+        if self.loss == "verl/dro" and self.dro_beta is None:
+            raise SettingError("dro_beta", "verl/dro needs it (policy_loss.dro_beta > 0)")
+        self._check_correction()
+
+    def _check_correction(self) -> None:
+        c = self.correction
+        owner = {"trl-vllm": "trl", "verl-rollout": "verl", "openrlhf-is": "openrlhf"}.get(c)
+        if owner is not None and self.trainer is not None and owner != self.trainer:
+            raise SettingError(
+                "correction", f"{c} is {owner}'s, the settings' trainer is {self.trainer}"
+            )
+        if c == "openrlhf-is" and self.ratio_level == "sequence":
+            raise SettingError(
+                "correction",
+                "openrlhf-is with a sequence ratio (gspo) takes the ratio against the "
+                "sampler's log-probs instead: give rollout_logp as old_logp",
+            )
+        if c == "trl-vllm" and self.loss == "trl/vespo" and self.vllm_is_mode.startswith("seq"):
+            raise SettingError(
+                "vllm_is_mode",
+                "trl/vespo takes TRL's token-level ratio only (token_truncate, token_mask)",
+            )
+        lo, hi = self.vllm_is_clip_min, self.vllm_is_clip_max
+        if lo is not None and hi is not None and lo >= hi:
+            raise SettingError(
+                "vllm_is_clip_min", f"must be below vllm_is_clip_max ({hi}), got {lo}"
+            )
+        if self.vllm_is_mode.endswith("truncate") and lo is None and hi is None:
+            raise SettingError(
+                "vllm_is_mode", f"{self.vllm_is_mode} needs vllm_is_clip_max or _min"
+            )
+        try:
+            _is_threshold(self.rollout_is_threshold)
+        except UsageError as exc:
+            raise SettingError("rollout_is_threshold", str(exc).split(": ", 1)[-1]) from None
+        if self.is_correction_low > self.is_correction_high:
+            raise SettingError(
+                "is_correction_low",
+                f"must not exceed is_correction_high ({self.is_correction_high})",
+            )
+        if self.is_correction_mode == "clip" and (
+            self.is_correction_level == "seq" or self.is_correction_gating != "ratio"
+        ):
+            raise SettingError(
+                "is_correction_mode", "clip needs is_correction_level token and gating ratio"
+            )
+        if self.is_correction_gating != "ratio" and self.is_correction_low > 0:
+            raise SettingError(
+                "is_correction_low",
+                f"gating {self.is_correction_gating} takes an upper bound only: 0",
+            )
+
+
+def _finite(v: object) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+LOSSES: tuple[str, ...] = get_args(LossName)
+CORRECTIONS: tuple[str, ...] = get_args(CorrectionName)
+# the Settings fields that are a loss's or a correction's parameters (--loss-param,
+# --correction-param)
+LOSS_PARAMS = (
+    "sapo_temperature_pos", "sapo_temperature_neg", "vespo_k_pos", "vespo_lambda_pos",
+    "vespo_k_neg", "vespo_lambda_neg", "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub",
+    "kl_cov_ratio", "ppo_kl_coef", "dro_beta",
+)  # fmt: skip
+CORRECTION_PARAMS = (
+    "vllm_is_mode", "vllm_is_clip_max", "vllm_is_clip_min", "rollout_is",
+    "rollout_is_threshold", "rollout_is_batch_normalize", "is_correction_level",
+    "is_correction_mode", "is_correction_gating", "is_correction_low", "is_correction_high",
+)  # fmt: skip
+
+
+def qualify_loss(loss: str, trainer: str | None) -> str:
+    """``loss`` as a value of :data:`LOSSES`: itself, or a bare trainer value (``cispo``)
+    qualified by the one trainer that has it, else by ``trainer`` (TRL's and verl's cispo
+    and sapo differ).
+
+    Raises:
+        SettingError: an unknown loss, or a bare name two trainers have and no trainer.
+
+    Example:
+        >>> qualify_loss("cispo", "verl"), qualify_loss("dppo_tv", None)
+        ('verl/cispo', 'verl/dppo_tv')
+    """
+    if loss in LOSSES:
+        return loss
+    owners = [k for k in LOSSES if k.split("/", 1)[-1] == loss]
+    if trainer is not None:
+        mine = [k for k in owners if k.startswith(f"{trainer}/")]
+        if mine:
+            return mine[0]
+    if len(owners) == 1:
+        return owners[0]
+    if owners:
+        raise SettingError(
+            "loss", f"{loss!r} is {' or '.join(owners)}: name one, or the trainer (--trainer)"
+        )
+    raise SettingError("loss", f"{loss!r} is not one of {', '.join(LOSSES)}")
 
 
 class SettingError(UsageError):
@@ -359,7 +572,22 @@ def resolve_settings(preset: str | None = None, **overrides: Any) -> Settings:
     values = {**asdict(base), **given}
     if preset is not None:
         values.update(_preset_rules(values, set(given)))
+    values.update(_loss_rules(values, set(given)))
     return Settings(**values)
+
+
+def _loss_rules(s: dict[str, Any], given: set[str]) -> dict[str, Any]:
+    """A loss that forces its aggregation sets ``agg`` unless it was given (then
+    :class:`Settings` checks it); verl aggregates its KL loss by ``loss_agg_mode`` still,
+    so the aggregation the settings had before stays the KL's (``kl_agg``)."""
+    loss = qualify_loss(s["loss"], s["trainer"])
+    forced = FORCED_AGGREGATION.get(loss)
+    if forced is None or "agg" in given or s["agg"] == forced:
+        return {"loss": loss}
+    out: dict[str, Any] = {"loss": loss, "agg": forced}
+    if loss.startswith("verl/") and s["kl_agg"] is None and "kl_agg" not in given:
+        out["kl_agg"] = s["agg"]
+    return out
 
 
 def resolve_run_settings(

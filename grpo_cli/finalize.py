@@ -367,6 +367,7 @@ def objective_record(
         for f, n in acc.positive.counts.items()
     ]
     warnings += data_mistakes(src, acc, group_summary)
+    warnings += acc.loss_metrics.notes()
     compared = None
     if logged is not None:
         warnings += logged.notes
@@ -411,6 +412,7 @@ def objective_record(
         calls=None if calls is None else calls.calls,
         length_weights=length_weights(acc),
         rollout=rollout,
+        loss_metrics=acc.loss_metrics.values(),
         entropy=distribution(acc.entropy, acc.entropy_q) if acc.entropy.n else None,
         warnings=warnings,
         engine=engine,

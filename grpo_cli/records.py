@@ -241,6 +241,9 @@ class ObjectiveReport:
     trainer_metrics_whole: dict[str, float] | None = None
     calls: int | None = None  # the loss calls they were computed from
     rollout: RolloutReport | None = None  # sampler vs trainer, when rollout_logp is logged
+    # what the trainer logs for the settings' loss and correction (grpo_cli._loss_fold), by
+    # its logged names; empty for the clipped surrogate without a correction
+    loss_metrics: dict[str, float] = field(default_factory=dict)
     entropy: Distribution | None = None  # per-token policy entropy, when logged
     warnings: list[str] = field(default_factory=list)
     engine: EngineOptions = field(default_factory=EngineOptions)

@@ -108,6 +108,9 @@ COMMANDS = [
     ["objective", "--group-scope", "file"],
     ["objective", "--preset", "verl", "--gradient"],
     ["objective", "--preset", "openrlhf", "--recompute-advantages"],
+    # a loss of the trainer's own and a sampler correction: their metrics merge over blocks
+    ["objective", "--preset", "trl", "--loss", "cispo", "--correction", "trl-vllm", "--gradient"],
+    ["objective", "--preset", "verl", "--loss", "dppo_kl", "--correction", "verl-rollout"],
     ["kl"],
     ["advantages", "--group-scope", "file"],
     ["answers", "--top", "7", "--sort", "kl"],

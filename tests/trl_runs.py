@@ -76,6 +76,15 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "num_iterations": 2,
         "learning_rate": 0.05,
     },
+    # TRL's own losses (tests/test_loss_fold.py): CISPO's weight capped at epsilon_high
+    # (an absolute cap on ρ: 1.0 caps the ratios above 1), SAPO's soft gate with a KL term
+    "cispo": {
+        "loss_type": "cispo",
+        "num_iterations": 2,
+        "epsilon_high": 1.0,
+        "learning_rate": 0.05,
+    },
+    "sapo": {"loss_type": "sapo", "num_iterations": 2, "beta": 0.04, "learning_rate": 0.05},
 }
 # configurations with two reward functions (weights in reward_weights)
 TWO_REWARDS = frozenset({"beta"})

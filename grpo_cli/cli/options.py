@@ -18,6 +18,10 @@ from typing import TYPE_CHECKING, Annotated, Any, overload
 import typer
 
 from .._settings import (
+    CORRECTION_PARAMS,
+    CORRECTIONS,
+    LOSS_PARAMS,
+    LOSSES,
     OFF,
     PRESETS,
     TRAINERS,
@@ -315,6 +319,93 @@ NormScaleOpt = Annotated[
         show_default=False,
     ),
 ]
+LossOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--loss",
+        metavar="NAME",
+        rich_help_panel="Loss",
+        help=f"The policy loss: {', '.join(LOSSES)} (clip, the default: the clipped "
+        "surrogate; a bare trl/verl value such as cispo takes the preset's or --trainer's "
+        "trainer). A loss that fixes its aggregation sets --agg.",
+        show_default=False,
+    ),
+]
+LossParamOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--loss-param",
+        metavar="KEY=VALUE",
+        rich_help_panel="Loss",
+        help=f"A parameter of the loss, under the trainer's config name: {', '.join(LOSS_PARAMS)}. "
+        "Repeatable.",
+        show_default=False,
+    ),
+]
+CorrectionOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--correction",
+        metavar=_choices(CORRECTIONS),
+        rich_help_panel="Loss",
+        help="The sampler–trainer correction applied with rollout_logp: TRL's vLLM IS "
+        "correction, verl's rollout IS weights or OpenRLHF's IS correction (default none).",
+        show_default=False,
+    ),
+]
+CorrectionParamOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--correction-param",
+        metavar="KEY=VALUE",
+        rich_help_panel="Loss",
+        help=f"A parameter of the correction: {', '.join(CORRECTION_PARAMS)} ('off' for "
+        "none). Repeatable.",
+        show_default=False,
+    ),
+]
+# the parameters that take 'off' (None), a boolean, a number or a name
+_PARAM_OPTIONAL = ("dro_beta", "vllm_is_clip_max", "vllm_is_clip_min", "rollout_is")
+_PARAM_BOOL = ("rollout_is_batch_normalize",)
+_PARAM_NAMES = (
+    "vllm_is_mode", "rollout_is", "is_correction_level", "is_correction_mode",
+    "is_correction_gating",
+)  # fmt: skip
+
+
+def _params(flag: str, given: list[str] | None, allowed: tuple[str, ...]) -> dict[str, Any]:
+    """``--loss-param KEY=VALUE`` items as Settings overrides: a number, 'off' (None), a
+    boolean or a name, by the parameter; an unknown key or a bad value is one UsageError."""
+    out: dict[str, Any] = {}
+    for item in given or ():
+        key, eq, text = item.partition("=")
+        key, text = key.strip(), text.strip()
+        if not eq or not key:
+            raise UsageError(f"{flag}: expected KEY=VALUE, got {item!r}")
+        if key not in allowed:
+            raise UsageError(f"{flag}: {key!r} is not one of {', '.join(allowed)}")
+        if key in _PARAM_OPTIONAL and text.lower() in ("off", "none"):
+            out[key] = OFF
+        elif key in _PARAM_BOOL:
+            if text.lower() not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
+                raise UsageError(f"{flag} {key}: expected true or false, got {text!r}")
+            out[key] = text.lower() in ("true", "1", "yes", "on")
+        elif key in _PARAM_NAMES:
+            out[key] = text
+        else:
+            try:
+                value = float(text)
+            except ValueError:
+                if key != "rollout_is_threshold":
+                    raise UsageError(f"{flag} {key}: expected a number, got {text!r}") from None
+                out[key] = text  # verl's "lower_upper" band
+                continue
+            if not math.isfinite(value):
+                raise UsageError(f"{flag} {key}: expected a finite number, got {text!r}")
+            out[key] = value
+    return out
+
+
 WorkersOpt = Annotated[
     int | None,
     typer.Option(
@@ -490,6 +581,8 @@ def _settings(
     notes); a :class:`SettingError` becomes a UsageError naming the flag."""
     for name in ("clip_eps_high", "dual_clip", "log_ratio_clamp", "seq_ratio_clamp", "kl_clamp"):
         kw[name] = _optional(name.replace("_", "-"), kw.get(name))
+    kw.update(_params("--loss-param", kw.pop("loss_param", None), LOSS_PARAMS))
+    kw.update(_params("--correction-param", kw.pop("correction_param", None), CORRECTION_PARAMS))
     preset = kw.pop("preset", None)
     trainer = kw.get("trainer")
     named = preset_settings(preset)[0].trainer if preset is not None else None
@@ -507,6 +600,8 @@ def _settings(
             return resolve_settings(preset, **kw)
     except SettingError as exc:  # the library names the field; a user typed the flag
         flag = "--" + exc.field.replace("_", "-")
+        if exc.field in LOSS_PARAMS or exc.field in CORRECTION_PARAMS:
+            flag = f"--{'loss' if exc.field in LOSS_PARAMS else 'correction'}-param {exc.field}"
         problem = exc.problem.replace("ratio_level", "--ratio-level")
         raise UsageError(f"{flag}: {problem}") from None
 
@@ -537,6 +632,10 @@ CONVENTIONS: dict[str, Any] = {
     "eps": EpsOpt,
     "estimator": EstimatorOpt,
     "singleton": SingletonOpt,
+    "loss": LossOpt,
+    "loss_param": LossParamOpt,
+    "correction": CorrectionOpt,
+    "correction_param": CorrectionParamOpt,
 }
 ADVANTAGE_CONVENTIONS = ("preset", "scale", "ddof", "eps", "estimator", "singleton")
 

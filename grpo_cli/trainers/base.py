@@ -31,6 +31,7 @@ __all__ = [
     "RewardKL",
     "Trainer",
     "parse_version",
+    "with_loss_metrics",
 ]
 
 # How a trainer puts β·KL into the reward (``kl_mode="reward"``):
@@ -52,6 +53,22 @@ class MetricInputs:
     policy_term: float
     clip: ClipFractions
     groups: GroupSummary | None
+
+
+def with_loss_metrics(
+    out: dict[str, float | None], m: MetricInputs, replaced: tuple[str, ...]
+) -> dict[str, float | None]:
+    """``out`` with the settings' loss's own logged metrics in place of the clipped
+    surrogate's ``replaced`` ones (a loss other than "clip": ``grpo_cli._losses.LOSS_METRICS``,
+    folded by the partials), and the correction's metrics when one is set."""
+    s = m.settings
+    loss = m.acc.loss_metrics.values()
+    if s.loss == "clip" and s.correction == "none":
+        return out
+    if s.loss != "clip":
+        out = {k: v for k, v in out.items() if k not in replaced}
+    out.update(loss)
+    return out
 
 
 Default = Callable[[str, Any], Any]

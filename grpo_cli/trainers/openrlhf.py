@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .base import Default, MetricInputs, Release, Trainer
+from .base import Default, MetricInputs, Release, Trainer, with_loss_metrics
 
 METRICS = ("policy_loss", "ppo_clip_ratio", "ppo_kl", "kl", "logprobs_diff")
 
@@ -122,8 +122,8 @@ def metrics(m: MetricInputs) -> dict[str, float | None]:
     token mean of the raw ``old_logp − logp``, ``kl`` the KL loss as aggregated (the token
     mean), ``logprobs_diff`` the token mean of ``logp − ref_logp``; with the KL in the
     reward, ``kl`` and ``logprobs_diff`` are means over answers of old vs ref (0 when
-    β = 0)."""
-    return _metrics(m)
+    β = 0); with the IS correction its ``vllm_kl`` and ``is_filter_ratio``."""
+    return with_loss_metrics(_metrics(m), m, ())
 
 
 # --advantage_estimator group_norm: sample std, eps 1e-9, the normalised reward clipped to
@@ -330,11 +330,27 @@ def from_config(c: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     clip = c.get("reward.clip_range")
     if isinstance(clip, list | tuple) and len(clip) == 2 and -clip[0] == clip[1] > 0:
         out["adv_clip"] = float(clip[1])
-    if c.get("algo.advantage.is_correction_level") not in (None, "off"):
+    adv = "algo.advantage.is_correction_"
+    level = c.get(adv + "level")
+    if level in ("token", "seq") and kind == "gspo":
         notes.append(
-            "algo.advantage.is_correction reweights tokens by the sampler's log-probs: not "
-            "applied here (this grpo-cli does not compute it)"
+            f"{adv}level {level!r} with gspo takes the sequence ratio against the sampler's "
+            "log-probs: not applied here (give rollout_logp as old_logp)"
         )
+    elif level in ("token", "seq"):
+        out["correction"] = "openrlhf-is"
+        out["is_correction_level"] = level
+        for key in ("mode", "gating"):
+            if isinstance(c.get(adv + key), str):
+                out[f"is_correction_{key}"] = c[adv + key]
+        t = c.get(adv + "threshold")
+        if isinstance(t, int | float) and not isinstance(t, bool):
+            t = [t]
+        if isinstance(t, list | tuple) and len(t) in (1, 2):
+            low, high = (0.0, t[0]) if len(t) == 1 else (t[0], t[1])  # one value: HIGH
+            out["is_correction_low"], out["is_correction_high"] = float(low), float(high)
+    elif level not in (None, "off"):
+        notes.append(f"{adv}level {level!r}: grpo-cli computes off, token and seq")
     return out, notes
 
 

@@ -25,7 +25,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .base import CallInputs, CallRules, FileInputs, MetricInputs, Release, Trainer, parse_version
+from .base import (
+    CallInputs,
+    CallRules,
+    FileInputs,
+    MetricInputs,
+    Release,
+    Trainer,
+    parse_version,
+    with_loss_metrics,
+)
 
 if TYPE_CHECKING:
     from .._settings import Settings
@@ -204,7 +213,8 @@ def metrics_1_9(m: MetricInputs) -> dict[str, float | None]:
         out["kl"] = _kl_token_mean(m)
     out.update(_clip_extremes_over_answers(m))
     out["frac_reward_zero_std"] = _frac_zero_std(m, batch_std=s.scale == "batch")
-    return out
+    # cispo, sapo, vespo log their own clip metric (or none) instead of clip_ratio/*
+    return with_loss_metrics(out, m, CLIP_METRICS)
 
 
 # ------------------------------------------------------------------- releases
@@ -215,7 +225,10 @@ _F = "trl/trainer/grpo_trainer.py"
 _C = "trl/trainer/grpo_config.py"
 _NO_VLLM_IS = (
     "the vLLM importance-sampling correction (use_vllm with "
-    "vllm_importance_sampling_correction, on by default since 0.23.0) is not applied"
+    "vllm_importance_sampling_correction, on by default since 0.23.0) is not part of the "
+    "preset: a recorded run's config turns it on, --correction trl-vllm applies it by hand "
+    "(1.16.0's sequence_mask with clip_max 3.0 by default; 0.23–0.25's token-level cap 2.0: "
+    "--correction-param vllm_is_mode=token_truncate --correction-param vllm_is_clip_max=2)"
 )
 
 RELEASES = (
@@ -429,21 +442,35 @@ PRESETS = {
 }
 
 # GRPOConfig.loss_type -> the aggregation of the loss over one call's tokens (TRL 1.16.0
-# ``_compute_loss``): grpo a mean over answers of their token means; bnpo and dapo a mean
-# over tokens (dapo: over the generation batch's tokens, which for a whole step is its own);
-# dr_grpo Σ/(N·max_completion_length); luspo a mean over answers of their token sums
+# ``_compute_loss``): grpo and sapo a mean over answers of their token means; bnpo, dapo,
+# cispo and vespo a mean over tokens (dapo: over the generation batch's tokens, which for a
+# whole step is its own); dr_grpo Σ/(N·max_completion_length); luspo a mean over answers of
+# their token sums
 AGGREGATION = {
     "grpo": "seq-mean-token-mean",
     "bnpo": "token-mean",
     "dapo": "token-mean",
     "dr_grpo": "seq-mean-token-sum-norm",
     "luspo": "seq-mean-token-sum",
+    "cispo": "token-mean",
+    "sapo": "seq-mean-token-mean",
+    "vespo": "token-mean",
 }
+# loss_type -> Settings.loss (the clipped surrogate for the rest)
+LOSSES = {"cispo": "trl/cispo", "sapo": "trl/sapo", "luspo": "trl/luspo", "vespo": "trl/vespo"}
+# GRPOConfig's loss parameters, by the same names in Settings
+LOSS_PARAMS = (
+    "sapo_temperature_pos", "sapo_temperature_neg", "vespo_k_pos", "vespo_lambda_pos",
+    "vespo_k_neg", "vespo_lambda_neg",
+)  # fmt: skip
 SCALE = {"group": "group", "batch": "batch", "none": "none", True: "group", False: "none"}
 
 
 def from_config(c: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """GRPOConfig's keys (TRL 1.16.0) as Settings: ``loss_type`` the aggregation,
+    """GRPOConfig's keys (TRL 1.16.0) as Settings: ``loss_type`` the loss (cispo, sapo,
+    luspo, vespo: ``trl/<type>``, with ``sapo_temperature_*`` and ``vespo_*``) and the
+    aggregation, ``use_vllm`` with ``vllm_importance_sampling_correction`` the vLLM IS
+    correction (``_mode``, ``_clip_max`` or its alias ``_cap``, ``_clip_min``),
     ``beta``, ``epsilon``/``epsilon_high`` the clip range, ``delta`` the dual clip,
     ``importance_sampling_level`` the ratio's level (a clipped sequence counts once in the
     clip metrics), ``scale_rewards``, ``use_bias_correction_kl``, ``max_completion_length``
@@ -459,8 +486,13 @@ def from_config(c: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
             )
         else:
             out["agg"] = AGGREGATION[loss]
+            if loss in LOSSES:
+                out["loss"] = LOSSES[loss]
             if loss == "dr_grpo" and c.get("max_completion_length") is not None:
                 out["max_len"] = int(c["max_completion_length"])
+    for key in LOSS_PARAMS:
+        if isinstance(c.get(key), int | float) and not isinstance(c.get(key), bool):
+            out[key] = float(c[key])
     for key, name in (("beta", "beta"), ("epsilon", "clip_eps"), ("epsilon_high", "clip_eps_high")):
         if isinstance(c.get(key), int | float) and not isinstance(c.get(key), bool):
             out[name] = float(c[key])
@@ -476,10 +508,16 @@ def from_config(c: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     if isinstance(c.get("use_bias_correction_kl"), bool):
         out["kl_bias_correction"] = c["use_bias_correction_kl"]
     if c.get("use_vllm") and c.get("vllm_importance_sampling_correction"):
-        notes.append(
-            "vllm_importance_sampling_correction multiplies TRL's per-token loss by the "
-            "sampler's importance weights: not applied here (this grpo-cli does not compute it)"
-        )
+        out["correction"] = "trl-vllm"
+        if isinstance(c.get("vllm_importance_sampling_mode"), str):
+            out["vllm_is_mode"] = c["vllm_importance_sampling_mode"]
+        for key in ("vllm_importance_sampling_clip_max", "vllm_importance_sampling_cap"):
+            if key in c:  # the cap is clip_max's deprecated alias
+                out["vllm_is_clip_max"] = None if c[key] is None else float(c[key])
+                break
+        if "vllm_importance_sampling_clip_min" in c:
+            v = c["vllm_importance_sampling_clip_min"]
+            out["vllm_is_clip_min"] = None if v is None else float(v)
     if isinstance(c.get("top_entropy_quantile"), int | float) and c["top_entropy_quantile"] < 1:
         notes.append(
             f"top_entropy_quantile {c['top_entropy_quantile']}: TRL's policy term covers only "
@@ -512,6 +550,9 @@ def call_metrics(s: Settings, c: CallInputs, config: Mapping[str, Any]) -> dict[
     if acc.answers:
         out["clip_ratio/low_min"] = acc.clip_shares.low_min
         out["clip_ratio/high_max"] = acc.clip_shares.high_max
+    if s.loss != "clip":  # the loss's own clip metric (cispo, vespo), or none (sapo)
+        out = {k: v for k, v in out.items() if k not in CLIP_METRICS}
+        out.update(acc.loss_metrics.values())
     return out
 
 
@@ -521,11 +562,12 @@ def file_loss(s: Settings, f: FileInputs, config: Mapping[str, Any]) -> float | 
     the call's answers (empty ones count 0) of their token means, ``bnpo`` the token mean,
     ``dr_grpo`` the sum over answers × ``max_completion_length``, ``luspo`` the mean over
     answers of their sums, each divided by the loss calls of the step; ``dapo`` the sum over
-    ``num_items_in_batch`` / world size × calls / ``steps_per_generation``."""
+    ``num_items_in_batch`` / world size × calls / ``steps_per_generation``. ``sapo`` is
+    aggregated as ``grpo``, ``cispo`` and ``vespo`` as ``dapo``."""
     loss_type = config.get("loss_type", "dapo")
     k = int(f.info.get("micro_batches", 1)) or 1
     n = f.answers + f.empty
-    if loss_type == "grpo":
+    if loss_type in ("grpo", "sapo"):
         value = f.term_answer_means / max(n, 1) / k
     elif loss_type == "bnpo":
         value = f.term_sum / max(f.tokens, 1) / k
@@ -533,7 +575,7 @@ def file_loss(s: Settings, f: FileInputs, config: Mapping[str, Any]) -> float | 
         value = f.term_sum / (n * float(config.get("max_completion_length") or 1)) / k
     elif loss_type == "luspo":
         value = f.term_sum / max(n, 1) / k
-    elif loss_type == "dapo":
+    elif loss_type in ("dapo", "cispo", "vespo"):
         items = f.info.get("num_items_in_batch")
         if not isinstance(items, int | float):
             return None

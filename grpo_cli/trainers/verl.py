@@ -18,9 +18,10 @@ own default is False).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, get_args
 
-from .base import Default, MetricInputs, Release, Trainer
+from .._losses import LossName
+from .base import Default, MetricInputs, Release, Trainer, with_loss_metrics
 
 NAMES = (
     "actor/pg_loss",
@@ -127,7 +128,12 @@ def metrics(m: MetricInputs) -> dict[str, float | None]:
     aggregated KL (with ``use_kl_loss``, i.e. β ≠ 0); with the KL in the reward,
     ``apply_kl_penalty``'s ``actor/reward_kl_penalty`` (the mean over answers of their
     token-mean KL) and its coefficient."""
-    return _metrics(m, clamped_ppo_kl=True, dual=True)
+    out = _metrics(m, clamped_ppo_kl=True, dual=True)
+    # another loss logs its own (compute_policy_loss_<mode>'s pg_metrics), or none (gpg)
+    return with_loss_metrics(out, m, _LOSS_METRIC_NAMES)
+
+
+_LOSS_METRIC_NAMES = ("actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower")
 
 
 # the GRPO recipe on verl's vanilla loss: sample std + 1e-6, a singleton group mean 0 std 1,
@@ -280,6 +286,7 @@ AGGREGATIONS = (
 # kl_loss_type / kl_penalty -> the estimator (verl 0.9.1 ``kl_penalty_forward``)
 KL_ESTIMATORS = {"kl": "k1", "k1": "k1", "mse": "k2", "k2": "k2", "low_var_kl": "k3", "k3": "k3"}
 ACTOR = "actor_rollout_ref.actor."
+LOSSES = get_args(LossName)
 
 
 def from_config(c: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
@@ -318,10 +325,17 @@ def from_config(c: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     mode = c.get(ACTOR + "policy_loss.loss_mode")
     if mode == "gspo":
         out["ratio_level"] = "sequence"
+    elif isinstance(mode, str) and f"verl/{mode}" in LOSSES:
+        out["loss"] = f"verl/{mode}"
+        for key, name in LOSS_KEYS.items():
+            v = c.get(ACTOR + key)
+            if isinstance(v, int | float) and not isinstance(v, bool):
+                out[name] = float(v)
     elif mode not in (None, "vanilla"):
         notes.append(
             f"policy_loss.loss_mode {mode!r} is not computed by this grpo-cli (vanilla, "
-            "gspo): the numbers follow the clipped surrogate"
+            f"gspo, {', '.join(k.split('/', 1)[1] for k in LOSSES if k.startswith('verl/'))}): "
+            "the numbers follow the clipped surrogate"
         )
     if c.get("algorithm.use_kl_in_reward"):
         out["kl_mode"] = "reward"
@@ -342,14 +356,41 @@ def from_config(c: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
             notes.append(
                 f"kl_loss_type {kind!r} is not one grpo-cli computes (kl, mse, low_var_kl)"
             )
-    if c.get("algorithm.rollout_correction.rollout_is") or c.get(
-        "algorithm.rollout_correction.rollout_rs"
-    ):
+    rc = "algorithm.rollout_correction."
+    level = c.get(rc + "rollout_is")
+    if level in ("token", "sequence"):
+        out["correction"] = "verl-rollout"
+        out["rollout_is"] = level
+        if isinstance(c.get(rc + "rollout_is_threshold"), int | float | str):
+            out["rollout_is_threshold"] = c[rc + "rollout_is_threshold"]
+        if isinstance(c.get(rc + "rollout_is_batch_normalize"), bool):
+            out["rollout_is_batch_normalize"] = c[rc + "rollout_is_batch_normalize"]
+    elif level is not None:
+        notes.append(f"{rc}rollout_is {level!r}: grpo-cli computes token and sequence")
+    if c.get(rc + "rollout_rs"):
         notes.append(
-            "algorithm.rollout_correction reweights or rejects tokens by the sampler's "
-            "log-probs: not applied here (this grpo-cli does not compute it)"
+            f"{rc}rollout_rs rejects tokens by the sampler's log-probs, removing them from "
+            "the loss's counts: not applied here (this grpo-cli computes the IS weights only)"
+        )
+    if c.get(rc + "bypass_mode"):
+        notes.append(
+            f"{rc}bypass_mode (the sampler's log-probs as the old policy): not computed by "
+            "this grpo-cli; give rollout_logp as old_logp for its ppo_clip form"
         )
     return out, notes
+
+
+# verl 0.9.1 ActorConfig / PolicyLossConfig keys of the losses' parameters -> Settings
+LOSS_KEYS = {
+    "tau_pos": "sapo_temperature_pos",
+    "tau_neg": "sapo_temperature_neg",
+    "policy_loss.clip_cov_ratio": "clip_cov_ratio",
+    "policy_loss.clip_cov_lb": "clip_cov_lb",
+    "policy_loss.clip_cov_ub": "clip_cov_ub",
+    "policy_loss.kl_cov_ratio": "kl_cov_ratio",
+    "policy_loss.ppo_kl_coef": "ppo_kl_coef",
+    "policy_loss.dro_beta": "dro_beta",
+}
 
 
 TRAINER = Trainer(

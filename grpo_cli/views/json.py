@@ -167,6 +167,7 @@ def objective_json(r: ObjectiveReport) -> dict[str, Any]:
         "groups": r.group_summary.to_json() if r.group_summary is not None else None,
         "length_weights": r.length_weights,
         "trainer_metrics": _trainer_metrics(r),
+        "loss_metrics": r.loss_metrics,
         "rollout": r.rollout.to_json() if r.rollout is not None else None,
         "entropy": r.entropy.to_json() if r.entropy is not None else None,
         "input_checks": r.inputs.to_json() if r.inputs is not None else None,

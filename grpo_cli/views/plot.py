@@ -71,7 +71,8 @@ def _settings_text(r: Any) -> str:
     if s.origin:
         who = f"settings from {s.origin}"
     eps = f"ε {s.clip_eps:g}" + (f"/{s.eps_high:g}" if s.clip_eps_high is not None else "")
-    return f"{who} · {s.agg} · {eps} · β {s.beta:g} ({s.kl_estimator})"
+    loss = "" if s.loss == "clip" else f" · loss {s.loss}"
+    return f"{who}{loss} · {s.agg} · {eps} · β {s.beta:g} ({s.kl_estimator})"
 
 
 # ------------------------------------------------------------------------ objective

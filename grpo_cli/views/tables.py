@@ -219,6 +219,10 @@ def _conventions_text(r: ObjectiveReport) -> Text:
     eps = f"ε {s.clip_eps:g}" + (f"/{s.eps_high:g}" if s.clip_eps_high is not None else "")
     where = "defaults" if not (s.origin or s.preset) else settings_text(r)
     parts = [where, s.agg, eps if s.ratio_level == "token" else f"sequence ratio, {eps}"]
+    if s.loss != "clip":  # a trainer's own loss in place of the clipped surrogate
+        parts.insert(1, f"loss {s.loss}")
+    if s.correction != "none":
+        parts.append(f"{s.correction} correction")
     if s.dual_clip is not None:
         parts.append(f"dual clip {s.dual_clip:g}")
     if s.beta == 0:
@@ -476,6 +480,14 @@ def _objective_tables(r: ObjectiveReport) -> list[RenderableType]:
             _kv_table(
                 f"What {who} logs for this batch (its names, its formulas)",
                 [(k, fmt(v, 10)) for k, v in r.trainer_metrics.items()],
+            )
+        )
+    if r.loss_metrics:
+        what = " and ".join(x for x in (s.loss, s.correction) if x not in ("clip", "none"))
+        parts.append(
+            _kv_table(
+                f"What the trainer logs for {what} (its names)",
+                [(k, fmt(v, 10)) for k, v in r.loss_metrics.items()],
             )
         )
     if r.logged is not None:

@@ -1,0 +1,398 @@
+"""The settings' policy loss and sampler–trainer correction over one batch, and their logged
+metrics as a mergeable part of :class:`grpo_cli._partials.TokenPartial`.
+
+:func:`policy_terms` maps :class:`~grpo_cli._settings.Settings` onto the functions of
+:mod:`grpo_cli._losses` (each proved against its trainer's own function by
+conformance/losses.py), :func:`correction_of` onto the corrections; :class:`LossMetrics`
+folds what the trainers log for them (``_losses.LOSS_METRICS`` and the corrections'
+metrics) from sums, counts and extremes, so batches folded anywhere merge. numpy only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import NDArray
+
+from . import _losses as L
+from ._core import segment_mean
+from ._settings import Settings
+from .errors import InputError
+
+__all__ = ["CLIP_METRICS", "LossMetrics", "correction_of", "needs_numpy", "policy_terms"]
+
+F64 = NDArray[np.float64]
+I64 = NDArray[np.int64]
+
+# verl's rollout correction means divide by (count + 1e-8)
+_VERL_EPS = L.VERL_MEAN_EPS
+# the verl cispo, sapo and dppo log-ratio clamp (rollout_corr_helper.SAFETY_BOUND, and the
+# losses' own ±20)
+_VERL_CLAMP = 20.0
+
+
+# Each loss's own clip share (``check``'s clip-region rule): the logged metrics whose sum is
+# the share of tokens (answers at sequence level) the loss clips; absent: the loss clips
+# nothing (SAPO's soft gate, VESPO's weight, GPG, DRO, KL-Cov's penalty)
+CLIP_METRICS: dict[str, tuple[str, ...]] = {
+    "trl/cispo": ("cispo_clip_ratio",),  # ρ above the cap with A > 0
+    "trl/luspo": ("clip_ratio/region_mean",),
+    "verl/cispo": ("actor/pg_clipfrac",),  # the weight differs from ρ
+    "verl/dppo_tv": ("actor/pg_clipfrac",),  # masked by the divergence threshold
+    "verl/dppo_kl": ("actor/pg_clipfrac",),
+    "verl/clip_cov": ("actor/pg_clipfrac",),  # the tokens whose gradient is removed
+    "verl/geo_mean": ("actor/pg_clipfrac", "actor/pg_clipfrac_lower"),  # A > 0 and A < 0
+}
+
+
+def needs_numpy(s: Settings) -> bool:
+    """Whether the settings' loss or correction is folded in numpy (the compiled kernel
+    computes the clipped surrogate only)."""
+    return s.loss != "clip" or s.correction != "none"
+
+
+def correction_of(
+    s: Settings, fields: Mapping[str, NDArray[np.floating]], offsets: I64
+) -> L.Correction | None:
+    """The settings' correction of one batch (None: ``correction`` none).
+
+    ``old_logp`` (``logp`` itself when not given: on-policy) against ``rollout_logp``:
+    TRL 1.16.0's vLLM IS correction (:func:`grpo_cli._losses.trl_vllm_is_correction`),
+    verl 0.9.1's rollout IS weights (:func:`~grpo_cli._losses.verl_rollout_correction`,
+    no rejection sampling), OpenRLHF 0.11.2's (:func:`~grpo_cli._losses.openrlhf_is_correction`).
+
+    Raises:
+        InputError: a correction is set and the batch has no ``rollout_logp``.
+    """
+    if s.correction == "none":
+        return None
+    rollout = fields.get("rollout_logp")
+    if rollout is None:
+        raise InputError(
+            f"--correction {s.correction} needs the sampler's log-probs: the input has no "
+            "rollout_logp column (--column rollout_logp=NAME)"
+        )
+    old = fields.get("old_logp", fields["logp"])
+    if s.correction == "trl-vllm":
+        return L.trl_vllm_is_correction(
+            old, rollout, offsets, mode=s.vllm_is_mode, clip_max=s.vllm_is_clip_max,
+            clip_min=s.vllm_is_clip_min,
+        )  # fmt: skip
+    if s.correction == "verl-rollout":
+        return L.verl_rollout_correction(
+            old, rollout, offsets, rollout_is=s.rollout_is,
+            rollout_is_threshold=s.rollout_is_threshold,
+            rollout_is_batch_normalize=s.rollout_is_batch_normalize,
+        )  # fmt: skip
+    return L.openrlhf_is_correction(
+        old, rollout, offsets, level=s.is_correction_level, mode=s.is_correction_mode,
+        gating=s.is_correction_gating, threshold=(s.is_correction_low, s.is_correction_high),
+    )  # fmt: skip
+
+
+def policy_terms(
+    s: Settings,
+    fields: Mapping[str, NDArray[np.floating]],
+    adv: F64,
+    offsets: I64,
+    correction: L.Correction | None,
+) -> L.PolicyTerms:
+    """The per-token policy terms of ``s.loss`` (not "clip") over one batch of whole
+    answers, the correction applied the trainer's way: multiplying term and gradient
+    (:func:`grpo_cli._losses.apply_correction`), except verl's geo_mean (the weights'
+    geometric mean per answer, ``is_weight``) and TRL's vespo (the token ratio inside its
+    weight, ``is_ratio``; the loss not multiplied). ``old_logp`` is ``logp`` when not given.
+
+    The parameters (:class:`~grpo_cli._settings.Settings`): TRL's cispo caps ρ at
+    ``clip_eps_high`` (``epsilon_high``), verl's clips it to ``[1 − clip_eps, 1 +
+    clip_eps_high]`` with Δ clamped ±20; verl's dppo takes ``clip_eps``/``clip_eps_high``
+    as its divergence thresholds and ``dual_clip`` (``clip_ratio_c``, 3.0 when off) as the
+    ratio cap; clip_cov's random draw is taken in expectation (``selection="expected"``).
+    """
+    lp = fields["logp"]
+    old = fields.get("old_logp", lp)
+    loss = s.loss
+    hi = s.eps_high
+    if loss == "trl/cispo":
+        t = L.cispo_terms(
+            lp, old, adv, offsets, lower=None, upper=hi, log_ratio_clamp=s.log_ratio_clamp,
+            ratio_level=s.ratio_level,
+        )  # fmt: skip
+    elif loss == "verl/cispo":
+        t = L.cispo_terms(
+            lp, old, adv, offsets, lower=1.0 - s.clip_eps, upper=1.0 + hi,
+            log_ratio_clamp=_VERL_CLAMP,
+        )  # fmt: skip
+    elif loss in ("trl/sapo", "verl/sapo"):
+        trl = loss == "trl/sapo"
+        t = L.sapo_terms(
+            lp, old, adv, offsets, tau_pos=s.sapo_temperature_pos,
+            tau_neg=s.sapo_temperature_neg,
+            log_ratio_clamp=s.log_ratio_clamp if trl else _VERL_CLAMP,
+            ratio_level=s.ratio_level if trl else "token",
+        )  # fmt: skip
+    elif loss == "trl/luspo":
+        t = L.luspo_terms(
+            lp, old, adv, offsets, clip_eps=s.clip_eps, clip_eps_high=s.clip_eps_high,
+            dual_clip=s.dual_clip, ratio_level=s.ratio_level, beta=0.0,
+        )  # fmt: skip
+    elif loss == "trl/vespo":
+        is_ratio = None
+        if correction is not None and s.correction == "trl-vllm":
+            is_ratio = correction.weight
+        t = L.vespo_terms(
+            lp, old, adv, offsets, k_pos=s.vespo_k_pos, lambda_pos=s.vespo_lambda_pos,
+            k_neg=s.vespo_k_neg, lambda_neg=s.vespo_lambda_neg, is_ratio=is_ratio,
+        )  # fmt: skip
+        return t
+    elif loss in ("verl/dppo_tv", "verl/dppo_kl"):
+        t = L.dppo_terms(
+            lp, old, adv, offsets, divergence="tv" if loss.endswith("tv") else "kl",
+            clip_low=s.clip_eps, clip_high=hi,
+            ratio_cap=3.0 if s.dual_clip is None else s.dual_clip,
+        )  # fmt: skip
+    elif loss == "verl/gpg":
+        t = L.gpg_terms(lp, adv, offsets)
+    elif loss == "verl/clip_cov":
+        t = L.clip_cov_terms(
+            lp, old, adv, offsets, clip_low=s.clip_eps, clip_high=hi,
+            clip_cov_ratio=s.clip_cov_ratio, clip_cov_lb=s.clip_cov_lb,
+            clip_cov_ub=s.clip_cov_ub,
+        )  # fmt: skip
+    elif loss == "verl/kl_cov":
+        t = L.kl_cov_terms(
+            lp, old, adv, offsets, kl_cov_ratio=s.kl_cov_ratio, ppo_kl_coef=s.ppo_kl_coef
+        )
+    elif loss == "verl/geo_mean":
+        w = None if correction is None else correction.weight
+        return L.geo_mean_terms(
+            lp, old, adv, offsets, clip_low=s.clip_eps, clip_high=hi, is_weight=w
+        )
+    elif loss == "verl/dro":
+        assert s.dro_beta is not None  # Settings checks it
+        t = L.dro_terms(lp, old, adv, offsets, beta=s.dro_beta)
+    else:  # pragma: no cover - Settings admits only the losses above
+        raise AssertionError(loss)
+    return t if correction is None else L.apply_correction(t, correction)
+
+
+# ------------------------------------------------------------ the metrics part
+# a metric's fold: ("mean", Σ, count) | ("vmean", Σ, count: verl's Σ/(count + 1e-8)) |
+# ("min", v, 0) | ("max", v, 0) | ("single", v, 0)
+# verl metrics that are a token mean minus a constant (chi2_token = E[ρ²] − 1): folded as
+# the mean itself
+_SHIFT = {"rollout_corr/chi2_token": 1.0}
+# (a statistic of one batch that does not merge: kept only when one batch was folded)
+Entry = list[object]
+
+
+def _correction_kind(name: str, seq: bool) -> tuple[str, str]:
+    """How a correction metric folds: its kind and its unit (tokens or answers)."""
+    bare = name.removeprefix("rollout_corr/")
+    if name.startswith("sampling/"):
+        if name.endswith("/max"):
+            return "max", ""
+        if name.endswith("/min"):
+            return "min", ""
+        if "importance_sampling_ratio" in name and seq:
+            return "mean", "answers"
+        return "mean", "tokens"
+    if name in ("vllm_kl", "is_filter_ratio"):
+        return "mean", "answers" if (seq and name == "is_filter_ratio") else "tokens"
+    if bare.endswith(("_max", "_max_deviation")):
+        return "max", ""
+    if bare.endswith("_min"):
+        return "min", ""
+    if bare.endswith(("_std", "eff_sample_size", "batch_norm_factor")):
+        return "single", ""
+    answers = ("seq_" in bare or "ppl" in bare or bare == "chi2_seq"
+               or (seq and bare.startswith("rollout_is_ratio_fraction")))  # fmt: skip
+    return "mean", "answers" if answers else "tokens"
+
+
+@dataclass
+class LossMetrics:
+    """The loss's and the correction's logged metrics as mergeable sums: a mean as (Σ,
+    count), an extreme as itself, verl's IS spreads from sums of the weights and their
+    squares; a statistic that does not merge (a batch-normalisation factor, the spreads
+    of batch-normalised weights) is kept when one batch was folded, else left out with a
+    note. ``batches`` counts the batches folded, ``gradient_missing`` whether a
+    loss without a closed-form gradient was folded."""
+
+    loss: str = "clip"
+    correction: str = "none"
+    entries: dict[str, Entry] = field(default_factory=dict)
+    batches: int = 0
+    answers: int = 0
+    gradient_missing: bool = False
+    seq_correction: bool = False  # the correction's unit is the answer
+    # verl's IS weights: their upper bound (the std and ESS clamp to it), and whether they
+    # are batch-normalised (then their spread is one batch's)
+    is_upper: float | None = None
+    batch_normalize: bool = False
+    # Σ wc, Σ wc², T of the clamped weights, Σ s, Σ s², N of their answer means (verl's
+    # rollout_is_std, _eff_sample_size, _seq_std from mergeable sums)
+    spread: list[float] = field(default_factory=lambda: [0.0] * 6)
+
+    @classmethod
+    def of(cls, s: Settings) -> LossMetrics:
+        seq = (
+            (s.correction == "trl-vllm" and s.vllm_is_mode.startswith("sequence"))
+            or (s.correction == "verl-rollout" and s.rollout_is == "sequence")
+            or (s.correction == "openrlhf-is" and s.is_correction_level == "seq")
+        )
+        upper = None
+        if s.correction == "verl-rollout" and s.rollout_is is not None:
+            upper = L._is_threshold(s.rollout_is_threshold)[0]
+        return cls(
+            loss=s.loss, correction=s.correction, seq_correction=seq, is_upper=upper,
+            batch_normalize=s.rollout_is_batch_normalize,
+        )  # fmt: skip
+
+    def _add_spread(self, w: F64, offsets: I64) -> None:
+        """verl 0.9.1 ``compute_is_metrics``' spreads as sums: ``rollout_is_std`` =
+        ``sqrt(max(E[wc²] − E[wc]², 0))`` and ``_eff_sample_size`` = ``1 / E[(wc / (E[wc] +
+        1e-8))²]`` with ``wc = clamp(w, 0, upper)`` and ``E`` = Σ / (T + 1e-8); ``_seq_std``
+        the sample std of the answers' ``Σ_t w / (|o_i| + 1e-8)``."""
+        assert self.is_upper is not None
+        wc = np.clip(w, 0.0, self.is_upper)
+        seq = np.add.reduceat(w, offsets[:-1]) / (np.diff(offsets) + _VERL_EPS)
+        sums = (np.sum(wc), np.dot(wc, wc), w.shape[0], np.sum(seq), np.dot(seq, seq), seq.shape[0])
+        for i, v in enumerate(sums):
+            self.spread[i] += float(v)
+
+    def _spread_values(self) -> dict[str, float]:
+        s1, s2, t, q1, q2, n = self.spread
+        out: dict[str, float] = {}
+        m, m2 = s1 / (t + _VERL_EPS), s2 / (t + _VERL_EPS)
+        p = "rollout_corr/rollout_is_"
+        out[p + "std"] = math.sqrt(max(m2 - m * m, 0.0)) if t > 1 else 0.0
+        out[p + "eff_sample_size"] = 1.0 / (m2 / (m + 1e-8) ** 2)
+        var = (q2 - q1 * q1 / n) / (n - 1) if n > 1 else 0.0
+        out[p + "seq_std"] = math.sqrt(max(var, 0.0))
+        return out
+
+    def _add(self, name: str, kind: str, value: float, count: float = 0.0) -> None:
+        e = self.entries.get(name)
+        if e is None:
+            self.entries[name] = [kind, value, count]
+            return
+        e[2] = float(e[2]) + count  # type: ignore[arg-type]
+        if kind in ("mean", "vmean"):
+            e[1] = float(e[1]) + value  # type: ignore[arg-type]
+        elif kind == "min":
+            e[1] = min(float(e[1]), value)  # type: ignore[arg-type]
+        elif kind == "max":
+            e[1] = max(float(e[1]), value)  # type: ignore[arg-type]
+
+    def add(
+        self, terms: L.PolicyTerms | None, correction: L.Correction | None, offsets: I64
+    ) -> None:
+        """Fold in one batch's loss terms (None: the clipped surrogate, whose metrics the
+        core's parts give) and correction."""
+        self.batches += 1
+        n = int(offsets.shape[0] - 1)
+        T = int(offsets[-1])
+        self.answers += n
+        if terms is not None:
+            if terms.grad is None:
+                self.gradient_missing = True
+            for name, key, unit in L.LOSS_METRICS[self.loss]:
+                self._loss_metric(terms, offsets, name, key, unit, n, T)
+        if correction is not None:
+            if self.is_upper is not None and not self.batch_normalize:
+                self._add_spread(correction.weight, offsets)
+            seq = self.seq_correction
+            for name, value in correction.metrics.items():
+                kind, per = _correction_kind(name, seq)
+                if kind == "mean":
+                    count = float(T if per == "tokens" else n)
+                    if name.startswith("rollout_corr/") and per == "tokens":
+                        # verl's Σx / (T + 1e-8): the sum back, the 1e-8 added once at the end
+                        v = value + _SHIFT.get(name, 0.0)
+                        self._add(name, "vmean", v * (count + _VERL_EPS), count)
+                    else:
+                        self._add(name, kind, value * count, count)
+                else:
+                    self._add(name, kind, value)
+
+    def _loss_metric(
+        self, terms: L.PolicyTerms, off: I64, name: str, key: str, unit: str, n: int, T: int
+    ) -> None:
+        if unit == "zero":
+            self._add(name, "mean", 0.0, 1.0)
+            return
+        if key in terms.answer_values:
+            v = np.asarray(terms.answer_values[key], dtype=np.float64)
+            self._add(name, "mean", float(np.sum(v)), float(n))
+            return
+        x = terms.flags[key] if key in terms.flags else terms.values[key]
+        x64 = np.asarray(x, dtype=np.float64)
+        if unit == "level":
+            unit = "answers" if terms.level == "sequence" else "tokens"
+        if unit == "tokens":
+            self._add(name, "mean", float(np.sum(x64)), float(T))
+            return
+        share = segment_mean(x64, off)
+        if unit == "answers":
+            self._add(name, "mean", float(np.sum(share)), float(n))
+        elif unit == "answer_min":
+            self._add(name, "min", float(share.min()))
+        else:
+            self._add(name, "max", float(share.max()))
+
+    def merge(self, o: LossMetrics) -> LossMetrics:
+        for name, (kind, value, count) in o.entries.items():
+            self._add(name, str(kind), float(value), float(count))  # type: ignore[arg-type]
+        self.batches += o.batches
+        self.answers += o.answers
+        self.spread = [a + b for a, b in zip(self.spread, o.spread, strict=True)]
+        self.gradient_missing = self.gradient_missing or o.gradient_missing
+        return self
+
+    def values(self) -> dict[str, float]:
+        """Every metric by its logged name (a statistic of one batch only when one was)."""
+        out: dict[str, float] = {}
+        for name, (kind, value, count) in self.entries.items():
+            if kind in ("mean", "vmean"):
+                c = float(count) + (_VERL_EPS if kind == "vmean" else 0.0)  # type: ignore[arg-type]
+                out[name] = float(value) / c if c else math.nan  # type: ignore[arg-type]
+                out[name] -= _SHIFT.get(name, 0.0)
+            elif kind == "single":
+                if self.batches == 1:
+                    out[name] = float(value)  # type: ignore[arg-type]
+            else:
+                out[name] = float(value)  # type: ignore[arg-type]
+        if self.spread[2]:  # verl's spreads, from sums: whatever the batches
+            out.update({k: v for k, v in self._spread_values().items() if k in self.entries})
+        return out
+
+    def notes(self) -> list[str]:
+        """What the reader should know of how these were folded."""
+        out: list[str] = []
+        k = self.batches
+        if self.loss in L.BATCH_LOSSES and k > 1:
+            out.append(
+                f"{self.loss} selects tokens by a covariance over the batch its loss saw: "
+                f"folded over each of grpo-cli's {k} batches; the numbers equal verl's when "
+                "each batch is one of its micro-batches (one file or row group per "
+                "micro-batch), else they differ"
+            )
+        kept = self._spread_values() if self.spread[2] else {}
+        left = [n for n, e in self.entries.items() if e[0] == "single" and n not in kept]
+        if left and k > 1:
+            out.append(
+                f"{', '.join(left)}: statistics of one batch that do not merge, left out "
+                f"over {k} batches"
+            )
+        if self.correction == "verl-rollout" and self.batch_normalize and k > 1:
+            out.append(
+                "verl's rollout correction is computed over its whole training batch: the "
+                f"weights' batch normalisation (if on) is each of grpo-cli's {k} batches'"
+            )
+        if self.gradient_missing:
+            out.append(f"{self.loss} has no closed-form gradient here: the gradient is null")
+        return out

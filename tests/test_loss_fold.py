@@ -1,0 +1,399 @@
+"""Every policy loss and correction through the tool: the CLI's objective on a file of many
+tiny batches (ragged parquet row groups, padded npz with a mask) equals the loss's function
+of grpo_cli._losses (proved against each trainer's own by conformance/losses.py) applied to
+the whole batch at once and aggregated here by hand; a real TRL GRPOTrainer run with
+loss_type cispo and sapo is reproduced with no flags."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, get_args
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from grpo_cli import _losses as L
+from grpo_cli._settings import LOSSES, SettingError, Settings, resolve_settings
+from grpo_cli.trainers import openrlhf, trl, verl
+
+from .conftest import Cli, pad
+from .trl_runs import step_records
+
+BETA = 0.04
+
+
+def _data(seed: int = 7, n: int = 36) -> dict[str, Any]:
+    """Ragged answers in groups of 4, rewards 0..2, a sampler's log-probs near old_logp."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 10, size=n)
+    old = [-rng.exponential(0.6, size=k) for k in lengths]
+    return {
+        "lengths": lengths,
+        "old_logp": old,
+        "logp": [np.minimum(o + rng.normal(0, 0.25, size=o.shape[0]), -1e-3) for o in old],
+        "ref_logp": [np.minimum(o + rng.normal(0, 0.2, size=o.shape[0]), -1e-3) for o in old],
+        "rollout_logp": [np.minimum(o + rng.normal(0, 0.15, size=o.shape[0]), -1e-3) for o in old],
+        "group": np.repeat(np.arange(n // 4), 4),
+        "reward": rng.integers(0, 3, size=n).astype(float),
+    }
+
+
+FIELDS = ("logp", "old_logp", "ref_logp", "rollout_logp")
+
+
+def _parquet(path: Path, d: dict[str, Any], rows: int) -> Path:
+    cols: dict[str, Any] = {"group": pa.array(d["group"]), "reward": pa.array(d["reward"])}
+    for f in FIELDS:
+        cols[f] = pa.array([r.tolist() for r in d[f]], type=pa.list_(pa.float64()))
+    pq.write_table(pa.table(cols), path, row_group_size=rows)
+    return path
+
+
+def _npz(path: Path, d: dict[str, Any]) -> Path:
+    """Padded, the padding filled with values that would change any result they entered."""
+    width = int(max(d["lengths"]))
+    mask = np.arange(width)[None, :] < np.asarray(d["lengths"])[:, None]
+    arrays = {f: pad(d[f], width, fill=-7.5) for f in FIELDS}
+    np.savez(path, mask=mask, rewards=d["reward"], group=d["group"], **arrays)  # type: ignore[arg-type]
+    return path
+
+
+def _advantages(d: dict[str, Any]) -> np.ndarray:
+    """DeepSeekMath's, by hand: (r − group mean) / (population std + 1e-8)."""
+    r, g = d["reward"], d["group"]
+    out = np.zeros_like(r)
+    for k in np.unique(g):
+        m = g == k
+        out[m] = (r[m] - r[m].mean()) / (r[m].std() + 1e-8)
+    return out
+
+
+def _agg(x: np.ndarray, off: np.ndarray, how: str) -> float:
+    """The aggregation by hand, answer by answer."""
+    rows = [x[off[i] : off[i + 1]] for i in range(off.shape[0] - 1)]
+    if how == "seq-mean-token-mean":
+        return float(np.mean([r.mean() for r in rows]))
+    if how == "token-mean":
+        return float(np.concatenate(rows).mean())
+    assert how == "seq-mean-token-sum"
+    return float(np.mean([r.sum() for r in rows]))
+
+
+def _flat(d: dict[str, Any]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    off = np.concatenate(([0], np.cumsum(d["lengths"])))
+    return {f: np.concatenate(d[f]) for f in FIELDS}, off
+
+
+# loss -> (CLI flags, the function of grpo_cli._losses with the trainer's parameters, as
+# the trainer's config names them: TRL epsilon_high is CISPO's cap, verl clip_ratio_* its
+# bounds and ±20 clamp, ...)
+def _by_hand(name: str, f: dict[str, np.ndarray], a: np.ndarray, off: np.ndarray) -> L.PolicyTerms:
+    lp, old = f["logp"], f["old_logp"]
+    return {
+        "trl/cispo": lambda: L.cispo_terms(lp, old, a, off, upper=1.1),
+        "trl/sapo": lambda: L.sapo_terms(lp, old, a, off, tau_pos=0.9, tau_neg=1.3),
+        "trl/luspo": lambda: L.luspo_terms(lp, old, a, off, clip_eps=0.2, ratio_level="token"),
+        "trl/vespo": lambda: L.vespo_terms(lp, old, a, off, k_pos=1.5),
+        "verl/dppo_tv": lambda: L.dppo_terms(lp, old, a, off, clip_low=0.1, clip_high=0.15),
+        "verl/dppo_kl": lambda: L.dppo_terms(lp, old, a, off, divergence="kl", clip_low=0.05,
+                                             clip_high=0.05, ratio_cap=1.2),
+        "verl/sapo": lambda: L.sapo_terms(lp, old, a, off, log_ratio_clamp=20.0),
+        "verl/gpg": lambda: L.gpg_terms(lp, a, off),
+        "verl/clip_cov": lambda: L.clip_cov_terms(lp, old, a, off, clip_cov_ratio=0.05,
+                                                  clip_cov_lb=0.0, clip_cov_ub=5.0),
+        "verl/kl_cov": lambda: L.kl_cov_terms(lp, old, a, off, kl_cov_ratio=0.05, ppo_kl_coef=1.0),
+        "verl/geo_mean": lambda: L.geo_mean_terms(lp, old, a, off, clip_low=0.1, clip_high=0.25),
+        "verl/dro": lambda: L.dro_terms(lp, old, a, off, beta=0.3),
+        "verl/cispo": lambda: L.cispo_terms(lp, old, a, off, lower=0.8, upper=1.2,
+                                            log_ratio_clamp=20.0),
+    }[name]()  # fmt: skip
+
+
+FLAGS: dict[str, list[str]] = {
+    "trl/cispo": ["--clip-eps-high", "1.1"],
+    "trl/sapo": ["--loss-param", "sapo_temperature_pos=0.9",
+                 "--loss-param", "sapo_temperature_neg=1.3"],
+    "trl/luspo": [],
+    "trl/vespo": ["--loss-param", "vespo_k_pos=1.5"],
+    "verl/dppo_tv": ["--clip-eps", "0.1", "--clip-eps-high", "0.15"],
+    "verl/dppo_kl": ["--clip-eps", "0.05", "--dual-clip", "1.2"],
+    "verl/sapo": [],
+    "verl/gpg": [],
+    "verl/clip_cov": ["--loss-param", "clip_cov_ratio=0.05", "--loss-param", "clip_cov_lb=0"],
+    "verl/kl_cov": ["--loss-param", "kl_cov_ratio=0.05", "--loss-param", "ppo_kl_coef=1"],
+    "verl/geo_mean": ["--clip-eps", "0.1", "--clip-eps-high", "0.25"],
+    "verl/dro": ["--loss-param", "dro_beta=0.3"],
+    "verl/cispo": [],
+}  # fmt: skip
+NON_CLIP = [x for x in LOSSES if x != "clip"]
+
+
+def test_every_loss_has_its_flags_and_metrics() -> None:
+    """The Literal is the one list: every loss but clip has logged metrics, and every key
+    of LOSS_METRICS is a loss but verl's bypass mode (not folded)."""
+    assert set(NON_CLIP) == set(FLAGS) == set(L.LOSS_METRICS) - {
+        "verl/bypass_mode/ppo_clip", "verl/bypass_mode/reinforce"
+    }  # fmt: skip
+
+
+def _expected(name: str, d: dict[str, Any]) -> tuple[float, dict[str, float], L.PolicyTerms]:
+    f, off = _flat(d)
+    a = _advantages(d)
+    t = _by_hand(name, f, a, off)
+    agg = L.FORCED_AGGREGATION.get(name, "seq-mean-token-mean")
+    dk = f["ref_logp"] - f["logp"]
+    kl = np.exp(dk) - dk - 1.0
+    # verl aggregates its KL loss by loss_agg_mode whatever the policy loss forces; TRL
+    # aggregates the whole per-token loss the forced way
+    kl_agg = "seq-mean-token-mean" if name.startswith("verl/") else agg
+    j = _agg(t.term, off, agg) - BETA * _agg(kl, off, kl_agg)
+    return j, L.loss_metrics(t, off, name), t
+
+
+def close(a: float, b: float, rel: float = 1e-10) -> bool:
+    return math.isclose(a, b, rel_tol=rel, abs_tol=1e-13)
+
+
+@pytest.mark.parametrize("name", NON_CLIP)
+def test_each_loss_over_many_batches_is_the_function_of_the_whole_batch(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    d = _data()
+    batch = name not in L.BATCH_LOSSES  # clip_cov, kl_cov: one batch (below: many)
+    if batch:
+        monkeypatch.setenv("GRPO_CLI_BATCH_TOKENS", "16")  # a few answers per batch
+    paths = [
+        _parquet(tmp_path / "b.parquet", d, rows=3 if batch else 1000),
+        _npz(tmp_path / "b.npz", d),
+    ]
+    want, metrics, _ = _expected(name, d)
+    for path in paths:
+        doc = cli.json("objective", path, "--loss", name, *FLAGS[name], "--workers", "2")
+        assert doc["settings"]["loss"] == name
+        assert close(doc["objective"], want), (path.suffix, doc["objective"], want)
+        got = doc["loss_metrics"]
+        assert list(got) == list(metrics)
+        for k, v in metrics.items():
+            assert close(got[k], v), (k, got[k], v)
+
+
+@pytest.mark.parametrize("name", L.BATCH_LOSSES)
+def test_a_batch_loss_over_many_batches_says_so(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """clip_cov and kl_cov select over the batch their loss saw: over several of
+    grpo-cli's batches each is one micro-batch, and the warning says it."""
+    monkeypatch.setenv("GRPO_CLI_BATCH_TOKENS", "16")
+    d = _data()
+    doc = cli.json("objective", _parquet(tmp_path / "b.parquet", d, rows=3), "--loss", name,
+                   *FLAGS[name])  # fmt: skip
+    assert any("micro-batch" in w for w in doc["warnings"]), doc["warnings"]
+
+
+def test_the_gradient_is_the_loss_s(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """‖∂J/∂logp‖'s policy part: the loss's per-token gradient times the aggregation's
+    token weight 1/(N·|o_i|), by hand."""
+    monkeypatch.setenv("GRPO_CLI_BATCH_TOKENS", "16")
+    d = _data()
+    f, off = _flat(d)
+    lens = np.diff(off)
+    for name in ("trl/cispo", "verl/dro", "verl/geo_mean"):
+        t = _by_hand(name, f, _advantages(d), off)
+        assert t.grad is not None
+        w = np.repeat(1.0 / (lens.shape[0] * lens), lens)
+        want = float(np.sqrt(np.sum((w * t.grad) ** 2)))
+        doc = cli.json("objective", _parquet(tmp_path / "g.parquet", d, rows=3), "--loss", name,
+                       *FLAGS[name], "--gradient")  # fmt: skip
+        assert close(doc["gradient"]["policy_norm"], want, 1e-9), name
+
+
+# ------------------------------------------------------------------ corrections
+def _clip_policy(f: dict[str, np.ndarray], a: np.ndarray, off: np.ndarray) -> np.ndarray:
+    rho = np.exp(f["logp"] - f["old_logp"])
+    at = np.repeat(a, np.diff(off))
+    return np.minimum(rho * at, np.clip(rho, 0.8, 1.2) * at)
+
+
+CORRECTIONS = {
+    "trl-vllm": (["--correction-param", "vllm_is_clip_max=1.5"],
+                 lambda o, r, off: L.trl_vllm_is_correction(o, r, off, clip_max=1.5)),
+    "verl-rollout": (["--correction-param", "rollout_is=token",
+                      "--correction-param", "rollout_is_threshold=1.2"],
+                     lambda o, r, off: L.verl_rollout_correction(
+                         o, r, off, rollout_is="token", rollout_is_threshold=1.2)),
+    "verl-rollout/sequence": ([], lambda o, r, off: L.verl_rollout_correction(o, r, off)),
+    "openrlhf-is/seq": (["--correction-param", "is_correction_level=seq",
+                         "--correction-param", "is_correction_high=1.04",
+                         "--correction-param", "is_correction_low=0.96"],
+                        lambda o, r, off: L.openrlhf_is_correction(
+                            o, r, off, level="seq", threshold=(0.96, 1.04))),
+    "openrlhf-is": (["--correction-param", "is_correction_high=1.3",
+                     "--correction-param", "is_correction_low=0.8"],
+                    lambda o, r, off: L.openrlhf_is_correction(
+                        o, r, off, level="token", threshold=(0.8, 1.3))),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(CORRECTIONS))
+def test_each_correction_over_many_batches(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    monkeypatch.setenv("GRPO_CLI_BATCH_TOKENS", "16")
+    d = _data(seed=11)
+    f, off = _flat(d)
+    flags, fn = CORRECTIONS[name]
+    corr = fn(f["old_logp"], f["rollout_logp"], off)
+    masks = name.startswith(("trl", "openrlhf"))  # a mask binds on some tokens, not all
+    assert 0 < np.count_nonzero(corr.weight == 0) < corr.weight.shape[0] or not masks
+    dk = f["ref_logp"] - f["logp"]
+    kl = np.exp(dk) - dk - 1.0
+    policy = _clip_policy(f, _advantages(d), off) * corr.weight
+    want = _agg(policy, off, "seq-mean-token-mean") - BETA * _agg(kl, off, "seq-mean-token-mean")
+    for path in (_parquet(tmp_path / "c.parquet", d, rows=3), _npz(tmp_path / "c.npz", d)):
+        doc = cli.json("objective", path, "--correction", name.split("/")[0], *flags)
+        assert close(doc["objective"], want), (path.suffix, doc["objective"], want)
+        got = doc["loss_metrics"]
+        for k, v in corr.metrics.items():
+            assert close(got[k], v, 1e-9), (k, got[k], v)
+        assert set(got) == set(corr.metrics)  # every one, over many batches too
+        assert len(got) >= min(5, len(corr.metrics))
+
+
+def test_a_correction_without_rollout_logp_names_the_column(cli: Cli, tmp_path: Path) -> None:
+    d = _data()
+    cols = {"group": pa.array(d["group"]), "reward": pa.array(d["reward"])}
+    for f in ("logp", "old_logp"):
+        cols[f] = pa.array([r.tolist() for r in d[f]], type=pa.list_(pa.float64()))
+    pq.write_table(pa.table(cols), tmp_path / "n.parquet")
+    cli.error(["objective", str(tmp_path / "n.parquet"), "--beta", "0", "--correction",
+               "trl-vllm"], "no rollout_logp column")  # fmt: skip
+
+
+# --------------------------------------------------------------------- settings
+def test_names_map_one_to_one_and_the_trainer_disambiguates() -> None:
+    assert resolve_settings("trl", loss="cispo").loss == "trl/cispo"
+    assert resolve_settings("verl", loss="cispo").loss == "verl/cispo"
+    assert resolve_settings(loss="verl/cispo").loss == "verl/cispo"
+    assert resolve_settings(loss="gpg").loss == "verl/gpg"  # one trainer has it
+    with pytest.raises(SettingError, match="trl/sapo or verl/sapo"):
+        resolve_settings(loss="sapo")
+    with pytest.raises(SettingError, match=r"^loss: trl/cispo is trl's"):
+        resolve_settings("verl", loss="trl/cispo")
+    # a loss forcing its aggregation sets it; verl's KL keeps loss_agg_mode
+    s = resolve_settings("verl", loss="sapo")
+    assert s.agg == "seq-mean-token-mean" and s.kl_agg == "token-mean"
+    with pytest.raises(SettingError, match=r"^agg: "):
+        resolve_settings("trl", loss="sapo", agg="token-mean")
+    with pytest.raises(SettingError, match=r"^ratio_level: "):
+        Settings(loss="verl/dppo_tv", ratio_level="sequence")
+    with pytest.raises(SettingError, match=r"^dro_beta: "):
+        Settings(loss="verl/dro")
+    with pytest.raises(SettingError, match=r"^correction: "):
+        Settings(trainer="verl", correction="trl-vllm")
+    assert get_args(L.CorrectionName) == ("none", "trl-vllm", "verl-rollout", "openrlhf-is")
+    # the JSON settings gain keys after the existing ones, "from" still last
+    keys = list(Settings().to_json())
+    assert keys.index("norm_scale") < keys.index("loss") < keys.index("correction")
+    assert keys[-1] == "from" and Settings().to_json()["loss"] == "clip"
+
+
+def test_bad_values_are_one_line(cli: Cli, tmp_path: Path) -> None:
+    p = str(_parquet(tmp_path / "b.parquet", _data(), rows=100))
+    cli.error(["objective", p, "--loss", "nope"], "--loss: 'nope' is not one of clip")
+    cli.error(["objective", p, "--loss", "cispo"], "--loss: 'cispo' is trl/cispo or verl/cispo")
+    cli.error(["objective", p, "--loss-param", "tau=1"], "--loss-param: 'tau' is not one of")
+    cli.error(["objective", p, "--loss", "trl/sapo", "--loss-param", "sapo_temperature_pos=x"],
+              "--loss-param sapo_temperature_pos: expected a number")  # fmt: skip
+    cli.error(["objective", p, "--loss", "trl/sapo", "--loss-param", "sapo_temperature_pos=0"],
+              "--loss-param sapo_temperature_pos: must be a finite number > 0")  # fmt: skip
+    cli.error(["objective", p, "--correction", "x"], "--correction: 'x' is not one of")
+
+
+def test_from_config_maps_each_trainer_s_keys() -> None:
+    out, notes = trl.from_config({
+        "loss_type": "sapo", "sapo_temperature_pos": 0.7, "use_vllm": True,
+        "vllm_importance_sampling_correction": True, "vllm_importance_sampling_mode":
+        "token_truncate", "vllm_importance_sampling_cap": 2.0,
+    })  # fmt: skip
+    assert out["loss"] == "trl/sapo" and out["sapo_temperature_pos"] == 0.7 and not notes
+    assert out["correction"] == "trl-vllm" and out["vllm_is_clip_max"] == 2.0
+    a = "actor_rollout_ref.actor."
+    out, notes = verl.from_config({
+        a + "policy_loss.loss_mode": "kl_cov", a + "policy_loss.kl_cov_ratio": 0.01,
+        "algorithm.rollout_correction.rollout_is": "token",
+        "algorithm.rollout_correction.rollout_is_threshold": 3.0,
+    })  # fmt: skip
+    assert out["loss"] == "verl/kl_cov" and out["kl_cov_ratio"] == 0.01 and not notes
+    assert out["correction"] == "verl-rollout" and out["rollout_is"] == "token"
+    _, notes = verl.from_config({"algorithm.rollout_correction.rollout_rs": "token_k1"})
+    assert any("not applied" in n for n in notes)
+    out, notes = openrlhf.from_config({
+        "algo.advantage.is_correction_level": "seq", "algo.advantage.is_correction_threshold": [4.0]
+    })  # fmt: skip
+    assert out["correction"] == "openrlhf-is" and (out["is_correction_low"], out[
+        "is_correction_high"]) == (0.0, 4.0) and not notes  # fmt: skip
+
+
+# ------------------------------------------------------------ the real oracle: TRL
+def _close(ours: float, logged: float) -> bool:  # tests/test_recorded.py's tolerance
+    return abs(ours - logged) <= 1e-6 or abs(ours - logged) <= 1e-5 * max(abs(logged), abs(ours))
+
+
+@pytest.mark.parametrize("name", ["cispo", "sapo"])
+def test_a_trl_run_with_its_own_loss_is_reproduced_with_no_flags(
+    cli: Cli, trl_run: Any, name: str
+) -> None:
+    run = trl_run(name)
+    compared: set[str] = set()
+    for step, record in step_records(run.log_history).items():
+        doc = cli.json("objective", run.directory / f"step_{step:06d}")
+        assert doc["settings"]["loss"] == f"trl/{name}", doc["warnings"]
+        assert not any("not computed" in w for w in doc["warnings"]), doc["warnings"]
+        ours = doc["trainer_metrics"]["metrics"]
+        bad = [f"step {step} {k}: ours {ours[k]!r}, logged {v!r}" for k, v in record.items()
+               if k in ours and not _close(ours[k], v)]  # fmt: skip
+        assert not bad, "\n".join(bad)
+        assert not any(k.startswith("clip_ratio/") for k in ours)
+        compared |= {k for k in record if k in ours}
+    assert "loss" in compared
+    if name == "cispo":
+        assert "cispo_clip_ratio" in compared
+        ratios = [r["cispo_clip_ratio"] for r in step_records(run.log_history).values()]
+        assert any(0 < x < 1 for x in ratios), ratios  # the cap binds on some tokens only
+    else:
+        assert "kl" in compared
+
+
+# ------------------------------------------------------------- explain and check
+def test_explain_names_the_loss_and_the_release(cli: Cli, tmp_path: Path) -> None:
+    p = str(_parquet(tmp_path / "b.parquet", _data(), rows=100))
+    doc = cli.json("explain", p, "--preset", "verl", "--loss", "dppo_tv")
+    f = next(x for x in doc["findings"] if x["id"] == "loss-followed")
+    assert "DPPO-TV" in f["message"] and "verl 0.9.1" in f["message"]
+    assert f["evidence"]["loss"] == "verl/dppo_tv" and f["evidence"]["preset"] == "verl"
+    plain = cli.json("explain", p)  # the seed's surrogate, no trainer: nothing to say
+    assert not any(x["id"] == "loss-followed" for x in plain["findings"])
+
+
+def test_the_clip_rule_reads_the_loss_s_own_clip_metric(cli: Cli, tmp_path: Path) -> None:
+    p = str(_parquet(tmp_path / "b.parquet", _data(), rows=100))
+
+    def clip_rule(*flags: str) -> dict[str, Any]:
+        r = cli("check", p, "--format", "json", *flags)
+        return next(x for x in json.loads(r.stdout)["results"] if x["rule"] == "clip-region")
+
+    obj = cli.json("objective", p, "--loss", "trl/cispo", "--clip-eps-high", "1.1")
+    rule = clip_rule("--loss", "trl/cispo", "--clip-eps-high", "1.1")
+    assert rule["value"] == obj["loss_metrics"]["cispo_clip_ratio"] > 0
+    assert "cispo_clip_ratio" in rule["message"]
+    sapo = clip_rule("--loss", "trl/sapo")
+    assert sapo["status"] == "skip" and "does not apply" in sapo["message"]
+    geo = clip_rule("--loss", "verl/geo_mean")
+    m = cli.json("objective", p, "--loss", "verl/geo_mean")["loss_metrics"]
+    assert geo["value"] == m["actor/pg_clipfrac"] + m["actor/pg_clipfrac_lower"]
