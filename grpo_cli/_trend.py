@@ -95,6 +95,12 @@ def trend_report(
                 skipped.append(st.directory.name)
     if not paths:
         raise InputError("no step file given")
+    given: dict[str, InputPath] = {}
+    for p in paths:  # the same file twice would be two steps of one batch
+        key = str(p) if not isinstance(p, Path) else str(p.resolve())
+        if key in given:
+            raise InputError(f"{p}: given twice (one file a step: name each step once)")
+        given[key] = p
     if step_column is not None:
         if engine.name == "ray":
             raise UsageError(

@@ -159,3 +159,21 @@ def test_step_column_equals_one_file_a_step(
 def test_step_column_errors(cli: Cli, steps: Path) -> None:
     cli.error(["trend", str(steps), "--step-column", "nope"], "no column 'nope'")
     cli.error(["trend", str(steps), "--step-column", "reward"], "expected integers")
+
+
+def test_the_same_file_twice_is_refused(cli: Cli, steps: Path) -> None:
+    one = steps / "run_step_20_seed2.parquet"
+    cli.error(["trend", str(one), str(one)], "given twice")
+    cli.error(["trend", str(steps), str(one)], "given twice")  # in the directory and by name
+
+
+def test_objective_on_step_files_points_to_trend(cli: Cli, tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    for step in (1, 2):  # the same prompts at every step: group ids repeat across files
+        pq.write_table(pa.table({
+            "group": ["p0", "p0", "p1", "p1"], "reward": rng.random(4),
+            "logp": [[-1.0, -0.5]] * 4,
+        }), tmp_path / f"step_{step}.parquet")  # fmt: skip
+    r = cli("objective", tmp_path, "--beta", "0")
+    assert r.exit_code == 0
+    assert "these files are named as steps: `grpo-cli trend` gives one row a step" in r.stderr

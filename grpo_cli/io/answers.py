@@ -6,6 +6,7 @@ this module says which they were, and whether the advantages must be folded per 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from typing import TYPE_CHECKING, Any
@@ -228,12 +229,22 @@ def _shared_note(src: Source, seen: dict[Any, list[int]]) -> list[str]:
     files = sorted({k for f in shared.values() for k in f})
     names = ", ".join(src.paths[k].name for k in files[:4]) + (" ..." if len(files) > 4 else "")
     some = ", ".join(repr(v) for v in list(shared)[:3])
+    steps = [k for k in files if _STEP_NAME.search(src.paths[k].name)]
+    advice = (
+        # files named as steps: the likely intent is one step a file
+        "these files are named as steps: `grpo-cli trend` gives one row a step, and "
+        "--group-scope file keeps each file's groups its own"
+        if len(steps) > 1
+        else "with one step per file, pass --group-scope file"
+    )
     return [
         f"{len(shared)} group id(s) ({some}{' ...' if len(shared) > 3 else ''}) appear in "
         f"more than one file ({names}): each is read as one group across files "
-        "(--group-scope dataset, right when the shards of one step split a group); with "
-        "one step per file, pass --group-scope file"
+        f"(--group-scope dataset, right when the shards of one step split a group); {advice}"
     ]
+
+
+_STEP_NAME = re.compile(r"step[_\-]?\d+", re.IGNORECASE)
 
 
 def _float_column(
