@@ -518,6 +518,44 @@ def sequence_means(part: Part, s: Settings, seq: F64) -> SequenceMeans:
     return SequenceMeans(seq, np.array([p / n]), None if kl is None else np.array([kl / n]))
 
 
+def _release_folds(settings: Settings) -> tuple[str, ...]:
+    """The optional parts the release the settings mirror reads (``Release.folds``)."""
+    from .trainers import trainer_of
+
+    trainer = trainer_of(settings.trainer)
+    if trainer is None or settings.mirrors is None:
+        return ()
+    return trainer.release_of(settings.mirrors).folds
+
+
+@dataclass
+class UnclippedMinimum:
+    """Valid tokens where the clipped surrogate's minimum is the *unclipped* term although
+    ρ is outside ``[1−ε_low, 1+ε_high]``: A > 0 with ρ < 1−ε_low, or A < 0 with ρ >
+    1+ε_high — what TRL 0.16.1 counts as ``clip_ratio`` (grpo_trainer.py ``compute_loss``:
+    ``is_clipped = per_token_loss1 < per_token_loss2``, with ``per_token_loss1 = ρ·A``).
+    Folded only when ``wanted`` (the release's ``folds``); ρ = exp(logp − old_logp), 1
+    without ``old_logp`` (then no token)."""
+
+    wanted: bool = False
+    n: int = 0
+
+    def update(self, b: Batch, adv: F64, s: Settings) -> None:
+        old = b.fields.get("old_logp")
+        if old is None or not b.n:
+            return
+        a = np.repeat(adv, b.lengths) if adv.shape[0] == b.n else adv  # one per token
+        ratio = np.exp(log_ratio(b.fields["logp"], old))
+        with np.errstate(invalid="ignore"):  # NaN advantages count neither way
+            below = (a > 0) & (ratio < 1.0 - s.clip_eps)
+            above = (a < 0) & (ratio > 1.0 + s.eps_high)
+        self.n += int(np.count_nonzero(below | above))
+
+    def merge(self, o: UnclippedMinimum) -> UnclippedMinimum:
+        self.n += o.n
+        return self
+
+
 class TokenPartial:
     """Mergeable partial statistics of the per-token GRPO terms over a run of answers.
 
@@ -565,7 +603,9 @@ class TokenPartial:
         "closing_zeros",
         "alignment",
         "loss_metrics",
+        "unclipped_min",
     )
+    OPTIONAL = ("unclipped_min",)  # folded only for a release whose metrics read them
 
     def __init__(
         self,
@@ -611,6 +651,8 @@ class TokenPartial:
             backend == "c" and _fast.supports_options(self.options) and not needs_numpy(settings)
         )
         self.loss_metrics = LossMetrics.of(settings)  # the loss's and correction's metrics
+        folds = _release_folds(settings)
+        self.unclipped_min = UnclippedMinimum(wanted="unclipped_min" in folds)
         self.vector = True  # the kernel's AVX2 path where the CPU has it (tests turn it off)
 
     # the counts, by name
@@ -708,6 +750,8 @@ class TokenPartial:
     def _answers(self, b: Batch, adv: F64, sums: AnswerSums) -> None:
         """The answer-level parts, from the per-answer sums of :meth:`_tokens`."""
         s, lengths = self.settings, b.lengths
+        if self.unclipped_min.wanted:
+            self.unclipped_min.update(b, adv, s)
         assert sums.term is not None and sums.policy is not None
         assert sums.low is not None and sums.high is not None
         self.counts.update(b)

@@ -281,3 +281,31 @@ def test_fixture_numbers_are_finite() -> None:
     for path in fixtures("loss"):
         for case in load(path)["cases"]:
             assert math.isfinite(case["loss"]), (path.name, case["flags"])
+
+
+def test_trl_0_16_clip_ratio_by_hand(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TRL 0.16's clip_ratio counts the tokens whose minimum is the unclipped term outside
+    the range (A > 0 with ρ < 0.8, A < 0 with ρ > 1.2), whatever the batches: by hand."""
+    ln = np.log
+    # answers: A > 0 (group a, reward 1) and A < 0 (group a, reward 0); ρ per token
+    ratios = [[0.7, 0.9, 1.3], [0.7, 1.25, 1.0], [0.5, 1.5], [1.0, 1.0]]
+    rows = {
+        "group": ["a", "a", "b", "b"], "reward": [1.0, 0.0, 1.0, 1.0],  # b: A = 0
+        "logp": [[-1.0] * len(r) for r in ratios],
+        "old_logp": [[-1.0 - float(ln(x)) for x in r] for r in ratios],
+    }  # fmt: skip
+    p = tmp_path / "r.parquet"
+    pq.write_table(pa.table(rows), p, row_group_size=1)
+    # A > 0 answer: 0.7 < 0.8 counts; A < 0 answer: 1.25 > 1.2 counts; A = 0: none
+    want = 2 / 10
+    one = cli.json("objective", p, "--preset", "trl@0.16.0", "--beta", "0")
+    assert one["trainer_metrics"]["metrics"]["clip_ratio"] == pytest.approx(want, rel=1e-12)
+    monkeypatch.setenv("GRPO_CLI_BATCH_TOKENS", "3")  # a batch an answer: the parts merge
+    out = cli.json("objective", p, "--preset", "trl@0.16.0", "--beta", "0", "--workers", "2")
+    assert out["trainer_metrics"]["metrics"]["clip_ratio"] == pytest.approx(want, rel=1e-12)
+    later = cli.json(
+        "objective", p, "--preset", "trl@0.17.0", "--beta", "0"
+    )  # another release: not folded
+    assert "clip_ratio" not in later["trainer_metrics"]["metrics"]

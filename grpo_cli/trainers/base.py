@@ -181,7 +181,8 @@ class Release:
     changed at ``first``, each as "file:function: what" read from that release's code;
     ``notes`` what the preset does not model (a sampler correction, a trainer-level
     normaliser, ...). ``dependent`` replaces the trainer's dependent-settings rules for
-    this release (None: the trainer's).
+    this release (None: the trainer's). ``folds`` names the optional parts of the fold its
+    metrics need (e.g. TRL 0.16's count of unclipped minima).
     """
 
     first: str
@@ -194,6 +195,9 @@ class Release:
     notes: tuple[str, ...] = ()
     missing: Mapping[str, str] = field(default_factory=dict)
     dependent: Dependent | None = None
+    # optional parts of the fold its metrics read (``TokenPartial.OPTIONAL``), folded only
+    # for this release's preset
+    folds: tuple[str, ...] = ()
 
     @property
     def key(self) -> tuple[int, ...]:

@@ -132,26 +132,15 @@ def metrics_0_14(m: MetricInputs) -> dict[str, float | None]:
 
 def metrics_0_16(m: MetricInputs) -> dict[str, float | None]:
     """TRL 0.16.0–0.16.1 (``compute_loss``): ``kl`` the token mean of k3 (β ≠ 0 only);
-    ``clip_ratio`` the share of tokens where ``ρ·A < clip(ρ)·A`` — A > 0 with ρ < 1−ε_low,
-    or A < 0 with ρ > 1+ε_high: the tokens the clip does *not* touch although ρ is outside
-    the range. The partials count ρ outside the range whatever A, and the clip region, but
-    not the tokens with A = 0 among those outside: left out (:data:`MISSING_0_16`)."""
+    ``clip_ratio`` the share of tokens where ``ρ·A < clip(ρ)·A`` (``is_clipped =
+    per_token_loss1 < per_token_loss2``) — A > 0 with ρ < 1−ε_low, or A < 0 with ρ >
+    1+ε_high: the tokens the clip does *not* touch although ρ is outside the range, over
+    the valid tokens (the fold's ``unclipped_min`` part, folded for this release only)."""
     out: dict[str, float | None] = {}
     if m.settings.beta != 0.0:
         out["kl"] = _kl_token_mean(m)
-    out["clip_ratio"] = None
+    out["clip_ratio"] = m.acc.unclipped_min.n / max(m.acc.tokens, 1)
     return out
-
-
-MISSING_0_16 = {
-    "clip_ratio": (
-        "TRL 0.16 grpo_trainer.py compute_loss: is_clipped = (per_token_loss1 < "
-        "per_token_loss2), i.e. the tokens with (A > 0 and ρ < 1−ε_low) or (A < 0 and "
-        "ρ > 1+ε_high), over the valid tokens. Needs one more per-token count in the "
-        "partials: tokens with ρ outside [1−ε_low, 1+ε_high] and A = 0 (then clip_ratio = "
-        "(outside − region − that count) / T), or that class counted directly"
-    )
-}
 
 
 MISSING_ENTROPY = {
@@ -262,7 +251,7 @@ RELEASES = (
         preset={**_BASE, "beta": 0.04, "agg": "token-mean"},
         metrics=metrics_0_16,
         metric_names=("kl", "clip_ratio"),
-        missing=MISSING_0_16,
+        folds=("unclipped_min",),
         changes=(
             f"{_C}: epsilon 0.2 (epsilon_high None), num_iterations 1, scale_rewards True",
             f"{_F}: compute_loss: clipped surrogate min(ρA, clip(ρ, 1−ε, 1+ε_high)A), "
