@@ -159,6 +159,7 @@ def trainer_metrics(
     clip: ClipFractions,
     groups: GroupSummary | None,
     warnings: list[str],
+    reward: Distribution | None = None,
 ) -> dict[str, float]:
     """The metrics ``settings.trainer`` logs, each computed the way that trainer computes
     it (its module in :mod:`grpo_cli.trainers`); a metric the input cannot give is left
@@ -166,7 +167,7 @@ def trainer_metrics(
     trainer = trainer_of(settings.trainer)
     if trainer is None:
         return {}
-    out = trainer.metrics(MetricInputs(settings, acc, policy_term, clip, groups))
+    out = trainer.metrics(MetricInputs(settings, acc, policy_term, clip, groups, reward))
     missing = [k for k, v in out.items() if v is None]
     for k in missing:
         warnings.append(f"trainer metric {k!r} left out: the input does not give it")
@@ -350,7 +351,7 @@ def objective_record(
                 f"overflows: rollout.{', rollout.'.join(nulls)} are null (see abs_diff_max)"
             )
     group_summary = group_summary_of(stats) if stats is not None else None
-    metrics = trainer_metrics(settings, acc, policy, clip, group_summary, warnings)
+    metrics = trainer_metrics(settings, acc, policy, clip, group_summary, warnings, p1.reward)
     whole_step = None
     if calls is not None:  # what the trainer logs: from the step's calls, as it combines them
         whole_step, metrics = metrics, calls.metrics

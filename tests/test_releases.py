@@ -309,3 +309,26 @@ def test_trl_0_16_clip_ratio_by_hand(
         "objective", p, "--preset", "trl@0.17.0", "--beta", "0"
     )  # another release: not folded
     assert "clip_ratio" not in later["trainer_metrics"]["metrics"]
+
+
+@pytest.mark.parametrize(
+    "rewards",
+    [[1.0, 1.0, 0.0, 0.0], [0.5, 0.5, 0.5, 0.5], [1.0, 1.0, 1.0 + 1e-12, 1.0 + 1e-12],
+     [1.0, 1.0, 1.0 + 2e-8, 1.0 + 2e-8]],
+)  # fmt: skip
+def test_trl_batch_std_zero_share_when_every_group_is_constant(
+    cli: Cli, tmp_path: Path, rewards: list[float]
+) -> None:
+    """scale_rewards="batch": TRL's frac_reward_zero_std is isclose(sample std of every
+    reward, 0) (atol 1e-8) for every answer — 0 or 1, computed here with numpy; when the
+    rewards' range cannot tell (2e-8 apart over 4 answers: std 1.15e-8, but the range
+    bounds it only to [8.2e-9, 1.15e-8]) it is left out with its warning."""
+    p = tmp_path / "r.parquet"
+    pq.write_table(pa.table({"group": ["a", "a", "b", "b"], "reward": rewards,
+                             "logp": [[-1.0, -0.5]] * 4}), p)  # fmt: skip
+    out = cli.json("objective", p, "--preset", "trl", "--scale", "batch")
+    got = out["trainer_metrics"]["metrics"].get("frac_reward_zero_std")
+    if abs(rewards[2] - rewards[0] - 2e-8) < 1e-15:  # the undecidable case
+        assert got is None and any("frac_reward_zero_std" in w for w in out["warnings"])
+    else:
+        assert got == (1.0 if np.std(rewards, ddof=1) <= 1e-8 else 0.0)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     from .._partials import TokenPartial
     from .._settings import Settings
-    from ..records import ClipFractions, GroupSummary
+    from ..records import ClipFractions, Distribution, GroupSummary
 
 __all__ = [
     "CallInputs",
@@ -45,14 +45,15 @@ RewardKL = Literal["score", "returns"]
 @dataclass(frozen=True)
 class MetricInputs:
     """What a trainer's logged metrics are computed from: the folded partial, the
-    aggregated policy term, the clip fractions and the group summary (None without
-    rewards and group ids)."""
+    aggregated policy term, the clip fractions, the group summary (None without
+    rewards and group ids) and the rewards' distribution."""
 
     settings: Settings
     acc: TokenPartial
     policy_term: float
     clip: ClipFractions
     groups: GroupSummary | None
+    reward: Distribution | None = None  # the answers' rewards (their min and max)
 
 
 def with_loss_metrics(

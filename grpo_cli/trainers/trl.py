@@ -84,7 +84,10 @@ def _frac_zero_std(m: MetricInputs, *, batch_std: bool) -> float | None:
     """``frac_reward_zero_std``: the share of answers whose std is zero (``isclose(std,
     0)``), the std being the group's, or with ``batch_std`` the whole batch's (TRL's
     ``scale_rewards="batch"``; and "group" in 0.22.0–0.22.1): then 1 when every reward of
-    the batch is equal, else 0 — known when a group varies (0) or there is one group."""
+    the batch is equal, else 0. TRL's test is ``isclose(std, 0)`` (atol 1e-8, the sample
+    std): with every group constant it is decided from the rewards' range d = max − min
+    over n answers, which bounds that std: d/√(2(n−1)) ≤ std ≤ (d/2)·√(n/(n−1)); in the
+    gap between the bounds the std itself would be needed (None)."""
     g = m.groups
     if g is None:
         return None
@@ -92,7 +95,18 @@ def _frac_zero_std(m: MetricInputs, *, batch_std: bool) -> float | None:
         return g.frac_zero_std_answers
     if g.zero_variance_groups < g.groups:
         return 0.0
-    return None  # every group constant: equal across groups? needs the batch min and max
+    r = m.reward
+    if r is None or r.min is None or r.max is None or not r.count:
+        return None
+    d, n = r.max - r.min, r.count
+    if d == 0 or n < 2:
+        return 1.0
+    if d / math.sqrt(2 * (n - 1)) > ATOL_ZERO_STD:
+        return 0.0
+    return 1.0 if d / 2 * math.sqrt(n / (n - 1)) <= ATOL_ZERO_STD else None
+
+
+ATOL_ZERO_STD = 1e-8  # torch.isclose(std, 0)'s default atol
 
 
 def _clip_means_per_process(m: MetricInputs) -> dict[str, float | None]:
@@ -152,8 +166,8 @@ MISSING_BATCH_STD = {
     "frac_reward_zero_std": (
         "TRL grpo_trainer.py _generate_and_score_completions with the batch std "
         "(scale_rewards='batch'; 'group' in 0.22.0-0.22.1): is_std_zero = isclose(std of "
-        "every reward, 0), the same for every answer. When every group is constant it "
-        "needs the batch's reward min and max (the group table has each group's)"
+        "every reward, 0), the same for every answer. When every group is constant and "
+        "the rewards' range d leaves d/sqrt(2(n-1)) <= 1e-8 < (d/2)sqrt(n/(n-1)), that std"
     )
 }
 
