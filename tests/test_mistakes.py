@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -73,7 +74,7 @@ def _padded(tmp_path: Path, lengths: list[int], width: int, *, mask: bool) -> Pa
     rng = np.random.default_rng(5)
     n = len(lengths)
     valid = np.arange(width)[None, :] < np.array(lengths)[:, None]
-    arrays = {}
+    arrays: dict[str, Any] = {}
     for name in ("logp", "old_logp", "ref_logp"):
         arrays[name] = np.where(valid, -rng.exponential(1.0, (n, width)) - 1e-3, 0.0)
     arrays["rewards"] = rng.integers(0, 2, n).astype(float)
