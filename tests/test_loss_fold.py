@@ -338,6 +338,10 @@ def test_from_config_maps_each_trainer_s_keys() -> None:
     })  # fmt: skip
     assert out["correction"] == "openrlhf-is" and (out["is_correction_low"], out[
         "is_correction_high"]) == (0.0, 4.0) and not notes  # fmt: skip
+    # what TRL's loss adds that grpo-cli does not compute is said, never silently left out
+    _, notes = trl.from_config({"entropy_coef": 0.01})
+    assert any("entropy_coef 0.01" in n and "not applied" in n for n in notes)
+    assert trl.from_config({"entropy_coef": 0.0}) == ({}, [])
 
 
 # ------------------------------------------------------------ the real oracle: TRL

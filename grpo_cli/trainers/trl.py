@@ -528,6 +528,13 @@ def from_config(c: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
         )
     if c.get("off_policy_mask_threshold") is not None:
         notes.append("off_policy_mask_threshold masks off-policy sequences: not applied here")
+    coef = c.get("entropy_coef")
+    if (isinstance(coef, int | float) and coef != 0) or c.get("use_adaptive_entropy"):
+        notes.append(
+            f"entropy_coef {coef} (use_adaptive_entropy {c.get('use_adaptive_entropy')}): TRL "
+            "subtracts coef × the token-mean entropy from its loss; not applied here (the "
+            "logged loss differs by it; the policy term, KL and clip metrics do not)"
+        )
     return out, notes
 
 
