@@ -46,7 +46,7 @@ from ._core import (
     token_terms,
 )
 from ._loss_fold import LossMetrics, correction_of, needs_numpy, policy_terms
-from ._mistakes import AlignmentSums, ClosingZeros
+from ._mistakes import LOGP_FIELDS, AlignmentSums, ClosingZeros
 from ._settings import Settings
 from ._stats import IntCounts, Moments, Sketch
 from .batch import Batch, Part, parts
@@ -394,7 +394,7 @@ class PositiveLogp:
 
     counts: dict[str, int] = field(default_factory=dict)
 
-    FIELDS = ("logp", "old_logp", "ref_logp", "rollout_logp")
+    FIELDS = LOGP_FIELDS
 
     def update(self, b: Batch) -> None:
         for f in self.FIELDS:

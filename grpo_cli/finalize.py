@@ -13,7 +13,7 @@ from numpy.typing import NDArray
 
 from ._core import AGGREGATIONS, EXP_MAX, GroupStats
 from ._logged import compare_logged
-from ._mistakes import CLOSING_RUN, shifted
+from ._mistakes import CLOSING_RUN, LOGP_FIELDS, shifted
 from ._partials import ADV_EDGES, LENGTH_EDGES, TokenPartial, length_weights
 from ._settings import Settings
 from ._stats import Histogram, IntCounts, Moments, Sketch, quantiles_linear
@@ -230,7 +230,7 @@ def padding_warning(src: Source, acc: TokenPartial) -> list[str]:
     z = acc.closing_zeros
     if not z.answers or z.share <= PADDED_SHARE:
         return []
-    fields = [src.name(f) for f in ("logp", "old_logp", "ref_logp", "rollout_logp") if src.has(f)]
+    fields = [src.name(f) for f in LOGP_FIELDS if src.has(f)]
     why = (
         "the mask does not cover the padding: is it the prompt's and answer's attention mask?"
         if src.has("mask")
