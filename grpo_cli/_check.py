@@ -355,19 +355,15 @@ def rule_clip_region(f: Facts, c: RuleConfig) -> Result:
     if (skip := _need_report("clip-region", f)) is not None:
         return skip
     assert f.report is not None
-    loss = f.report.settings.loss
-    if loss != "clip" and loss != "trl/luspo":  # the loss's own clip metric, or none
-        from ._loss_fold import CLIP_METRICS
-
-        names = CLIP_METRICS.get(loss)
-        if names is None:
+    loss, own = f.report.settings.loss, f.report.loss_clip
+    if own is not None:  # the loss's own clip metric, or none
+        if own.share is None:
             return _skip(
                 "clip-region",
                 f"{loss} has no clip region (its trainer logs no clip share): the rule does "
                 "not apply",
             )
-        m = f.report.loss_metrics
-        share = sum(m.get(n, 0.0) for n in names)
+        share, names = own.share, own.names
         seq = loss == "trl/cispo" and f.report.settings.ratio_level == "sequence"
         return _judge(
             "clip-region",

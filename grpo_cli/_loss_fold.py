@@ -22,7 +22,14 @@ from ._core import segment_mean
 from ._settings import Settings
 from .errors import InputError
 
-__all__ = ["CLIP_METRICS", "LossMetrics", "correction_of", "needs_numpy", "policy_terms"]
+__all__ = [
+    "CLIP_METRICS",
+    "LossMetrics",
+    "correction_of",
+    "loss_clip_share",
+    "needs_numpy",
+    "policy_terms",
+]
 
 F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
@@ -46,6 +53,17 @@ CLIP_METRICS: dict[str, tuple[str, ...]] = {
     "verl/clip_cov": ("actor/pg_clipfrac",),  # the tokens whose gradient is removed
     "verl/geo_mean": ("actor/pg_clipfrac", "actor/pg_clipfrac_lower"),  # A > 0 and A < 0
 }
+
+
+def loss_clip_share(
+    loss: str, metrics: Mapping[str, float]
+) -> tuple[float, tuple[str, ...]] | None:
+    """The share a loss other than the clipped surrogate clips, from its logged metrics
+    (:data:`CLIP_METRICS`), and the metrics summed; None when it clips nothing."""
+    names = CLIP_METRICS.get(loss)
+    if names is None:
+        return None
+    return sum(metrics.get(n, 0.0) for n in names), names
 
 
 def needs_numpy(s: Settings) -> bool:

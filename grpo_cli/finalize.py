@@ -29,6 +29,7 @@ from .records import (
     GroupSummary,
     InputChecks,
     KLReport,
+    LossClip,
     ObjectiveReport,
 )
 from .trainers import MetricInputs, trainer_of
@@ -211,6 +212,17 @@ def data_mistakes(src: Source, acc: TokenPartial, groups: GroupSummary | None) -
             "these look like probabilities; grpo-cli takes log-probs (np.log of them)"
         )
     return out
+
+
+def loss_clip(settings: Settings, metrics: dict[str, float]) -> LossClip | None:
+    """What the settings' loss clips by its own metrics (None: the clipped surrogate's
+    clip counts, which TRL's luspo logs too)."""
+    from ._loss_fold import loss_clip_share
+
+    if settings.loss in ("clip", "trl/luspo"):
+        return None
+    got = loss_clip_share(settings.loss, metrics)
+    return LossClip(None) if got is None else LossClip(*got)
 
 
 PADDED_SHARE = 0.5  # answers closing in exact zeros from which padding is the likely reading
@@ -426,6 +438,7 @@ def objective_record(
         gradient=acc.gradient(),
         gradient_asked=acc.gradient_wanted,
         inputs=input_checks(src, acc),
+        loss_clip=loss_clip(settings, acc.loss_metrics.values()),
         length_counts=acc.lengths,
         length_adv=acc.length_adv.counts,
         length_adv_edges=(LENGTH_EDGES, ADV_EDGES),

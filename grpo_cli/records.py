@@ -33,6 +33,7 @@ __all__ = [
     "KLReport",
     "LoggedComparison",
     "LoggedReport",
+    "LossClip",
     "ObjectiveReport",
     "Result",
     "RolloutReport",
@@ -156,6 +157,16 @@ class KLReport:
 
 
 @dataclass(frozen=True)
+class LossClip:
+    """What a loss other than the clipped surrogate clips: ``share`` of the tokens (of the
+    answers at sequence level), the sum of its logged metrics ``names``; ``share`` None
+    when the loss clips nothing (a soft weight or a penalty)."""
+
+    share: float | None
+    names: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class InputChecks:
     """What the data-mistake checks saw (:mod:`grpo_cli._mistakes`): the answers of at least
     two valid tokens, those closing in a run of exact 0.0 in every log-prob field and the
@@ -256,6 +267,8 @@ class ObjectiveReport:
     gradient: dict[str, float] | None = None
     gradient_asked: bool = False
     inputs: InputChecks | None = None  # the data-mistake checks' evidence
+    # a loss with its own clip metric (or none): None for the clipped surrogate's counts
+    loss_clip: LossClip | None = None
     # exact counts of answer lengths (for views that need the tail: explain); not in JSON
     length_counts: IntCounts | None = field(default=None, compare=False, repr=False)
     # answers by (length bin, advantage bin), and the bins' edges (lengths, advantages;

@@ -401,3 +401,16 @@ def test_the_clip_rule_reads_the_loss_s_own_clip_metric(cli: Cli, tmp_path: Path
     geo = clip_rule("--loss", "verl/geo_mean")
     m = cli.json("objective", p, "--loss", "verl/geo_mean")["loss_metrics"]
     assert geo["value"] == m["actor/pg_clipfrac"] + m["actor/pg_clipfrac_lower"]
+
+
+def test_the_one_screen_shows_the_loss_s_own_clip_share(cli: Cli) -> None:
+    """With a loss other than the clipped surrogate the screen's clip line is the loss's
+    own share (CISPO: its logged cispo_clip_ratio), or says it clips nothing (SAPO)."""
+    sample = Path(__file__).resolve().parents[1] / "sample_data" / "batch.parquet"
+    doc = cli.json("objective", sample, "--preset", "trl", "--loss", "cispo")
+    share = doc["trainer_metrics"]["metrics"]["cispo_clip_ratio"]
+    screen = cli("objective", sample, "--preset", "trl", "--loss", "cispo").stdout
+    assert "clipped by the loss" in screen and f"{100 * share:.3g}%" in screen
+    assert "clip region" not in screen
+    screen = cli("objective", sample, "--preset", "trl", "--loss", "sapo").stdout
+    assert "clipped by the loss" in screen and "none (no clip)" in screen

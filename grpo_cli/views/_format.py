@@ -79,6 +79,11 @@ def health_rows(r: ObjectiveReport) -> list[tuple[str, str]]:
     rows = [
         (f"clip region ({unit})", pct(r.clip.region)),
         ("clip low · high", f"{pct(r.clip.low)} · {pct(r.clip.high)}"),
+    ]
+    own = r.loss_clip
+    if own is not None:  # the loss's own clip share, in their place
+        rows = [("clipped by the loss", "none (no clip)" if own.share is None else pct(own.share))]
+    rows += [
         ("ratio ρ p99 · max", f"{num(r.ratio.quantiles.get('p99'))} · {num(r.ratio.max)}"),
     ]
     if r.kl is not None:
