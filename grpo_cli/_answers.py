@@ -30,10 +30,11 @@ from ._partials import AnswerCounts, divisor_of
 from ._report import TOKEN_FIELDS, Pass1, objective_pass1
 from ._settings import Settings
 from .batch import Batch, Part, parts
-from .engine.options import EngineOptions, Ran
+from .engine.options import EngineOptions
 from .errors import InputError, UsageError
 from .io import Source
 from .plan import Pipeline, plan, run
+from .records import AnswersReport
 
 __all__ = [
     "SORT_KEYS",
@@ -416,20 +417,6 @@ def _plain(v: Any) -> Any:
     """A group id as JSON holds it: a string or an integer as it is, anything else (a
     duckdb DECIMAL, a date) as its text."""
     return v if isinstance(v, str | int) else str(v)
-
-
-@dataclass(frozen=True)
-class AnswersReport:
-    """``grpo-cli answers``: the ``top`` answers ranked by ``sort``, worst first."""
-
-    source: str
-    settings: Settings
-    engine: EngineOptions
-    sort: str
-    top: int
-    rows: list[dict[str, Any]]
-    warnings: list[str]
-    ran: Ran = field(default_factory=Ran)
 
 
 def answers_report(

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,10 +17,13 @@ import numpy as np
 
 from ._settings import Settings
 from .engine.options import EngineOptions
-from .records import CheckReport, Finding, ObjectiveReport, TrendReport
+from .records import (
+    AnswerText,
+    CheckReport,
+    ShareReport,
+)
 
 if TYPE_CHECKING:
-    from ._answers import AnswersReport
     from .io import Source
 
 __all__ = [
@@ -42,35 +44,6 @@ TOKEN_COLUMNS = ("tokens", "completion_tokens", "token_strings")
 TEXT_LIMIT = 4000  # characters of an answer's text kept in the report
 TOKEN_LIMIT = 2000  # tokens of an answer coloured in the report
 COLOURED = 3  # the worst answers whose tokens are coloured
-
-
-@dataclass(frozen=True)
-class AnswerText:
-    """One of the worst answers: its row of ``answers`` and what the input says of it
-    (None: the input has no such column). ``token_kl`` and ``token_log_ratio`` are the
-    valid tokens' KL estimate (the settings') and log ρ = logp − old_logp."""
-
-    row: dict[str, Any]
-    completion: str | None = None
-    prompt: str | None = None
-    truncated: bool = False
-    tokens: list[str] | None = None
-    token_kl: list[float] | None = None
-    token_log_ratio: list[float] | None = None
-
-
-@dataclass(frozen=True)
-class ShareReport:
-    """Everything ``grpo-cli report`` shows, in one record."""
-
-    source: str
-    objective: ObjectiveReport
-    findings: list[Finding]
-    check: CheckReport
-    answers: AnswersReport | None = None
-    texts: list[AnswerText] = field(default_factory=list)
-    trend: TrendReport | None = None
-    notes: list[str] = field(default_factory=list)
 
 
 def _present(src: Source, names: Sequence[str]) -> str | None:

@@ -23,6 +23,8 @@ __all__ = [
     "QUANTILE_LEVELS",
     "STEP_KEYS",
     "AdvantagesReport",
+    "AnswerText",
+    "AnswersReport",
     "Calls",
     "CheckReport",
     "ClipFractions",
@@ -37,6 +39,7 @@ __all__ = [
     "ObjectiveReport",
     "Result",
     "RolloutReport",
+    "ShareReport",
     "StepRow",
     "TrendReport",
 ]
@@ -468,3 +471,46 @@ class Finding:
             "message": self.message,
             "evidence": self.evidence,
         }
+
+
+@dataclass(frozen=True)
+class AnswersReport:
+    """``grpo-cli answers``: the ``top`` answers ranked by ``sort``, worst first."""
+
+    source: str
+    settings: Settings
+    engine: EngineOptions
+    sort: str
+    top: int
+    rows: list[dict[str, Any]]
+    warnings: list[str]
+    ran: Ran = field(default_factory=Ran)
+
+
+@dataclass(frozen=True)
+class AnswerText:
+    """One of the worst answers: its row of ``answers`` and what the input says of it
+    (None: the input has no such column). ``token_kl`` and ``token_log_ratio`` are the
+    valid tokens' KL estimate (the settings') and log ρ = logp − old_logp."""
+
+    row: dict[str, Any]
+    completion: str | None = None
+    prompt: str | None = None
+    truncated: bool = False
+    tokens: list[str] | None = None
+    token_kl: list[float] | None = None
+    token_log_ratio: list[float] | None = None
+
+
+@dataclass(frozen=True)
+class ShareReport:
+    """Everything ``grpo-cli report`` shows, in one record."""
+
+    source: str
+    objective: ObjectiveReport
+    findings: list[Finding]
+    check: CheckReport
+    answers: AnswersReport | None = None
+    texts: list[AnswerText] = field(default_factory=list)
+    trend: TrendReport | None = None
+    notes: list[str] = field(default_factory=list)

@@ -21,7 +21,7 @@ from ..records import CheckReport, Finding, ObjectiveReport, TrendReport
 from ._format import data_rows, headline, health_rows, num, objective_rows, settings_text
 
 if TYPE_CHECKING:
-    from .._share import AnswerText, ShareReport
+    from ..records import AnswerText, ShareReport
 
 __all__ = ["render_html"]
 

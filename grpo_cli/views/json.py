@@ -23,7 +23,7 @@ from ..records import (
 )
 
 if TYPE_CHECKING:
-    from .._answers import AnswersReport
+    from ..records import AnswersReport
 
 __all__ = [
     "SCHEMA_VERSION",

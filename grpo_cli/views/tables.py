@@ -39,7 +39,7 @@ from ..records import (
 from ._format import data_rows, headline, health_rows, num, objective_rows, settings_text
 
 if TYPE_CHECKING:
-    from .._answers import AnswersReport
+    from ..records import AnswersReport
 
 __all__ = [
     "SCREEN",
