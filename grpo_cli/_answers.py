@@ -31,7 +31,8 @@ from ._report import TOKEN_FIELDS, Pass1, objective_pass1
 from ._settings import Settings
 from .batch import Batch, Part, parts
 from .engine.options import EngineOptions
-from .errors import InputError, UsageError
+from .errors import UsageError
+from .finalize import check_folded
 from .io import Source
 from .plan import Pipeline, plan, run
 from .records import AnswersReport
@@ -454,7 +455,7 @@ def answers_report(
             grad = gradient_weights(settings, n, counts.tokens, counts.max_width)
         new, fold = answers_fold(src, settings, p1, [key], top=top, engine=engine, grad=grad)
         best, fold_ran = pipe.run(new, fold, progress)
-    _check_counts(src, settings, best, n)
+    check_folded(src, settings, best.answers, n, best.max_width)
     notes = list(p1.warnings)
     norm2 = best.gradient
     if not (np.isfinite(norm2) and norm2 > 0):
@@ -483,30 +484,6 @@ def answers_report(
             out[name] = v
         rows.append(out)
     return AnswersReport(src.label, settings, engine, sort, top, rows, notes, ran.then(fold_ran))
-
-
-def _check_counts(src: Source, settings: Settings, acc: AnswersPartial, n: int) -> None:
-    """The checks of :func:`grpo_cli._report.objective_record` on the folded answers: each
-    was folded once, and ``max_len`` is no shorter than the widest row."""
-    if acc.answers != n:
-        raise InputError(
-            f"{src.label}: {acc.answers} token rows but {n} answers (rewards/advantages)"
-        )
-    if (
-        settings.agg == "seq-mean-token-sum-norm"
-        and settings.max_len is not None
-        and settings.max_len < acc.max_width
-    ):
-        hint = ""
-        if settings.preset == "dr-grpo":
-            hint = (
-                " (the dr-grpo preset sets TRL's default max_completion_length, 512: "
-                "pass --max-len with your run's value)"
-            )
-        raise UsageError(
-            f"--max-len {settings.max_len} is shorter than the widest row "
-            f"({acc.max_width} tokens, masked ones included){hint}"
-        )
 
 
 @dataclass

@@ -275,6 +275,30 @@ def alignment_warning(src: Source, acc: TokenPartial) -> list[str]:
     ]
 
 
+def check_folded(src: Source, settings: Settings, rows: int, answers: int, width: int) -> None:
+    """What every fold checks before its record: each of the ``answers`` was folded once
+    (``rows`` token rows), and ``max_len`` is no shorter than the widest row (``width``)."""
+    if rows != answers:
+        raise InputError(
+            f"{src.label}: {rows} token rows but {answers} answers (rewards/advantages)"
+        )
+    if (
+        settings.agg == "seq-mean-token-sum-norm"
+        and settings.max_len is not None
+        and settings.max_len < width
+    ):
+        hint = ""
+        if settings.preset == "dr-grpo":
+            hint = (
+                " (the dr-grpo preset sets TRL's default max_completion_length, 512: "
+                "pass --max-len with your run's value)"
+            )
+        raise UsageError(
+            f"--max-len {settings.max_len} is shorter than the widest row "
+            f"({width} tokens, masked ones included){hint}"
+        )
+
+
 @dataclass(frozen=True)
 class LoggedInput:
     """What the trainer logged for the step (``--logged``): the file, its metrics under
@@ -304,25 +328,7 @@ def objective_record(
     aggregations, distributions, the trainer's metrics (compared with ``logged`` when
     given) and notes; ``ratio_band`` sets ``ratio_outside_band``."""
     adv = p1.adv
-    if acc.answers + empty != adv.shape[0]:
-        raise InputError(
-            f"{src.label}: {acc.answers} token rows but {adv.shape[0]} answers (rewards/advantages)"
-        )
-    if (
-        settings.agg == "seq-mean-token-sum-norm"
-        and settings.max_len is not None
-        and settings.max_len < acc.max_width
-    ):
-        hint = ""
-        if settings.preset == "dr-grpo":
-            hint = (
-                " (the dr-grpo preset sets TRL's default max_completion_length, 512: "
-                "pass --max-len with your run's value)"
-            )
-        raise UsageError(
-            f"--max-len {settings.max_len} is shorter than the widest row "
-            f"({acc.max_width} tokens, masked ones included){hint}"
-        )
+    check_folded(src, settings, acc.answers + empty, adv.shape[0], acc.max_width)
     warnings = list(p1.warnings)
     stats = p1.stats
     agg = settings.agg
