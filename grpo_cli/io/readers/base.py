@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from ..paths import InputPath
     from ..source import Source
 
-__all__ = ["AnswerColumns", "ReadColumns", "Reader", "Unit"]
+__all__ = ["AnswerColumns", "ReadColumns", "Reader", "Unit", "token_columns"]
 
 
 @dataclass(frozen=True)
@@ -122,6 +122,21 @@ class Reader(Protocol):
         decoded in batches of about ``batch_tokens`` tokens; unreadable data raises
         :class:`~grpo_cli.batch.BatchError` at the row where it starts."""
         ...
+
+
+def token_columns(
+    src: Source, wanted: Sequence[str]
+) -> tuple[list[str], str | None, list[str], dict[str, str]]:
+    """The input's names of the ``wanted`` token fields, of the mask (None: no mask), the
+    columns to read, and the answer columns read along (group, reward, advantage: what
+    lets any batch compute its own advantages)."""
+    from ..fields import ANSWER_FIELDS
+
+    names = [src.name(f) for f in wanted]
+    mname = src.name("mask") if src.has("mask") else None
+    answer = {f: src.name(f) for f in ANSWER_FIELDS if src.has(f)}
+    cols = names + ([mname] if mname else [])
+    return names, mname, cols + [c for c in answer.values() if c not in cols], answer
 
 
 def suffix_of(p: InputPath | Path | Any) -> str:

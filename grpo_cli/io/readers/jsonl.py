@@ -35,7 +35,7 @@ from ..arrow import why
 from ..fields import ANSWER_FIELDS, PER_TOKEN, TOKEN_VALUES
 from ..lists import answer_table, is_list, raw_record_batch
 from ..paths import InputPath, RemoteFile
-from .base import AnswerColumns, ReadColumns, Unit
+from .base import AnswerColumns, ReadColumns, Unit, token_columns
 
 if TYPE_CHECKING:
     from ..source import Source
@@ -320,9 +320,7 @@ class JsonlReader:
         wanted = [f for f in fields if src.has(f)]
         if not wanted:
             return
-        names = [src.name(f) for f in wanted]
-        mname = src.name("mask") if src.has("mask") else None
-        answer = {f: src.name(f) for f in ANSWER_FIELDS if src.has(f)}
+        names, mname, _, answer = token_columns(src, wanted)
         keys: dict[str, str] = {}
         for f, name in [*zip(wanted, names, strict=True), *answer.items()]:
             keys.setdefault(name, f)

@@ -24,7 +24,7 @@ from ..arrow import why
 from ..fields import ANSWER_FIELDS, PER_TOKEN, TOKEN_VALUES
 from ..lists import answer_table, is_list, joined, raw_record_batch
 from ..paths import InputPath, RemoteFile
-from .base import AnswerColumns, ReadColumns, Unit
+from .base import AnswerColumns, ReadColumns, Unit, token_columns
 
 if TYPE_CHECKING:
     from ..source import Source
@@ -204,18 +204,6 @@ class ParquetReader:
         a batch's."""
         return max(1, self._rows_per_batch(src, i, batch_tokens) // READ_SPLIT)
 
-    def _token_columns(
-        self, src: Source, wanted: list[str]
-    ) -> tuple[list[str], str | None, list[str], dict[str, str]]:
-        """The file's names of the ``wanted`` token fields, of the mask (None: no mask), the
-        columns to read, and the answer columns read along (group, reward, advantage: what
-        lets any batch compute its own advantages)."""
-        names = [src.name(f) for f in wanted]
-        mname = src.name("mask") if src.has("mask") else None
-        answer = {f: src.name(f) for f in ANSWER_FIELDS if src.has(f)}
-        cols = names + ([mname] if mname else [])
-        return names, mname, cols + [c for c in answer.values() if c not in cols], answer
-
     def raw_batches(
         self,
         src: Source,
@@ -228,7 +216,7 @@ class ParquetReader:
             return
         from ..answers import scoped
 
-        names, mname, cols, answer = self._token_columns(src, wanted)
+        names, mname, cols, answer = token_columns(src, wanted)
         for i, start, records in self._record_batches(src, units, cols, batch_tokens):
             p = str(self.paths[i])
             try:
