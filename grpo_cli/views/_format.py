@@ -59,6 +59,19 @@ def settings_text(r: Any) -> str:
     return "defaults (DeepSeekMath)"
 
 
+def evidence_text(evidence: dict[str, Any]) -> str:
+    """A finding's evidence as one line: ``key value, ...`` (nested dicts in braces)."""
+    return ", ".join(f"{k} {_evidence(v)}" for k, v in evidence.items())
+
+
+def _evidence(v: Any) -> str:
+    if isinstance(v, dict):
+        return "{" + evidence_text(v) + "}"
+    if isinstance(v, float | int) and not isinstance(v, bool):
+        return num(v)
+    return str(v)
+
+
 def objective_rows(r: ObjectiveReport) -> list[tuple[str, str]]:
     rows = [
         ("J", num(r.objective)),

@@ -18,7 +18,15 @@ import numpy as np
 
 from .. import __version__
 from ..records import CheckReport, Finding, ObjectiveReport, TrendReport
-from ._format import data_rows, headline, health_rows, num, objective_rows, settings_text
+from ._format import (
+    data_rows,
+    evidence_text,
+    headline,
+    health_rows,
+    num,
+    objective_rows,
+    settings_text,
+)
 
 if TYPE_CHECKING:
     from ..records import AnswerText, ShareReport
@@ -128,20 +136,12 @@ def _findings(findings: list[Finding]) -> str:
         return "<p>No findings: nothing in this batch needs attention.</p>"
     out = []
     for f in findings:
-        ev = ", ".join(f"{k} {_evidence(v)}" for k, v in f.evidence.items())
+        ev = evidence_text(f.evidence)
         out.append(
             f"<div class='finding {_e(f.severity)}'>{_badge(f.severity)} <b>{_e(f.id)}</b>"
             f"<p>{_e(f.message)}</p><p class=mute>evidence: {_e(ev)}</p></div>"
         )
     return "".join(out)
-
-
-def _evidence(v: Any) -> str:
-    if isinstance(v, dict):
-        return "{" + ", ".join(f"{k} {_evidence(x)}" for k, x in v.items()) + "}"
-    if isinstance(v, float | int) and not isinstance(v, bool):
-        return num(v)
-    return str(v)
 
 
 def _threshold(t: dict[str, float | None] | None) -> str:

@@ -36,7 +36,15 @@ from ..records import (
     Result,
     TrendReport,
 )
-from ._format import data_rows, headline, health_rows, num, objective_rows, settings_text
+from ._format import (
+    data_rows,
+    evidence_text,
+    headline,
+    health_rows,
+    num,
+    objective_rows,
+    settings_text,
+)
 
 if TYPE_CHECKING:
     from ..records import AnswersReport
@@ -990,7 +998,7 @@ def render_explain(
         title.append(f"  {f.id}", style="bold")
         items: list[RenderableType] = [title, Indented(Text(f.message))]
         if full:
-            ev = ", ".join(f"{k} {_evidence(v)}" for k, v in f.evidence.items())
+            ev = evidence_text(f.evidence)
             items.append(Indented(Text(f"evidence: {ev}", style="dim")))
         paragraphs.append(Group(*items))
     line = verdict(findings)
@@ -1000,11 +1008,3 @@ def render_explain(
     width = max(len(f.id) for f in findings)
     short = [_finding_lines([f], 1, width)[0] for f in findings]
     return OneScreen(head, paragraphs, short, [Text(""), line])
-
-
-def _evidence(v: Any) -> str:
-    if isinstance(v, dict):
-        return "{" + ", ".join(f"{k} {_evidence(x)}" for k, x in v.items()) + "}"
-    if isinstance(v, float | int) and not isinstance(v, bool):
-        return num(v)
-    return str(v)
