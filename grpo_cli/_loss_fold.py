@@ -24,11 +24,13 @@ from .errors import InputError
 
 __all__ = [
     "CLIP_METRICS",
+    "WEIGHT_FIELD",
     "LossMetrics",
     "correction_of",
     "loss_clip_share",
     "needs_numpy",
     "policy_terms",
+    "rejects",
 ]
 
 F64 = NDArray[np.float64]
@@ -72,6 +74,20 @@ def needs_numpy(s: Settings) -> bool:
     return s.loss != "clip" or s.correction != "none"
 
 
+# A batch whose rejected tokens were removed (:meth:`TokenPartial.update` with
+# :func:`rejects`) carries the correction's weights of its kept tokens as this field: the
+# weights and the rejection are the whole batch's, computed before the tokens left
+WEIGHT_FIELD = "_correction_weight"
+
+
+def rejects(s: Settings) -> bool:
+    """Whether the settings' correction removes tokens from the loss: verl's rejection
+    sampling (``rollout_rs``), which replaces the batch's ``response_mask`` before the
+    advantages and the update (verl 0.9.1 ``ray_trainer.fit`` →
+    ``compute_rollout_correction_and_add_to_batch``)."""
+    return s.correction == "verl-rollout" and s.rollout_rs is not None
+
+
 def correction_of(
     s: Settings, fields: Mapping[str, NDArray[np.floating]], offsets: I64
 ) -> L.Correction | None:
@@ -79,14 +95,21 @@ def correction_of(
 
     ``old_logp`` (``logp`` itself when not given: on-policy) against ``rollout_logp``:
     TRL 1.16.0's vLLM IS correction (:func:`grpo_cli._losses.trl_vllm_is_correction`),
-    verl 0.9.1's rollout IS weights (:func:`~grpo_cli._losses.verl_rollout_correction`,
-    no rejection sampling), OpenRLHF 0.11.2's (:func:`~grpo_cli._losses.openrlhf_is_correction`).
+    verl 0.9.1's rollout IS weights and rejection sampling
+    (:func:`~grpo_cli._losses.verl_rollout_correction`), OpenRLHF 0.11.2's
+    (:func:`~grpo_cli._losses.openrlhf_is_correction`). A batch that carries
+    :data:`WEIGHT_FIELD` (its rejected tokens already removed) gets those weights, every
+    token kept and no metrics (they were folded with the whole batch).
 
     Raises:
         InputError: a correction is set and the batch has no ``rollout_logp``.
     """
     if s.correction == "none":
         return None
+    given = fields.get(WEIGHT_FIELD)
+    if given is not None:
+        w = np.asarray(given, dtype=np.float64)
+        return L.Correction(weight=w, keep=np.ones(w.shape, dtype=bool), metrics={})
     rollout = fields.get("rollout_logp")
     if rollout is None:
         raise InputError(
@@ -103,7 +126,8 @@ def correction_of(
         return L.verl_rollout_correction(
             old, rollout, offsets, rollout_is=s.rollout_is,
             rollout_is_threshold=s.rollout_is_threshold,
-            rollout_is_batch_normalize=s.rollout_is_batch_normalize,
+            rollout_is_batch_normalize=s.rollout_is_batch_normalize, rollout_rs=s.rollout_rs,
+            rollout_rs_threshold=s.rollout_rs_threshold,
         )  # fmt: skip
     return L.openrlhf_is_correction(
         old, rollout, offsets, level=s.is_correction_level, mode=s.is_correction_mode,
@@ -220,6 +244,8 @@ def _correction_kind(name: str, seq: bool) -> tuple[str, str]:
         return "mean", "tokens"
     if name in ("vllm_kl", "is_filter_ratio"):
         return "mean", "answers" if (seq and name == "is_filter_ratio") else "tokens"
+    if bare.startswith("rollout_rs_"):
+        return _rejection_kind(bare.removeprefix("rollout_rs_"))
     if bare.endswith(("_max", "_max_deviation")):
         return "max", ""
     if bare.endswith("_min"):
@@ -229,6 +255,28 @@ def _correction_kind(name: str, seq: bool) -> tuple[str, str]:
     answers = ("seq_" in bare or "ppl" in bare or bare == "chi2_seq"
                or (seq and bare.startswith("rollout_is_ratio_fraction")))  # fmt: skip
     return "mean", "answers" if answers else "tokens"
+
+
+def _rejection_kind(rest: str) -> tuple[str, str]:
+    """How a ``rollout_rs_*`` metric of verl 0.9.1 ``compute_rs_metrics`` folds: per option
+    ``<option>_mean`` and ``_masked_fraction`` are token means (a sequence option's value
+    repeated on its tokens), ``_fraction_high``/``_low`` token means for a token option and
+    answer means for a sequence one, ``_seq_*`` answer means, the spreads one batch's."""
+    option = next((o for o in L.RS_OPTIONS if rest.startswith(o + "_")), None)
+    if option is None:  # rollout_rs_masked_fraction, rollout_rs_seq_masked_fraction
+        return "mean", "answers" if rest.startswith("seq_") else "tokens"
+    stat = rest.removeprefix(option + "_")
+    if stat.endswith("std"):
+        return "single", ""
+    if stat.endswith(("max", "max_deviation")):
+        return "max", ""
+    if stat.endswith("min"):
+        return "min", ""
+    if stat.startswith("seq_"):
+        return "mean", "answers"
+    if stat.startswith("fraction_"):
+        return "mean", "tokens" if option.startswith("token") else "answers"
+    return "mean", "tokens"
 
 
 @dataclass
@@ -254,6 +302,12 @@ class LossMetrics:
     # Σ wc, Σ wc², T of the clamped weights, Σ s, Σ s², N of their answer means (verl's
     # rollout_is_std, _eff_sample_size, _seq_std from mergeable sums)
     spread: list[float] = field(default_factory=lambda: [0.0] * 6)
+    # verl's rejection sampling (:func:`rejects`): the answers it removed whole, the tokens
+    # it rejected, and the tokens and widest row of the batches it saw
+    rejected_answers: int = 0
+    rejected_tokens: int = 0
+    seen_tokens: int = 0
+    seen_width: int = 0
 
     @classmethod
     def of(cls, s: Settings) -> LossMetrics:
@@ -307,14 +361,21 @@ class LossMetrics:
             e[1] = max(float(e[1]), value)  # type: ignore[arg-type]
 
     def add(
-        self, terms: L.PolicyTerms | None, correction: L.Correction | None, offsets: I64
+        self,
+        terms: L.PolicyTerms | None,
+        correction: L.Correction | None,
+        offsets: I64,
+        *,
+        batch: bool = True,
     ) -> None:
         """Fold in one batch's loss terms (None: the clipped surrogate, whose metrics the
-        core's parts give) and correction."""
-        self.batches += 1
+        core's parts give) and correction; ``batch`` False: the terms of a part of a batch
+        whose correction was folded already (it was counted then)."""
         n = int(offsets.shape[0] - 1)
         T = int(offsets[-1])
-        self.answers += n
+        if batch:
+            self.batches += 1
+            self.answers += n
         if terms is not None:
             if terms.grad is None:
                 self.gradient_missing = True
@@ -336,6 +397,17 @@ class LossMetrics:
                         self._add(name, kind, value * count, count)
                 else:
                     self._add(name, kind, value)
+
+    def add_rejection(self, keep: NDArray[np.bool_], offsets: I64, width: I64) -> I64:
+        """Count what a rejection removed from one batch (``keep`` ``(T,)``, ``width`` the
+        answers' rows' widths); returns the indices of the answers that keep a token."""
+        kept = np.add.reduceat(keep.astype(np.int64), offsets[:-1]) if keep.size else keep
+        answers = np.flatnonzero(np.asarray(kept) > 0).astype(np.int64)
+        self.rejected_answers += int(offsets.shape[0] - 1 - answers.shape[0])
+        self.rejected_tokens += int(keep.shape[0] - np.count_nonzero(keep))
+        self.seen_tokens += int(keep.shape[0])
+        self.seen_width = max(self.seen_width, int(width.max()) if width.size else 0)
+        return answers
 
     def _loss_metric(
         self, terms: L.PolicyTerms, off: I64, name: str, key: str, unit: str, n: int, T: int
@@ -369,6 +441,10 @@ class LossMetrics:
         self.answers += o.answers
         self.spread = [a + b for a, b in zip(self.spread, o.spread, strict=True)]
         self.gradient_missing = self.gradient_missing or o.gradient_missing
+        self.rejected_answers += o.rejected_answers
+        self.rejected_tokens += o.rejected_tokens
+        self.seen_tokens += o.seen_tokens
+        self.seen_width = max(self.seen_width, o.seen_width)
         return self
 
     def values(self) -> dict[str, float]:
@@ -413,4 +489,14 @@ class LossMetrics:
             )
         if self.gradient_missing:
             out.append(f"{self.loss} has no closed-form gradient here: the gradient is null")
+        if self.seen_tokens:
+            share = self.rejected_tokens / self.seen_tokens
+            out.append(
+                f"verl's rejection sampling (rollout_rs) removed {self.rejected_tokens:,} of "
+                f"{self.seen_tokens:,} tokens ({share:.2%}) and {self.rejected_answers:,} "
+                "answer(s) whole from the loss, as its modified response_mask: the loss, its "
+                "metrics, the KL loss, the ratio and clip statistics and the token and answer "
+                "counts are the kept tokens'; entropy, the sampler-vs-trainer statistics and "
+                "the KL in the reward are every token's; a seq-mean divides by every row"
+            )
         return out

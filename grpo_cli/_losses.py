@@ -79,6 +79,7 @@ __all__ = [
     "loss_metrics",
     "luspo_terms",
     "openrlhf_is_correction",
+    "rejection_options",
     "sapo_terms",
     "trl_vllm_is_correction",
     "verl_bypass_mode",
@@ -1412,9 +1413,19 @@ def _is_metrics(
     return m
 
 
-def _rejection(
-    safe: F64, off: I64, rollout_rs: str, spec: float | str | None
-) -> tuple[Bools, dict[str, float]]:
+def rejection_options(
+    rollout_rs: str, spec: float | str | None
+) -> list[tuple[str, tuple[float | None, float]]]:
+    """verl's ``rollout_rs`` options (comma-separated, duplicates once) with their bounds
+    from ``rollout_rs_threshold`` (:func:`verl_rollout_correction`).
+
+    Raises:
+        UsageError: an unknown option, none, or a threshold that does not read.
+
+    Example:
+        >>> rejection_options("token_k1,seq_max_k2", "0.5_2.0,0.1")
+        [('token_k1', (0.5, 2.0)), ('seq_max_k2', (None, 0.1))]
+    """
     if not isinstance(rollout_rs, str):
         raise UsageError("rollout_rs: expected a comma-separated string of options")
     options: list[str] = []
@@ -1424,7 +1435,13 @@ def _rejection(
             options.append(o)
     if not options:
         raise UsageError("rollout_rs: no option given")
-    bounds = _rs_thresholds(options, spec)
+    return list(zip(options, _rs_thresholds(options, spec), strict=True))
+
+
+def _rejection(
+    safe: F64, off: I64, rollout_rs: str, spec: float | str | None
+) -> tuple[Bools, dict[str, float]]:
+    options, bounds = zip(*rejection_options(rollout_rs, spec), strict=True)
     T = safe.shape[0]
     per_token = {"k1": -safe, "k2": 0.5 * safe * safe, "k3": np.exp(safe) - 1.0 - safe}
     keep = np.ones(T, dtype=bool)

@@ -45,7 +45,14 @@ from ._core import (
     token_gradients,
     token_terms,
 )
-from ._loss_fold import LossMetrics, correction_of, needs_numpy, policy_terms
+from ._loss_fold import (
+    WEIGHT_FIELD,
+    LossMetrics,
+    correction_of,
+    needs_numpy,
+    policy_terms,
+    rejects,
+)
 from ._mistakes import LOGP_FIELDS, AlignmentSums, ClosingZeros
 from ._settings import Settings
 from ._stats import IntCounts, Moments, Sketch
@@ -455,6 +462,9 @@ class Whole:
     per_token: bool
     seq_mean: F64 | None = None
     grad_means: SequenceMeans | None = None  # the sequence-level gradient's answer means
+    # whether the fold takes the entropy, sampler, reward-KL and log-prob checks of these
+    # tokens (False: a batch whose rejected tokens were removed; its whole batch gave them)
+    extras: bool = True
 
 
 def answer_sums(b: Batch, per_token: Callable[[Batch], F64]) -> F64:
@@ -666,7 +676,14 @@ class TokenPartial:
 
     @property
     def max_width(self) -> int:
-        return self.counts.max_width
+        """The widest row folded (a row verl's rejection sampling removed whole included)."""
+        return max(self.counts.max_width, self.loss_metrics.seen_width)
+
+    @property
+    def rows(self) -> int:
+        """The answers folded and those a rejection removed whole (:meth:`_rejected`): the
+        rows a trainer's seq-mean divides by."""
+        return self.counts.answers + self.loss_metrics.rejected_answers
 
     @property
     def lengths(self) -> IntCounts:
@@ -686,12 +703,17 @@ class TokenPartial:
     # slice: the answer-level results are those of the whole answer.
 
     def _runs(
-        self, b: Batch, adv: F64 | None, step: Callable[[Batch, F64 | None, Whole], AnswerSums]
+        self,
+        b: Batch,
+        adv: F64 | None,
+        step: Callable[[Batch, F64 | None, Whole], AnswerSums],
+        *,
+        extras: bool = True,
     ) -> Iterator[tuple[Batch, F64 | None, AnswerSums]]:
         for part in parts(b, adv):
             sub, a, per_token = part.batch, part.adv, part.per_token
             if not part.long or needs_numpy(self.settings):  # a loss takes whole answers
-                sums = step(sub, a, Whole(sub.lengths, per_token))
+                sums = step(sub, a, Whole(sub.lengths, per_token, extras=extras))
                 if per_token:
                     assert a is not None
                     sums.adv = segment_sum(a, sub.offsets)
@@ -732,10 +754,55 @@ class TokenPartial:
         (the kernel takes one per answer: per-token advantages fold in numpy)."""
         self.closing_zeros.update(b)
         self.alignment.update(b)
+        extras = True
         with np.errstate(over="ignore"):  # sums beyond float64 are inf, reported as such
-            for sub, a, sums in self._runs(b, adv, self._tokens):
+            if rejects(self.settings):
+                b, adv = self._rejected(b, adv)
+                extras = False
+            for sub, a, sums in self._runs(b, adv, self._tokens, extras=extras):
                 assert a is not None
                 self._answers(sub, a, sums)
+
+    def _rejected(self, b: Batch, adv: F64) -> tuple[Batch, F64]:
+        """verl's rejection sampling on a batch: the correction of the whole batch (its
+        weights, rejection and metrics: over every token, as verl computes them before the
+        update), the statistics verl takes over every token (entropy, the sampler's, the KL
+        in the reward: ``_extras``) and the batch without its rejected tokens, their weights
+        as :data:`WEIGHT_FIELD`, and its advantages (computed over every answer: verl's
+        GRPO scores do not read the mask). An answer rejected whole leaves the batch; the
+        seq-mean aggregations still count it (verl's ``global_batch_size`` is the
+        mini-batch's rows)."""
+        corr = correction_of(self.settings, b.fields, b.offsets)
+        assert corr is not None
+        self.loss_metrics.add(None, corr, b.offsets)
+        self._extras(b)
+        keep = corr.keep
+        kept = self.loss_metrics.add_rejection(keep, b.offsets, b.width)
+        counts = np.add.reduceat(keep.astype(np.int64), b.offsets[:-1])[kept]
+        offsets = np.zeros(kept.shape[0] + 1, dtype=np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        fields = {k: v[keep] for k, v in b.fields.items()}
+        fields[WEIGHT_FIELD] = corr.weight[keep]
+        rows = np.arange(b.start, b.start + b.n, dtype=np.int64) if b.rows is None else b.rows
+        reduced = Batch(
+            start=b.start, offsets=offsets, fields=fields, width=b.width[kept],
+            answer={k: v.take(pa.array(kept)) for k, v in b.answer.items()}, rows=rows[kept],
+        )  # fmt: skip
+        return reduced, (adv[kept] if adv.shape == (b.n,) else adv[keep])
+
+    def _extras(self, b: Batch) -> None:
+        """The entropy, sampler-vs-trainer, reward-KL and positive-log-prob parts of a
+        whole batch, alone (:meth:`_rejected`)."""
+        for part in parts(b):
+            sub = part.batch
+            sums = AnswerSums()
+            self._extras_tokens(sub, sums)
+            self.positive.update(sub)
+            if sums.reward_kl is not None and sums.old_ref is not None:
+                self.reward_kl.add(sums.reward_kl, sub.lengths)
+                self.old_ref.add(sums.old_ref, sub.lengths)
+            if sums.rollout is not None:
+                self.rollout.update_answers(sums.rollout)
 
     def _tokens(self, b: Batch, adv: F64 | None, whole: Whole) -> AnswerSums:
         assert adv is not None
@@ -743,8 +810,9 @@ class TokenPartial:
             sums = self._tokens_compiled(b, adv, whole)
         else:
             sums = self._tokens_numpy(b, adv, whole)
-        self._extras_tokens(b, sums)
-        self.positive.update(b)
+        if whole.extras:
+            self._extras_tokens(b, sums)
+            self.positive.update(b)
         return sums
 
     def _answers(self, b: Batch, adv: F64, sums: AnswerSums) -> None:
@@ -872,6 +940,7 @@ class TokenPartial:
         loss's and the correction's metrics."""
         s = self.settings
         corr = correction_of(s, b.fields, b.offsets)
+        folded = WEIGHT_FIELD in b.fields  # the whole batch's correction was folded
         pt = None
         if s.loss != "clip":
             pt = policy_terms(s, b.fields, adv, b.offsets, corr)
@@ -883,7 +952,7 @@ class TokenPartial:
             if self.gradient_wanted:
                 gp, _ = token_gradients(terms, offsets=b.offsets, options=self.options)
                 grad = _times(gp, corr.weight)
-        self.loss_metrics.add(pt, corr, b.offsets)
+        self.loss_metrics.add(pt, None if folded else corr, b.offsets, batch=not folded)
         term = policy
         if terms.kl_loss is not None and self.options.beta:
             with np.errstate(over="ignore", invalid="ignore"):
@@ -967,7 +1036,7 @@ class TokenPartial:
         """The constant ``D`` of ``agg`` for this partial's answers, tokens and width (L:
         ``max_len``, else the widest row: its padded width, masked tokens included, as
         verl's ``loss_mask.shape[-1]``)."""
-        return divisor_of(self.settings, agg, self.answers, self.tokens, self.max_width)
+        return divisor_of(self.settings, agg, self.rows, self.tokens, self.max_width)
 
     def objective(self, agg: str) -> float:
         """J under the policy aggregation ``agg``; the KL term keeps the settings' own
@@ -983,10 +1052,10 @@ class TokenPartial:
         g, s = self.grad, self.settings
         if not self.gradient_wanted or not self.answers or self.loss_metrics.gradient_missing:
             return None
-        cp, i = agg_factor(s, s.agg, self.answers, self.tokens, self.max_width)
+        cp, i = agg_factor(s, s.agg, self.rows, self.tokens, self.max_width)
         kl_on = self.options.beta != 0.0
         ck, j = (
-            agg_factor(s, s.kl_aggregation, self.answers, self.tokens, self.max_width)
+            agg_factor(s, s.kl_aggregation, self.rows, self.tokens, self.max_width)
             if kl_on
             else (0.0, 0)
         )

@@ -35,6 +35,7 @@ from ._losses import (
     TrlISMode,
     VerlISLevel,
     _is_threshold,
+    rejection_options,
 )
 from .errors import UsageError
 from .trainers import TRAINERS as _TRAINERS
@@ -94,7 +95,9 @@ class Settings:
     Correction (applied where ``rollout_logp`` is given): ``correction`` none|trl-vllm|
     verl-rollout|openrlhf-is; TRL ``vllm_is_mode``, ``vllm_is_clip_max``, ``vllm_is_clip_min``
     (``vllm_importance_sampling_mode``/``_clip_max``/``_clip_min``); verl ``rollout_is``,
-    ``rollout_is_threshold``, ``rollout_is_batch_normalize``; OpenRLHF
+    ``rollout_is_threshold``, ``rollout_is_batch_normalize``, ``rollout_rs``,
+    ``rollout_rs_threshold`` (rejection sampling: the rejected tokens leave the loss, as
+    verl's modified ``response_mask``); OpenRLHF
     ``is_correction_level``, ``_mode``, ``_gating``, ``_low``, ``_high`` (its threshold).
     """
 
@@ -147,6 +150,8 @@ class Settings:
     rollout_is: VerlISLevel | None = "sequence"
     rollout_is_threshold: float | str = 2.0
     rollout_is_batch_normalize: bool = False
+    rollout_rs: str | None = None
+    rollout_rs_threshold: float | str | None = None
     is_correction_level: OrlLevel = "token"
     is_correction_mode: OrlMode = "mask"
     is_correction_gating: OrlGating = "ratio"
@@ -351,6 +356,18 @@ class Settings:
             _is_threshold(self.rollout_is_threshold)
         except UsageError as exc:
             raise SettingError("rollout_is_threshold", str(exc).split(": ", 1)[-1]) from None
+        if self.rollout_rs is not None:
+            if c != "verl-rollout":
+                raise SettingError(
+                    "rollout_rs", "is verl's rollout correction's: needs correction verl-rollout"
+                )
+            try:
+                rejection_options(self.rollout_rs, self.rollout_rs_threshold)
+            except UsageError as exc:
+                name, _, why = str(exc).partition(": ")
+                raise SettingError(name, why) from None
+        elif self.rollout_rs_threshold is not None:
+            raise SettingError("rollout_rs_threshold", "needs rollout_rs (the options it bounds)")
         if self.is_correction_low > self.is_correction_high:
             raise SettingError(
                 "is_correction_low",
@@ -384,8 +401,9 @@ LOSS_PARAMS = (
 )  # fmt: skip
 CORRECTION_PARAMS = (
     "vllm_is_mode", "vllm_is_clip_max", "vllm_is_clip_min", "rollout_is",
-    "rollout_is_threshold", "rollout_is_batch_normalize", "is_correction_level",
-    "is_correction_mode", "is_correction_gating", "is_correction_low", "is_correction_high",
+    "rollout_is_threshold", "rollout_is_batch_normalize", "rollout_rs", "rollout_rs_threshold",
+    "is_correction_level", "is_correction_mode", "is_correction_gating", "is_correction_low",
+    "is_correction_high",
 )  # fmt: skip
 
 

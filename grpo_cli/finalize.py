@@ -328,7 +328,7 @@ def objective_record(
     aggregations, distributions, the trainer's metrics (compared with ``logged`` when
     given) and notes; ``ratio_band`` sets ``ratio_outside_band``."""
     adv = p1.adv
-    check_folded(src, settings, acc.answers + empty, adv.shape[0], acc.max_width)
+    check_folded(src, settings, acc.rows + empty, adv.shape[0], acc.max_width)
     warnings = list(p1.warnings)
     stats = p1.stats
     agg = settings.agg

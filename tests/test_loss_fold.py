@@ -47,7 +47,7 @@ FIELDS = ("logp", "old_logp", "ref_logp", "rollout_logp")
 
 def _parquet(path: Path, d: dict[str, Any], rows: int) -> Path:
     cols: dict[str, Any] = {"group": pa.array(d["group"]), "reward": pa.array(d["reward"])}
-    for f in FIELDS:
+    for f in (*FIELDS, "entropy") if "entropy" in d else FIELDS:
         cols[f] = pa.array([r.tolist() for r in d[f]], type=pa.list_(pa.float64()))
     pq.write_table(pa.table(cols), path, row_group_size=rows)
     return path
@@ -57,7 +57,9 @@ def _npz(path: Path, d: dict[str, Any]) -> Path:
     """Padded, the padding filled with values that would change any result they entered."""
     width = int(max(d["lengths"]))
     mask = np.arange(width)[None, :] < np.asarray(d["lengths"])[:, None]
-    arrays = {f: pad(d[f], width, fill=-7.5) for f in FIELDS}
+    arrays = {f: pad(d[f], width, fill=-7.5) for f in FIELDS if f in d}
+    if "entropy" in d:
+        arrays["entropy"] = pad(d["entropy"], width, fill=7.5)
     np.savez(path, mask=mask, rewards=d["reward"], group=d["group"], **arrays)  # type: ignore[arg-type]
     return path
 
@@ -265,6 +267,147 @@ def test_each_correction_over_many_batches(
         assert len(got) >= min(5, len(corr.metrics))
 
 
+# verl's rejection sampling (decoupled mode): configs that reject some tokens, and some
+# answers whole (a sequence option, or a one-token answer whose token fails)
+REJECTIONS: dict[str, dict[str, Any]] = {
+    "token_k1+is": {"rollout_is": "token", "rollout_is_threshold": 1.5,
+                    "rollout_rs": "token_k1", "rollout_rs_threshold": "0.85_1.15"},
+    "seq_mean_k3": {"rollout_is": None, "rollout_rs": "seq_mean_k3",
+                    "rollout_rs_threshold": 0.01},
+    "token_k2,seq_max_k3+seq_is": {"rollout_rs": "token_k2,seq_max_k3",
+                                   "rollout_rs_threshold": "0.02,0.05"},
+}  # fmt: skip
+
+
+def _rejection_flags(rc: dict[str, Any]) -> list[str]:
+    out = ["--correction", "verl-rollout"]
+    for k, v in rc.items():
+        out += ["--correction-param", f"{k}={'off' if v is None else v}"]
+    return out
+
+
+def _by_rows(x: np.ndarray, off: np.ndarray, how: str, rows: int) -> float:
+    """The aggregation by hand over the kept tokens, a seq-mean over every row (verl
+    0.9.1's ``agg_loss`` divides by ``global_batch_size``, the mini-batch's rows, so an
+    answer rejected whole counts as a 0)."""
+    kept = [x[off[i] : off[i + 1]] for i in range(off.shape[0] - 1)]
+    if how == "token-mean":
+        return float(np.concatenate(kept).sum() / off[-1])
+    if how == "seq-mean-token-mean":
+        return float(sum(r.mean() for r in kept) / rows)
+    assert how == "seq-mean-token-sum"
+    return float(sum(r.sum() for r in kept) / rows)
+
+
+def _spread(name: str) -> bool:
+    """verl's std of a rejection statistic: one batch's (left out over many)."""
+    return name.startswith("rollout_corr/rollout_rs_") and name.endswith("std")
+
+
+@pytest.mark.parametrize("name", list(REJECTIONS))
+@pytest.mark.parametrize("agg", ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum"])
+def test_rejection_sampling_removes_the_rejected_tokens_from_every_part(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, agg: str
+) -> None:
+    """The fold equals verl_rollout_correction on the whole batch, drop_tokens(keep), the
+    clipped surrogate times the weights and the KL on the kept tokens, aggregated by hand;
+    the advantages are every answer's (verl's GRPO scores ignore the mask), the entropy
+    and sampler statistics every token's, the correction's metrics the whole batch's."""
+    d = _data(seed=11)
+    d["entropy"] = [np.abs(o) for o in d["old_logp"]]
+    f, off = _flat(d)
+    rc = REJECTIONS[name]
+    corr = L.verl_rollout_correction(f["old_logp"], f["rollout_logp"], off, **rc)
+    off2, (lp, old, ref, w), kept = L.drop_tokens(
+        corr.keep, off, f["logp"], f["old_logp"], f["ref_logp"], corr.weight
+    )
+    n = len(d["reward"])
+    assert 0 < off2[-1] < off[-1] and 0 < len(kept) < n  # tokens and answers rejected
+    a = _advantages(d)[kept]
+    policy = _clip_policy({"logp": lp, "old_logp": old}, a, off2) * w
+    dk = ref - lp
+    kl = np.exp(dk) - dk - 1.0
+    want = _by_rows(policy, off2, agg, n) - BETA * _by_rows(kl, off2, agg, n)
+    rho = np.exp(lp - old)
+    at = np.repeat(a, np.diff(off2))
+    region = float(np.mean(((at > 0) & (rho > 1.2)) | ((at < 0) & (rho < 0.8))))
+    flags = [*_rejection_flags(rc), "--agg", agg]
+    monkeypatch.setenv("GRPO_CLI_BATCH_TOKENS", "16")
+    for path in (_parquet(tmp_path / "r.parquet", d, rows=3), _npz(tmp_path / "r.npz", d)):
+        doc = cli.json("objective", path, *flags)
+        assert close(doc["objective"], want), (path.suffix, doc["objective"], want)
+        assert doc["counts"]["answers"] == len(kept) and doc["counts"]["tokens"] == off2[-1]
+        assert close(doc["clip_fraction"]["region"], region)
+        assert doc["rollout"]["tokens"] == off[-1]  # the sampler's statistics: every token
+        assert doc["entropy"]["count"] == off[-1]
+        got = doc["loss_metrics"]
+        for k, v in corr.metrics.items():
+            if not _spread(k):
+                assert close(got[k], v, 1e-9), (k, got[k], v)
+        assert {k for k in corr.metrics if not _spread(k)} <= set(got)
+        assert any("removed" in x and "rollout_rs" in x for x in doc["warnings"])
+    monkeypatch.delenv("GRPO_CLI_BATCH_TOKENS")  # one batch: every metric, spreads too
+    doc = cli.json("objective", _parquet(tmp_path / "one.parquet", d, rows=100), *flags)
+    assert close(doc["objective"], want)
+    assert {k: doc["loss_metrics"][k] for k in corr.metrics} == pytest.approx(
+        corr.metrics, rel=1e-9, abs=1e-15
+    )
+
+
+def test_rejection_sampling_with_verl_s_own_loss_and_its_gradient(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """verl/cispo under rejection: its terms on the kept tokens times the weights, its
+    logged metrics over the kept tokens, and ‖∂J/∂logp‖ over them (a rejected token has
+    none)."""
+    monkeypatch.setenv("GRPO_CLI_BATCH_TOKENS", "16")
+    d = _data(seed=11)
+    f, off = _flat(d)
+    rc = REJECTIONS["token_k1+is"]
+    corr = L.verl_rollout_correction(f["old_logp"], f["rollout_logp"], off, **rc)
+    off2, (lp, old, ref, w), kept = L.drop_tokens(
+        corr.keep, off, f["logp"], f["old_logp"], f["ref_logp"], corr.weight
+    )
+    n = len(d["reward"])
+    a = _advantages(d)[kept]
+    t = L.apply_correction(
+        L.cispo_terms(lp, old, a, off2, lower=0.8, upper=1.2, log_ratio_clamp=20.0), w
+    )
+    dk = ref - lp
+    kl = np.exp(dk) - dk - 1.0
+    want = _by_rows(t.term, off2, "token-mean", n) - BETA * _by_rows(kl, off2, "token-mean", n)
+    assert t.grad is not None
+    gk = 1.0 - np.exp(dk)  # k3 = e^d − d − 1 with d = ref − logp: ∂/∂logp = 1 − e^d
+    grad = (t.grad - BETA * gk) / off2[-1]
+    doc = cli.json(
+        "objective", _parquet(tmp_path / "c.parquet", d, rows=3), "--loss", "verl/cispo",
+        "--agg", "token-mean", "--gradient", *_rejection_flags(rc),
+    )  # fmt: skip
+    assert close(doc["objective"], want), (doc["objective"], want)
+    mine = L.loss_metrics(t, off2, "verl/cispo")
+    for k, v in mine.items():
+        assert close(doc["loss_metrics"][k], v, 1e-9), (k, doc["loss_metrics"][k], v)
+    assert close(doc["gradient"]["norm"], float(np.linalg.norm(grad)), 1e-9)
+
+
+def test_rejection_settings_are_checked(cli: Cli, tmp_path: Path) -> None:
+    with pytest.raises(SettingError, match=r"^rollout_rs: .*verl-rollout"):
+        Settings(rollout_rs="token_k1", rollout_rs_threshold=2.0)
+    with pytest.raises(SettingError, match=r"^rollout_rs: expected one of .*got 'token_k4'"):
+        Settings(correction="verl-rollout", rollout_rs="token_k4", rollout_rs_threshold=2.0)
+    with pytest.raises(SettingError, match=r"^rollout_rs_threshold: required"):
+        Settings(correction="verl-rollout", rollout_rs="token_k1")
+    with pytest.raises(SettingError, match=r"^rollout_rs_threshold: needs rollout_rs"):
+        Settings(correction="verl-rollout", rollout_rs_threshold=2.0)
+    p = str(_parquet(tmp_path / "b.parquet", _data(), rows=100))
+    cli.error(["objective", p, "--correction", "verl-rollout", "--correction-param",
+               "rollout_rs=seq_sum_k2", "--correction-param", "rollout_rs_threshold=1_2"],
+              "cannot read '1_2' for seq_sum_k2")  # fmt: skip
+    # a band is a band, not the number Python reads in it (float('1_2') == 12)
+    cli.error(["objective", p, "--correction", "verl-rollout", "--correction-param",
+               "rollout_is_threshold=3_2"], "rollout_is_threshold")  # fmt: skip
+
+
 def test_a_correction_without_rollout_logp_names_the_column(cli: Cli, tmp_path: Path) -> None:
     d = _data()
     cols = {"group": pa.array(d["group"]), "reward": pa.array(d["reward"])}
@@ -331,8 +474,16 @@ def test_from_config_maps_each_trainer_s_keys() -> None:
     })  # fmt: skip
     assert out["loss"] == "verl/kl_cov" and out["kl_cov_ratio"] == 0.01 and not notes
     assert out["correction"] == "verl-rollout" and out["rollout_is"] == "token"
-    _, notes = verl.from_config({"algorithm.rollout_correction.rollout_rs": "token_k1"})
-    assert any("not applied" in n for n in notes)
+    rc = "algorithm.rollout_correction."
+    out, notes = verl.from_config(
+        {rc + "rollout_rs": "token_k1,seq_max_k2", rc + "rollout_rs_threshold": "0.5_2.0,0.3"}
+    )
+    assert (out["correction"], out["rollout_is"], out["rollout_rs"]) == (
+        "verl-rollout", None, "token_k1,seq_max_k2"
+    ) and out["rollout_rs_threshold"] == "0.5_2.0,0.3" and not notes  # fmt: skip
+    Settings(**out)  # they make settings
+    _, notes = verl.from_config({rc + "bypass_mode": True, rc + "rollout_is": "token"})
+    assert any("bypass_mode" in n and "not computed" in n for n in notes)
     out, notes = openrlhf.from_config({
         "algo.advantage.is_correction_level": "seq", "algo.advantage.is_correction_threshold": [4.0]
     })  # fmt: skip

@@ -365,10 +365,13 @@ CorrectionParamOpt = Annotated[
     ),
 ]
 # the parameters that take 'off' (None), a boolean, a number or a name
-_PARAM_OPTIONAL = ("dro_beta", "vllm_is_clip_max", "vllm_is_clip_min", "rollout_is")
+_PARAM_OPTIONAL = (
+    "dro_beta", "vllm_is_clip_max", "vllm_is_clip_min", "rollout_is", "rollout_rs",
+    "rollout_rs_threshold",
+)  # fmt: skip
 _PARAM_BOOL = ("rollout_is_batch_normalize",)
 _PARAM_NAMES = (
-    "vllm_is_mode", "rollout_is", "is_correction_level", "is_correction_mode",
+    "vllm_is_mode", "rollout_is", "rollout_rs", "is_correction_level", "is_correction_mode",
     "is_correction_gating",
 )  # fmt: skip
 
@@ -394,9 +397,11 @@ def _params(flag: str, given: list[str] | None, allowed: tuple[str, ...]) -> dic
             out[key] = text
         else:
             try:
+                if "_" in text:  # float() reads "1_2" as 12: verl's "lower_upper" is a band
+                    raise ValueError
                 value = float(text)
             except ValueError:
-                if key != "rollout_is_threshold":
+                if key not in ("rollout_is_threshold", "rollout_rs_threshold"):
                     raise UsageError(f"{flag} {key}: expected a number, got {text!r}") from None
                 out[key] = text  # verl's "lower_upper" band
                 continue

@@ -98,7 +98,7 @@ def _metrics(m: MetricInputs, *, clamped_ppo_kl: bool, dual: bool) -> dict[str, 
         names = ("actor/reward_kl_penalty", "actor/reward_kl_penalty_coeff")
         if not dual:  # 0.3.0: apply_kl_penalty's metrics were critic/kl, critic/kl_coeff
             names = ("critic/kl", "critic/kl_coeff")
-        out[names[0]] = acc.reward_kl.answer_means / max(acc.answers, 1)
+        out[names[0]] = acc.reward_kl.answer_means / max(acc.rows, 1)
         out[names[1]] = s.beta
     elif s.beta != 0.0:
         out["actor/kl_loss"] = acc.aggregate("kl", s.kl_aggregation)
@@ -357,22 +357,25 @@ def from_config(c: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
                 f"kl_loss_type {kind!r} is not one grpo-cli computes (kl, mse, low_var_kl)"
             )
     rc = "algorithm.rollout_correction."
-    level = c.get(rc + "rollout_is")
-    if level in ("token", "sequence"):
+    level, rs = c.get(rc + "rollout_is"), c.get(rc + "rollout_rs")
+    bypass = bool(c.get(rc + "bypass_mode"))
+    if level not in (None, "token", "sequence"):
+        notes.append(f"{rc}rollout_is {level!r}: grpo-cli computes token and sequence")
+    elif (level is not None or isinstance(rs, str)) and not bypass:
+        # verl 0.9.1 compute_rollout_correction_and_add_to_batch: IS weights when
+        # rollout_is is set, the rejection (rollout_rs) whether or not
         out["correction"] = "verl-rollout"
         out["rollout_is"] = level
         if isinstance(c.get(rc + "rollout_is_threshold"), int | float | str):
             out["rollout_is_threshold"] = c[rc + "rollout_is_threshold"]
         if isinstance(c.get(rc + "rollout_is_batch_normalize"), bool):
             out["rollout_is_batch_normalize"] = c[rc + "rollout_is_batch_normalize"]
-    elif level is not None:
-        notes.append(f"{rc}rollout_is {level!r}: grpo-cli computes token and sequence")
-    if c.get(rc + "rollout_rs"):
-        notes.append(
-            f"{rc}rollout_rs rejects tokens by the sampler's log-probs, removing them from "
-            "the loss's counts: not applied here (this grpo-cli computes the IS weights only)"
-        )
-    if c.get(rc + "bypass_mode"):
+        if isinstance(rs, str) and rs.strip():
+            out["rollout_rs"] = rs
+            threshold = c.get(rc + "rollout_rs_threshold")
+            if isinstance(threshold, int | float | str) and not isinstance(threshold, bool):
+                out["rollout_rs_threshold"] = threshold
+    if bypass:
         notes.append(
             f"{rc}bypass_mode (the sampler's log-probs as the old policy): not computed by "
             "this grpo-cli; give rollout_logp as old_logp for its ppo_clip form"
