@@ -750,6 +750,7 @@ def check_verl(s: Suite) -> None:
         )
     check_rollout_correction(s, b)
     check_bypass(s, b)
+    check_rejection_in_the_tool(s)
 
 
 def check_clip_cov(s: Suite, b: Batch) -> None:
@@ -956,6 +957,128 @@ def check_rollout_correction(s: Suite, b: Batch) -> None:
             s.close("verl", c, o, "∂loss/∂logp", grad_theirs, rows * our_grad(t.grad, lengths, agg))
             mine = L.loss_metrics(t, off, key)
             s.add("verl", c, o, {q: (met[q], v) for q, v in mine.items()}, METRIC)
+
+
+TOOL_REJECTIONS: list[dict[str, Any]] = [
+    {"rollout_is": "token", "rollout_is_threshold": 2.0, "rollout_rs": "token_k1",
+     "rollout_rs_threshold": "0.6_1.5"},
+    {"rollout_is": None, "rollout_rs": "seq_max_k2,token_k3", "rollout_rs_threshold": "0.2,0.05"},
+    {"rollout_is": "sequence", "rollout_is_threshold": 2.0, "rollout_rs": "seq_mean_k1",
+     "rollout_rs_threshold": "0.9_1.1"},
+]  # fmt: skip
+
+
+def check_rejection_in_the_tool(s: Suite) -> None:
+    """The CLI's fold with rejection sampling (``objective --preset verl --correction
+    verl-rollout``, batches of 64 tokens) against verl as its trainer runs a step in
+    decoupled mode: ``compute_rollout_correction_and_add_to_batch`` replaces the mask, then
+    ``compute_grpo_outcome_advantage`` and the actor's ``ppo_loss`` (vanilla with the IS
+    weights and ``low_var_kl`` at 0.001, both aggregated with ``global_batch_info`` as it
+    sets it: the kept tokens, the mini-batch's rows)."""
+    import json
+    import os
+    import subprocess
+    import tempfile
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import verl.trainer.ppo.core_algos as ca
+    from verl.protocol import DataProto
+    from verl.trainer.config.algorithm import RolloutCorrectionConfig
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
+
+    r = make_rollouts(23, [4, 4, 3, 1, 5, 4, 2, 4, 4], shuffle=True)
+    rng = np.random.default_rng(24)
+    B, Lw = r.mask.shape
+    roll = r.old + rng.normal(0.0, 0.2, size=(B, Lw))
+    roll[5], roll[9] = r.old[5] - 1.0, r.old[9] + 1.0  # two answers the sampler got wrong
+    roll[~r.mask] = 0.0
+    rows = [r.mask[i].nonzero()[0] for i in range(B)]
+    table = {"group": r.group, "reward": r.reward}
+    for col, arr in (("logp", r.logp), ("old_logp", r.old), ("ref_logp", r.ref),
+                     ("rollout_logp", roll)):  # fmt: skip
+        table[col] = [arr[i, k].tolist() for i, k in enumerate(rows)]
+    tmp = Path(tempfile.mkdtemp())
+    path = tmp / "rejection.parquet"
+    pq.write_table(pa.table(table), path, row_group_size=5)
+    token_rewards = torch.zeros(B, Lw, dtype=torch.float64)
+    token_rewards[torch.arange(B), torch.tensor(r.mask.sum(1) - 1)] = torch.tensor(r.reward)
+    logp, old, ref = (torch.tensor(x, dtype=torch.float64) for x in (r.logp, r.old, r.ref))
+    for rc in TOOL_REJECTIONS:
+        batch = DataProto.from_dict(
+            tensors={
+                "old_log_probs": old,
+                "rollout_log_probs": torch.tensor(roll, dtype=torch.float64),
+                "response_mask": torch.tensor(r.mask).long(),
+            }
+        )
+        batch, corr_metrics = compute_rollout_correction_and_add_to_batch(
+            batch, RolloutCorrectionConfig(**rc)
+        )
+        mask = batch.batch["response_mask"].bool()
+        w = batch.batch["rollout_is_weights"] if rc.get("rollout_is") else None
+        adv, _ = ca.compute_grpo_outcome_advantage(
+            token_rewards, mask, np.array(r.group, dtype=object), epsilon=1e-6
+        )
+        label = ", ".join(f"{k}={v}" for k, v in rc.items())
+        flags = ["--preset", "verl", "--correction", "verl-rollout"]
+        for k, v in rc.items():
+            flags += ["--correction-param", f"{k}={'off' if v is None else v}"]
+        for agg in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
+            cfg = verl_config_rows(B, agg)
+            cfg.global_batch_info.update(
+                dp_size=1, batch_num_tokens=int(mask.sum()), global_batch_size=B,
+                loss_scale_factor=None,
+            )  # fmt: skip
+            pg_loss, pg_metrics = ca.compute_policy_loss_vanilla(
+                old, logp, adv, mask, loss_agg_mode=agg, config=cfg, rollout_is_weights=w
+            )
+            kld = ca.kl_penalty(logp, ref, kl_penalty="low_var_kl")
+            kl_loss = ca.agg_loss(
+                loss_mat=kld, loss_mask=mask, loss_agg_mode=agg, **cfg.global_batch_info
+            )
+            cmd = [sys.executable, "-m", "grpo_cli", "objective", str(path), *flags, "--agg",
+                   agg, "--json"]  # fmt: skip
+            env = {**os.environ, "GRPO_CLI_BATCH_TOKENS": "64"}
+            out = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
+            if out.returncode != 0:
+                raise SystemExit(f"grpo-cli failed: {' '.join(cmd)}\n{out.stderr}")
+            doc = json.loads(out.stdout)
+            tm = doc["trainer_metrics"]["metrics"]
+            config = f"ray_trainer rollout_correction {label} + ppo_loss, {agg}"
+            ours = "objective " + " ".join(flags[2:])
+            rel = SEQ_MEAN if agg == "seq-mean-token-mean" else REL
+            loss = float(pg_loss) + 0.001 * float(kl_loss)
+            s.add("verl", config, ours, {"loss": (loss, doc["loss"])}, rel)
+            s.add(
+                "verl", config, ours,
+                {"actor/pg_loss": (float(pg_loss), tm["actor/pg_loss"]),
+                 "actor/kl_loss": (float(kl_loss), tm["actor/kl_loss"])}, rel,
+            )  # fmt: skip
+            s.add("verl", config, ours, {k: (pg_metrics[k], tm[k]) for k in VERL_PG}, METRIC)
+            mergeable = {k: v for k, v in corr_metrics.items() if not k.endswith("std")}
+            exact = {k: (v, tm[k]) for k, v in mergeable.items() if "fraction" not in k}
+            s.add("verl", config, ours, exact)
+            fractions = {k: (v, tm[k]) for k, v in mergeable.items() if "fraction" in k}
+            s.add("verl", config, ours, fractions, METRIC)
+            if agg == "token-mean":
+                s.triggers(
+                    "verl", config, ours, "answers rejected whole",
+                    float(int((~mask.any(1)).sum()) - int((~torch.tensor(r.mask).any(1)).sum())),
+                )  # fmt: skip
+
+
+VERL_PG = ("actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl")
+
+
+def verl_config_rows(rows: int, agg: str) -> Any:
+    from verl.workers.config import ActorConfig
+
+    return ActorConfig(
+        strategy="fsdp", ppo_mini_batch_size=rows, ppo_micro_batch_size_per_gpu=rows,
+        clip_ratio=0.2, clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0,
+        loss_agg_mode=agg, use_dynamic_bsz=False, rollout_n=1,
+    )  # fmt: skip
 
 
 BYPASS: list[dict[str, Any]] = [
