@@ -10,6 +10,7 @@ metrics) from sums, counts and extremes, so batches folded anywhere merge. numpy
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -18,16 +19,19 @@ import numpy as np
 from numpy.typing import NDArray
 
 from . import _losses as L
-from ._core import segment_mean
+from ._core import aggregation_rule, segment_mean
 from ._settings import Settings
 from .errors import InputError
 
 __all__ = [
     "CLIP_METRICS",
     "WEIGHT_FIELD",
+    "Bypass",
     "LossMetrics",
+    "bypass_of",
     "correction_of",
     "loss_clip_share",
+    "metrics_key_of",
     "needs_numpy",
     "policy_terms",
     "rejects",
@@ -54,18 +58,28 @@ CLIP_METRICS: dict[str, tuple[str, ...]] = {
     "verl/dppo_kl": ("actor/pg_clipfrac",),
     "verl/clip_cov": ("actor/pg_clipfrac",),  # the tokens whose gradient is removed
     "verl/geo_mean": ("actor/pg_clipfrac", "actor/pg_clipfrac_lower"),  # A > 0 and A < 0
+    "verl/bypass_mode/ppo_clip": ("actor/pg_clipfrac",),  # the clip region against the sampler
 }
 
 
 def loss_clip_share(
-    loss: str, metrics: Mapping[str, float]
+    s: Settings, metrics: Mapping[str, float]
 ) -> tuple[float, tuple[str, ...]] | None:
-    """The share a loss other than the clipped surrogate clips, from its logged metrics
-    (:data:`CLIP_METRICS`), and the metrics summed; None when it clips nothing."""
-    names = CLIP_METRICS.get(loss)
+    """The share the settings' loss (other than the clipped surrogate) clips, from its
+    logged metrics (:data:`CLIP_METRICS`), and the metrics summed; None when it clips
+    nothing."""
+    names = CLIP_METRICS.get(metrics_key_of(s))
     if names is None:
         return None
     return sum(metrics.get(n, 0.0) for n in names), names
+
+
+def metrics_key_of(s: Settings) -> str:
+    """The key of ``_losses.LOSS_METRICS`` the settings' loss logs by: the loss, or for
+    verl's bypass mode its ``loss_type``'s."""
+    if s.loss == "verl/bypass_mode":
+        return f"{s.loss}/{s.bypass_loss_type}"
+    return s.loss
 
 
 def needs_numpy(s: Settings) -> bool:
@@ -133,6 +147,65 @@ def correction_of(
         old, rollout, offsets, level=s.is_correction_level, mode=s.is_correction_mode,
         gating=s.is_correction_gating, threshold=(s.is_correction_low, s.is_correction_high),
     )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Bypass:
+    """verl's bypass mode on one batch (:func:`bypass_of`): ``terms`` with the policy term
+    and gradient as the fold aggregates them, ``kept``/``kept_offsets`` the terms of the
+    tokens the rejection kept (the loss's metrics are theirs), and the correction."""
+
+    terms: L.PolicyTerms
+    kept: L.PolicyTerms
+    kept_offsets: I64
+    correction: L.Correction
+
+
+def bypass_of(
+    s: Settings, fields: Mapping[str, NDArray[np.floating]], adv: F64, offsets: I64
+) -> Bypass:
+    """verl 0.9.1's bypass mode (``algorithm.rollout_correction.bypass_mode``:
+    ``apply_bypass_mode`` sets ``old_log_probs = rollout_log_probs`` and the loss to
+    ``compute_policy_loss_bypass_mode``; :func:`grpo_cli._losses.verl_bypass_mode`) on one
+    batch, as the actor's ``ppo_loss`` aggregates it: the policy loss over the tokens its
+    rejection keeps, divided by the batch's tokens (``batch_num_tokens`` counts the
+    unrejected mask) or rows, a seq-mean-token-mean by each answer's kept tokens; the KL
+    loss over every token (its mask is not the rejection's). The fold's per-token term
+    carries that: ``keep`` times, for an answer-mean ``s.agg``, ``|o_i| / kept_i``.
+
+    Raises:
+        InputError: the batch has no ``rollout_logp``.
+    """
+    rollout = fields.get("rollout_logp")
+    if rollout is None:
+        raise InputError(
+            "--loss verl/bypass_mode needs the sampler's log-probs: the input has no "
+            "rollout_logp column (--column rollout_logp=NAME)"
+        )
+    t, corr = L.verl_bypass_mode(
+        fields["logp"], rollout, adv, offsets, loss_type=s.bypass_loss_type,
+        clip_low=s.clip_eps, clip_high=s.eps_high,
+        clip_ratio_c=3.0 if s.dual_clip is None else s.dual_clip, rollout_is=s.rollout_is,
+        rollout_is_threshold=s.rollout_is_threshold,
+        rollout_is_batch_normalize=s.rollout_is_batch_normalize, rollout_rs=s.rollout_rs,
+        rollout_rs_threshold=s.rollout_rs_threshold,
+    )  # fmt: skip
+    keep = corr.keep
+    factor = keep.astype(np.float64)
+    if aggregation_rule(s.agg).answer_mean:
+        lengths = np.diff(offsets)
+        kept = np.add.reduceat(factor, offsets[:-1]) if factor.size else factor
+        per_answer = np.divide(lengths, kept, out=np.zeros(kept.shape), where=kept > 0)
+        factor = factor * np.repeat(per_answer, lengths)
+    grad = None if t.grad is None else L._mul(t.grad, factor)
+    terms = dataclasses.replace(t, term=L._mul(t.term, factor), grad=grad)
+    off, _, _ = L.drop_tokens(keep, offsets)
+    kept_terms = L.PolicyTerms(
+        term=t.term[keep], grad=None if t.grad is None else t.grad[keep], ratio=t.ratio[keep],
+        flags={k: v[keep] for k, v in t.flags.items()},
+        values={k: v[keep] for k, v in t.values.items()},
+    )  # fmt: skip
+    return Bypass(terms=terms, kept=kept_terms, kept_offsets=off, correction=corr)
 
 
 def policy_terms(
@@ -319,9 +392,14 @@ class LossMetrics:
         upper = None
         if s.correction == "verl-rollout" and s.rollout_is is not None:
             upper = L._is_threshold(s.rollout_is_threshold)[0]
+        bypass = s.loss == "verl/bypass_mode"
+        if bypass:  # the loss's own correction, verl's rollout one's
+            seq = s.rollout_is == "sequence"
+            if s.rollout_is is not None:
+                upper = L._is_threshold(s.rollout_is_threshold)[0]
         return cls(
-            loss=s.loss, correction=s.correction, seq_correction=seq, is_upper=upper,
-            batch_normalize=s.rollout_is_batch_normalize,
+            loss=metrics_key_of(s), correction="verl-rollout" if bypass else s.correction,
+            seq_correction=seq, is_upper=upper, batch_normalize=s.rollout_is_batch_normalize,
         )  # fmt: skip
 
     def _add_spread(self, w: F64, offsets: I64) -> None:
@@ -489,6 +567,18 @@ class LossMetrics:
             )
         if self.gradient_missing:
             out.append(f"{self.loss} has no closed-form gradient here: the gradient is null")
+        if self.loss.startswith("verl/bypass_mode"):
+            share = self.values().get("rollout_corr/rollout_rs_masked_fraction")
+            removed = "" if share is None else (
+                f"; its rejection (rollout_rs) removed {share:.2%} of the tokens from the "
+                "policy loss, which divides by every token (or row) all the same"
+            )  # fmt: skip
+            out.append(
+                "verl's bypass mode: the sampler's log-probs are the old policy, the IS "
+                f"weights and rejection its own (of logp against rollout_logp){removed}; the "
+                "KL loss, the ratio and clip statistics and the counts are every token's; the "
+                "other aggregations' J take the rejection as the settings' one does"
+            )
         if self.seen_tokens:
             share = self.rejected_tokens / self.seen_tokens
             out.append(

@@ -102,14 +102,13 @@ OrlGating = Literal["ratio", "binary_kl", "tv"]
 
 # The policy losses a computation can follow (``Settings.loss``): the core's clipped
 # surrogate ("clip": TRL grpo/bnpo/dr_grpo/dapo, verl vanilla/gspo, OpenRLHF ppo/gspo), or
-# one of these, named ``trainer/config value`` (the keys of LOSS_METRICS). verl's
-# ``bypass_mode`` (rollout_logp as the old policy, its rejection removing tokens from the
-# counts) is a function here (:func:`verl_bypass_mode`) but not a loss the fold follows.
+# one of these, named ``trainer/config value`` (the keys of LOSS_METRICS; verl's
+# ``bypass_mode`` logs by its ``loss_type``: ``verl/bypass_mode/ppo_clip`` | ``/reinforce``).
 LossName = Literal[
     "clip",
     "trl/cispo", "trl/sapo", "trl/luspo", "trl/vespo",
     "verl/dppo_tv", "verl/dppo_kl", "verl/sapo", "verl/gpg", "verl/clip_cov", "verl/kl_cov",
-    "verl/geo_mean", "verl/dro", "verl/cispo",
+    "verl/geo_mean", "verl/dro", "verl/cispo", "verl/bypass_mode",
 ]  # fmt: skip
 # The sampler–trainer corrections (``Settings.correction``), applied with rollout_logp
 CorrectionName = Literal["none", "trl-vllm", "verl-rollout", "openrlhf-is"]
@@ -128,7 +127,7 @@ FORCED_AGGREGATION: dict[str, Aggregation] = {
 # is a sequence weight of its own)
 TOKEN_RATIO_LOSSES = (
     "verl/dppo_tv", "verl/dppo_kl", "verl/sapo", "verl/gpg", "verl/clip_cov", "verl/kl_cov",
-    "verl/geo_mean", "verl/dro", "verl/cispo",
+    "verl/geo_mean", "verl/dro", "verl/cispo", "verl/bypass_mode",
 )  # fmt: skip
 # Losses that select tokens by a covariance over the whole batch the loss saw (the
 # trainer's micro-batch): they do not fold across batches

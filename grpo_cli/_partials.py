@@ -48,6 +48,7 @@ from ._core import (
 from ._loss_fold import (
     WEIGHT_FIELD,
     LossMetrics,
+    bypass_of,
     correction_of,
     needs_numpy,
     policy_terms,
@@ -939,6 +940,11 @@ class TokenPartial:
         term's gradient (None: no closed form, the fold's gradient is then null). Folds the
         loss's and the correction's metrics."""
         s = self.settings
+        if s.loss == "verl/bypass_mode":  # the loss computes its own correction
+            bp = bypass_of(s, b.fields, adv, b.offsets)
+            self.loss_metrics.add(None, bp.correction, b.offsets)
+            self.loss_metrics.add(bp.kept, None, bp.kept_offsets, batch=False)
+            return self._with_kl(terms, bp.terms.term), bp.terms.grad
         corr = correction_of(s, b.fields, b.offsets)
         folded = WEIGHT_FIELD in b.fields  # the whole batch's correction was folded
         pt = None
@@ -953,11 +959,15 @@ class TokenPartial:
                 gp, _ = token_gradients(terms, offsets=b.offsets, options=self.options)
                 grad = _times(gp, corr.weight)
         self.loss_metrics.add(pt, None if folded else corr, b.offsets, batch=not folded)
+        return self._with_kl(terms, policy), grad
+
+    def _with_kl(self, terms: TokenTerms, policy: F64) -> TokenTerms:
+        """``terms`` with ``policy`` as the policy term, the KL term the settings'."""
         term = policy
         if terms.kl_loss is not None and self.options.beta:
             with np.errstate(over="ignore", invalid="ignore"):
                 term = policy - self.options.beta * terms.kl_loss
-        return dataclasses.replace(terms, policy=policy, term=term), grad
+        return dataclasses.replace(terms, policy=policy, term=term)
 
     def _extras_tokens(self, b: Batch, sums: AnswerSums) -> None:
         """Entropy, sampler-vs-trainer and reward-KL statistics, when they apply."""

@@ -27,6 +27,7 @@ from ._core import (
 from ._losses import (
     FORCED_AGGREGATION,
     TOKEN_RATIO_LOSSES,
+    BypassLoss,
     CorrectionName,
     LossName,
     OrlGating,
@@ -88,7 +89,9 @@ class Settings:
     a bare ``cispo`` takes the settings' trainer), with its parameters under the trainer's
     config names: TRL ``sapo_temperature_pos``/``_neg``, ``vespo_k_pos``,
     ``vespo_lambda_pos``, ``vespo_k_neg``, ``vespo_lambda_neg``; verl ``clip_cov_ratio``,
-    ``clip_cov_lb``, ``clip_cov_ub``, ``kl_cov_ratio``, ``ppo_kl_coef``, ``dro_beta``. The
+    ``clip_cov_lb``, ``clip_cov_ub``, ``kl_cov_ratio``, ``ppo_kl_coef``, ``dro_beta``;
+    ``verl/bypass_mode`` (the sampler's log-probs as the old policy) ``bypass_loss_type``
+    (``rollout_correction.loss_type``) and the correction's ``rollout_*`` fields below. The
     clip bounds of cispo, dppo, clip_cov and geo_mean are ``clip_eps``/``clip_eps_high``
     (TRL's cispo caps ρ at ``clip_eps_high`` itself, verl's at ``1 + clip_eps_high``), dppo's
     ratio cap is ``dual_clip`` (verl's ``clip_ratio_c``; 3.0 when off).
@@ -142,6 +145,8 @@ class Settings:
     kl_cov_ratio: float = 0.0002
     ppo_kl_coef: float = 0.1
     dro_beta: float | None = None
+    # verl's bypass mode (loss verl/bypass_mode): rollout_correction.loss_type
+    bypass_loss_type: BypassLoss = "ppo_clip"
     # the sampler–trainer correction and its parameters
     correction: CorrectionName = "none"
     vllm_is_mode: TrlISMode = "sequence_mask"
@@ -223,6 +228,7 @@ class Settings:
             "correction": CORRECTIONS,
             "vllm_is_mode": get_args(TrlISMode),
             "rollout_is": (None, *get_args(VerlISLevel)),
+            "bypass_loss_type": get_args(BypassLoss),
             "is_correction_level": get_args(OrlLevel),
             "is_correction_mode": get_args(OrlMode),
             "is_correction_gating": get_args(OrlGating),
@@ -356,10 +362,19 @@ class Settings:
             _is_threshold(self.rollout_is_threshold)
         except UsageError as exc:
             raise SettingError("rollout_is_threshold", str(exc).split(": ", 1)[-1]) from None
+        bypass = self.loss == "verl/bypass_mode"
+        if bypass and c != "none":
+            raise SettingError(
+                "correction",
+                f"{c}: verl/bypass_mode computes its own correction (rollout_is, rollout_rs, "
+                "their thresholds): correction none",
+            )
         if self.rollout_rs is not None:
-            if c != "verl-rollout":
+            if c != "verl-rollout" and not bypass:
                 raise SettingError(
-                    "rollout_rs", "is verl's rollout correction's: needs correction verl-rollout"
+                    "rollout_rs",
+                    "is verl's rollout correction's: needs correction verl-rollout or loss "
+                    "verl/bypass_mode",
                 )
             try:
                 rejection_options(self.rollout_rs, self.rollout_rs_threshold)
@@ -397,7 +412,8 @@ CORRECTIONS: tuple[str, ...] = get_args(CorrectionName)
 LOSS_PARAMS = (
     "sapo_temperature_pos", "sapo_temperature_neg", "vespo_k_pos", "vespo_lambda_pos",
     "vespo_k_neg", "vespo_lambda_neg", "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub",
-    "kl_cov_ratio", "ppo_kl_coef", "dro_beta",
+    "kl_cov_ratio", "ppo_kl_coef", "dro_beta", "bypass_loss_type", "rollout_is",
+    "rollout_is_threshold", "rollout_is_batch_normalize", "rollout_rs", "rollout_rs_threshold",
 )  # fmt: skip
 CORRECTION_PARAMS = (
     "vllm_is_mode", "vllm_is_clip_max", "vllm_is_clip_min", "rollout_is",

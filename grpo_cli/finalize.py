@@ -221,7 +221,7 @@ def loss_clip(settings: Settings, metrics: dict[str, float]) -> LossClip | None:
 
     if settings.loss in ("clip", "trl/luspo"):
         return None
-    got = loss_clip_share(settings.loss, metrics)
+    got = loss_clip_share(settings, metrics)
     return LossClip(None) if got is None else LossClip(*got)
 
 

@@ -131,15 +131,17 @@ FLAGS: dict[str, list[str]] = {
     "verl/dro": ["--loss-param", "dro_beta=0.3"],
     "verl/cispo": [],
 }  # fmt: skip
-NON_CLIP = [x for x in LOSSES if x != "clip"]
+# verl's bypass mode takes its correction's settings too: test_bypass_mode_*
+NON_CLIP = [x for x in LOSSES if x not in ("clip", "verl/bypass_mode")]
 
 
 def test_every_loss_has_its_flags_and_metrics() -> None:
     """The Literal is the one list: every loss but clip has logged metrics, and every key
-    of LOSS_METRICS is a loss but verl's bypass mode (not folded)."""
+    of LOSS_METRICS is a loss (verl's bypass mode by its loss_type)."""
     assert set(NON_CLIP) == set(FLAGS) == set(L.LOSS_METRICS) - {
         "verl/bypass_mode/ppo_clip", "verl/bypass_mode/reinforce"
     }  # fmt: skip
+    assert {f"verl/bypass_mode/{k}" for k in get_args(L.BypassLoss)} <= set(L.LOSS_METRICS)
 
 
 def _expected(name: str, d: dict[str, Any]) -> tuple[float, dict[str, float], L.PolicyTerms]:
@@ -390,6 +392,95 @@ def test_rejection_sampling_with_verl_s_own_loss_and_its_gradient(
     assert close(doc["gradient"]["norm"], float(np.linalg.norm(grad)), 1e-9)
 
 
+BYPASS: dict[str, dict[str, Any]] = {
+    "ppo_clip+token_k1": {"bypass_loss_type": "ppo_clip", "rollout_is": "sequence",
+                          "rollout_rs": "token_k1", "rollout_rs_threshold": "0.85_1.15"},
+    "reinforce+token_is+seq_mean_k3": {"bypass_loss_type": "reinforce", "rollout_is": "token",
+                                       "rollout_is_threshold": 1.5, "rollout_rs": "seq_mean_k3",
+                                       "rollout_rs_threshold": 0.01},
+    "reinforce": {"bypass_loss_type": "reinforce", "rollout_is": None},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(BYPASS))
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+def test_bypass_mode_as_verl_s_actor_aggregates_it(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, agg: str
+) -> None:
+    """verl/bypass_mode: verl_bypass_mode (logp against rollout_logp) on the whole batch;
+    the policy loss over the kept tokens divided by every token (batch_num_tokens counts
+    the unrejected mask) or every row, a seq-mean-token-mean by each answer's kept tokens;
+    the KL loss over every token; the loss's metrics over the kept tokens, the
+    correction's over all; ‖∂J/∂logp‖ from the same token weights."""
+    monkeypatch.setenv("GRPO_CLI_BATCH_TOKENS", "16")
+    d = _data(seed=11)
+    f, off = _flat(d)
+    a = _advantages(d)
+    rc = dict(BYPASS[name])
+    kind = rc.pop("bypass_loss_type")
+    t, corr = L.verl_bypass_mode(f["logp"], f["rollout_logp"], a, off, loss_type=kind, **rc)
+    keep, lengths, n = corr.keep, np.diff(off), len(a)
+    kept = np.add.reduceat(keep.astype(float), off[:-1])
+    if "rollout_rs" in rc:
+        assert 0 < np.count_nonzero(~keep) and np.any(kept == 0)  # answers rejected whole
+    if agg == "token-mean":
+        w_p = keep / off[-1]
+        w_k = np.full(off[-1], 1.0 / off[-1])
+    elif agg == "seq-mean-token-mean":
+        per = np.divide(1.0, kept, out=np.zeros(n), where=kept > 0)
+        w_p = keep * np.repeat(per, lengths) / n
+        w_k = np.repeat(1.0 / lengths, lengths) / n
+    else:
+        w_p, w_k = keep / n, np.full(off[-1], 1.0 / n)
+    dk = f["ref_logp"] - f["logp"]
+    kl = np.exp(dk) - dk - 1.0
+    want = float(np.sum(w_p * t.term) - BETA * np.sum(w_k * kl))
+    assert t.grad is not None
+    grad = float(np.linalg.norm(w_p * t.grad - BETA * w_k * (1.0 - np.exp(dk))))
+    off2, _, _ = L.drop_tokens(keep, off)
+    kept_t = L.PolicyTerms(
+        term=t.term[keep], grad=None, ratio=t.ratio[keep],
+        flags={k: v[keep] for k, v in t.flags.items()},
+        values={k: v[keep] for k, v in t.values.items()},
+    )  # fmt: skip
+    metrics = {**L.loss_metrics(kept_t, off2, f"verl/bypass_mode/{kind}"), **corr.metrics}
+    flags = ["--loss", "verl/bypass_mode", "--agg", agg, "--loss-param",
+             f"bypass_loss_type={kind}", "--gradient"]  # fmt: skip
+    for k, v in rc.items():
+        flags += ["--loss-param", f"{k}={'off' if v is None else v}"]
+    for path in (_parquet(tmp_path / "b.parquet", d, rows=3), _npz(tmp_path / "b.npz", d)):
+        doc = cli.json("objective", path, *flags)
+        assert close(doc["objective"], want), (path.suffix, doc["objective"], want)
+        assert close(doc["gradient"]["norm"], grad, 1e-9), (doc["gradient"], grad)
+        assert doc["counts"]["tokens"] == off[-1] and doc["counts"]["answers"] == n
+        got = doc["loss_metrics"]
+        for k, v in metrics.items():
+            if not _spread(k):
+                assert close(got[k], v, 1e-9), (k, got[k], v)
+        assert any("bypass mode" in w for w in doc["warnings"])
+
+
+def test_bypass_mode_settings_and_config() -> None:
+    with pytest.raises(SettingError, match=r"^correction: verl-rollout: verl/bypass_mode"):
+        Settings(trainer="verl", loss="verl/bypass_mode", correction="verl-rollout")
+    with pytest.raises(SettingError, match=r"^bypass_loss_type: "):
+        Settings(loss="verl/bypass_mode", bypass_loss_type="nope")  # type: ignore[arg-type]
+    rc = "algorithm.rollout_correction."
+    out, notes = verl.from_config({
+        rc + "bypass_mode": True, rc + "loss_type": "reinforce", rc + "rollout_is": "token",
+        rc + "rollout_rs": "seq_max_k2", rc + "rollout_rs_threshold": 0.5,
+    })  # fmt: skip
+    assert out == {
+        "loss": "verl/bypass_mode", "bypass_loss_type": "reinforce", "rollout_is": "token",
+        "rollout_rs": "seq_max_k2", "rollout_rs_threshold": 0.5,
+    } and not notes  # fmt: skip
+    Settings(trainer="verl", **out)
+    # the threshold of a rejection that is off is not read (verl ignores it too)
+    out, _ = verl.from_config({rc + "rollout_rs_threshold": 2.0, rc + "rollout_is": "token"})
+    assert "rollout_rs_threshold" not in out
+    Settings(trainer="verl", **out)
+
+
 def test_rejection_settings_are_checked(cli: Cli, tmp_path: Path) -> None:
     with pytest.raises(SettingError, match=r"^rollout_rs: .*verl-rollout"):
         Settings(rollout_rs="token_k1", rollout_rs_threshold=2.0)
@@ -482,8 +573,6 @@ def test_from_config_maps_each_trainer_s_keys() -> None:
         "verl-rollout", None, "token_k1,seq_max_k2"
     ) and out["rollout_rs_threshold"] == "0.5_2.0,0.3" and not notes  # fmt: skip
     Settings(**out)  # they make settings
-    _, notes = verl.from_config({rc + "bypass_mode": True, rc + "rollout_is": "token"})
-    assert any("bypass_mode" in n and "not computed" in n for n in notes)
     out, notes = openrlhf.from_config({
         "algo.advantage.is_correction_level": "seq", "algo.advantage.is_correction_threshold": [4.0]
     })  # fmt: skip

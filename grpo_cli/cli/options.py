@@ -372,7 +372,7 @@ _PARAM_OPTIONAL = (
 _PARAM_BOOL = ("rollout_is_batch_normalize",)
 _PARAM_NAMES = (
     "vllm_is_mode", "rollout_is", "rollout_rs", "is_correction_level", "is_correction_mode",
-    "is_correction_gating",
+    "is_correction_gating", "bypass_loss_type",
 )  # fmt: skip
 
 

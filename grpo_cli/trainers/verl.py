@@ -365,22 +365,40 @@ def from_config(c: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
         # verl 0.9.1 compute_rollout_correction_and_add_to_batch: IS weights when
         # rollout_is is set, the rejection (rollout_rs) whether or not
         out["correction"] = "verl-rollout"
-        out["rollout_is"] = level
-        if isinstance(c.get(rc + "rollout_is_threshold"), int | float | str):
-            out["rollout_is_threshold"] = c[rc + "rollout_is_threshold"]
-        if isinstance(c.get(rc + "rollout_is_batch_normalize"), bool):
-            out["rollout_is_batch_normalize"] = c[rc + "rollout_is_batch_normalize"]
-        if isinstance(rs, str) and rs.strip():
-            out["rollout_rs"] = rs
-            threshold = c.get(rc + "rollout_rs_threshold")
-            if isinstance(threshold, int | float | str) and not isinstance(threshold, bool):
-                out["rollout_rs_threshold"] = threshold
-    if bypass:
-        notes.append(
-            f"{rc}bypass_mode (the sampler's log-probs as the old policy): not computed by "
-            "this grpo-cli; give rollout_logp as old_logp for its ppo_clip form"
-        )
+        out.update(_rollout_section(c, rc, level, rs))
+    if bypass and level in (None, "token", "sequence"):
+        # verl 0.9.1 apply_bypass_mode: old_log_probs = rollout_log_probs, the policy loss
+        # compute_policy_loss_bypass_mode with the section's IS and rejection
+        if "loss" in out or out.get("ratio_level") == "sequence":
+            notes.append(
+                f"{rc}bypass_mode replaces policy_loss.loss_mode {mode!r}: the numbers follow "
+                "verl/bypass_mode"
+            )
+            out.pop("ratio_level", None)
+        out["loss"] = "verl/bypass_mode"
+        kind = c.get(rc + "loss_type")
+        if kind in ("ppo_clip", "reinforce"):
+            out["bypass_loss_type"] = kind
+        elif kind is not None:
+            notes.append(f"{rc}loss_type {kind!r}: verl's bypass mode takes ppo_clip, reinforce")
+        out.update(_rollout_section(c, rc, level, rs))
     return out, notes
+
+
+def _rollout_section(c: Mapping[str, Any], rc: str, level: Any, rs: Any) -> dict[str, Any]:
+    """``algorithm.rollout_correction``'s IS and rejection keys as Settings (a threshold
+    only beside what it bounds)."""
+    out: dict[str, Any] = {"rollout_is": level}
+    if isinstance(c.get(rc + "rollout_is_threshold"), int | float | str):
+        out["rollout_is_threshold"] = c[rc + "rollout_is_threshold"]
+    if isinstance(c.get(rc + "rollout_is_batch_normalize"), bool):
+        out["rollout_is_batch_normalize"] = c[rc + "rollout_is_batch_normalize"]
+    if isinstance(rs, str) and rs.strip():
+        out["rollout_rs"] = rs
+        threshold = c.get(rc + "rollout_rs_threshold")
+        if isinstance(threshold, int | float | str) and not isinstance(threshold, bool):
+            out["rollout_rs_threshold"] = threshold
+    return out
 
 
 # verl 0.9.1 ActorConfig / PolicyLossConfig keys of the losses' parameters -> Settings
