@@ -751,6 +751,7 @@ def check_verl(s: Suite) -> None:
     check_rollout_correction(s, b)
     check_bypass(s, b)
     check_rejection_in_the_tool(s)
+    check_bypass_in_the_tool(s)
 
 
 def check_clip_cov(s: Suite, b: Batch) -> None:
@@ -968,24 +969,13 @@ TOOL_REJECTIONS: list[dict[str, Any]] = [
 ]  # fmt: skip
 
 
-def check_rejection_in_the_tool(s: Suite) -> None:
-    """The CLI's fold with rejection sampling (``objective --preset verl --correction
-    verl-rollout``, batches of 64 tokens) against verl as its trainer runs a step in
-    decoupled mode: ``compute_rollout_correction_and_add_to_batch`` replaces the mask, then
-    ``compute_grpo_outcome_advantage`` and the actor's ``ppo_loss`` (vanilla with the IS
-    weights and ``low_var_kl`` at 0.001, both aggregated with ``global_batch_info`` as it
-    sets it: the kept tokens, the mini-batch's rows)."""
-    import json
-    import os
-    import subprocess
+def _tool_rollouts() -> tuple[Any, np.ndarray, Path, torch.Tensor]:
+    """oracle.make_rollouts' rollouts with a sampler's log-probs (two answers off by ∓1 a
+    token), written as one parquet file of 5-row row groups; and their token rewards."""
     import tempfile
 
     import pyarrow as pa
     import pyarrow.parquet as pq
-    import verl.trainer.ppo.core_algos as ca
-    from verl.protocol import DataProto
-    from verl.trainer.config.algorithm import RolloutCorrectionConfig
-    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
 
     r = make_rollouts(23, [4, 4, 3, 1, 5, 4, 2, 4, 4], shuffle=True)
     rng = np.random.default_rng(24)
@@ -998,11 +988,61 @@ def check_rejection_in_the_tool(s: Suite) -> None:
     for col, arr in (("logp", r.logp), ("old_logp", r.old), ("ref_logp", r.ref),
                      ("rollout_logp", roll)):  # fmt: skip
         table[col] = [arr[i, k].tolist() for i, k in enumerate(rows)]
-    tmp = Path(tempfile.mkdtemp())
-    path = tmp / "rejection.parquet"
+    path = Path(tempfile.mkdtemp()) / "rollouts.parquet"
     pq.write_table(pa.table(table), path, row_group_size=5)
     token_rewards = torch.zeros(B, Lw, dtype=torch.float64)
     token_rewards[torch.arange(B), torch.tensor(r.mask.sum(1) - 1)] = torch.tensor(r.reward)
+    return r, roll, path, token_rewards
+
+
+def _tool(path: Path, flags: list[str]) -> dict[str, Any]:
+    """``grpo-cli objective PATH FLAGS --json`` in batches of 64 tokens."""
+    import json
+    import os
+    import subprocess
+
+    cmd = [sys.executable, "-m", "grpo_cli", "objective", str(path), *flags, "--json"]
+    env = {**os.environ, "GRPO_CLI_BATCH_TOKENS": "64"}
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
+    if out.returncode != 0:
+        raise SystemExit(f"grpo-cli failed: {' '.join(cmd)}\n{out.stderr}")
+    doc: dict[str, Any] = json.loads(out.stdout)
+    return doc
+
+
+def _params(flag: str, rc: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    for k, v in rc.items():
+        out += [flag, f"{k}={'off' if v is None else v}"]
+    return out
+
+
+def _add_metrics(
+    s: Suite, config: str, ours: str, theirs: dict[str, float], tm: dict[str, Any]
+) -> None:
+    """The correction's and the loss's logged metrics (the spreads of one batch left out:
+    the tool folds several); fractions at the float32-mask tolerance."""
+    mergeable = {k: v for k, v in theirs.items() if not k.endswith("std")}
+    exact = {k: (v, tm[k]) for k, v in mergeable.items() if "fraction" not in k}
+    s.add("verl", config, ours, exact)
+    fractions = {k: (v, tm[k]) for k, v in mergeable.items() if "fraction" in k}
+    s.add("verl", config, ours, fractions, METRIC)
+
+
+def check_rejection_in_the_tool(s: Suite) -> None:
+    """The CLI's fold with rejection sampling (``objective --preset verl --correction
+    verl-rollout``, batches of 64 tokens) against verl as its trainer runs a step in
+    decoupled mode: ``compute_rollout_correction_and_add_to_batch`` replaces the mask, then
+    ``compute_grpo_outcome_advantage`` and the actor's ``ppo_loss`` (vanilla with the IS
+    weights and ``low_var_kl`` at 0.001, both aggregated with ``global_batch_info`` as it
+    sets it: the kept tokens, the mini-batch's rows)."""
+    import verl.trainer.ppo.core_algos as ca
+    from verl.protocol import DataProto
+    from verl.trainer.config.algorithm import RolloutCorrectionConfig
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
+
+    r, roll, path, token_rewards = _tool_rollouts()
+    B = r.mask.shape[0]
     logp, old, ref = (torch.tensor(x, dtype=torch.float64) for x in (r.logp, r.old, r.ref))
     for rc in TOOL_REJECTIONS:
         batch = DataProto.from_dict(
@@ -1021,9 +1061,8 @@ def check_rejection_in_the_tool(s: Suite) -> None:
             token_rewards, mask, np.array(r.group, dtype=object), epsilon=1e-6
         )
         label = ", ".join(f"{k}={v}" for k, v in rc.items())
-        flags = ["--preset", "verl", "--correction", "verl-rollout"]
-        for k, v in rc.items():
-            flags += ["--correction-param", f"{k}={'off' if v is None else v}"]
+        flags = ["--preset", "verl", "--correction", "verl-rollout",
+                 *_params("--correction-param", rc)]  # fmt: skip
         for agg in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
             cfg = verl_config_rows(B, agg)
             cfg.global_batch_info.update(
@@ -1037,13 +1076,7 @@ def check_rejection_in_the_tool(s: Suite) -> None:
             kl_loss = ca.agg_loss(
                 loss_mat=kld, loss_mask=mask, loss_agg_mode=agg, **cfg.global_batch_info
             )
-            cmd = [sys.executable, "-m", "grpo_cli", "objective", str(path), *flags, "--agg",
-                   agg, "--json"]  # fmt: skip
-            env = {**os.environ, "GRPO_CLI_BATCH_TOKENS": "64"}
-            out = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
-            if out.returncode != 0:
-                raise SystemExit(f"grpo-cli failed: {' '.join(cmd)}\n{out.stderr}")
-            doc = json.loads(out.stdout)
+            doc = _tool(path, [*flags, "--agg", agg])
             tm = doc["trainer_metrics"]["metrics"]
             config = f"ray_trainer rollout_correction {label} + ppo_loss, {agg}"
             ours = "objective " + " ".join(flags[2:])
@@ -1056,11 +1089,7 @@ def check_rejection_in_the_tool(s: Suite) -> None:
                  "actor/kl_loss": (float(kl_loss), tm["actor/kl_loss"])}, rel,
             )  # fmt: skip
             s.add("verl", config, ours, {k: (pg_metrics[k], tm[k]) for k in VERL_PG}, METRIC)
-            mergeable = {k: v for k, v in corr_metrics.items() if not k.endswith("std")}
-            exact = {k: (v, tm[k]) for k, v in mergeable.items() if "fraction" not in k}
-            s.add("verl", config, ours, exact)
-            fractions = {k: (v, tm[k]) for k, v in mergeable.items() if "fraction" in k}
-            s.add("verl", config, ours, fractions, METRIC)
+            _add_metrics(s, config, ours, corr_metrics, tm)
             if agg == "token-mean":
                 s.triggers(
                     "verl", config, ours, "answers rejected whole",
@@ -1068,16 +1097,77 @@ def check_rejection_in_the_tool(s: Suite) -> None:
                 )  # fmt: skip
 
 
+def check_bypass_in_the_tool(s: Suite) -> None:
+    """The CLI's fold of ``--loss verl/bypass_mode`` against verl's step in bypass mode:
+    ``apply_bypass_mode`` (old_log_probs = rollout_log_probs), GRPO advantages, the
+    actor's ``ppo_loss`` calling ``compute_policy_loss_bypass_mode`` on the unrejected
+    mask with ``global_batch_info`` as it sets it (every token, the rows) and
+    ``low_var_kl`` at 0.001 over the same mask."""
+    import verl.trainer.ppo.core_algos as ca
+    from verl.trainer.config.algorithm import RolloutCorrectionConfig
+
+    r, roll, path, token_rewards = _tool_rollouts()
+    B = r.mask.shape[0]
+    m = torch.tensor(r.mask)
+    logp, ref = (torch.tensor(x, dtype=torch.float64) for x in (r.logp, r.ref))
+    rollout = torch.tensor(roll, dtype=torch.float64)
+    adv, _ = ca.compute_grpo_outcome_advantage(
+        token_rewards, m, np.array(r.group, dtype=object), epsilon=1e-6
+    )
+    for rc in BYPASS:
+        label = ", ".join(f"{k}={v}" for k, v in rc.items())
+        params = {("bypass_loss_type" if k == "loss_type" else k): v for k, v in rc.items()}
+        flags = ["--preset", "verl", "--loss", "verl/bypass_mode",
+                 *_params("--loss-param", params)]  # fmt: skip
+        for agg in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
+            cfg = verl_config_rows(
+                B, agg, "bypass_mode",
+                rollout_correction=RolloutCorrectionConfig(bypass_mode=True, **rc),
+            )  # fmt: skip
+            cfg.global_batch_info.update(
+                dp_size=1, batch_num_tokens=int(m.sum()), global_batch_size=B,
+                loss_scale_factor=None,
+            )  # fmt: skip
+            pg_loss, pg_metrics = ca.get_policy_loss_fn("bypass_mode")(
+                old_log_prob=rollout, log_prob=logp, advantages=adv, response_mask=m,
+                loss_agg_mode=agg, config=cfg,
+            )  # fmt: skip
+            kld = ca.kl_penalty(logp, ref, kl_penalty="low_var_kl")
+            kl_loss = ca.agg_loss(
+                loss_mat=kld, loss_mask=m, loss_agg_mode=agg, **cfg.global_batch_info
+            )
+            doc = _tool(path, [*flags, "--agg", agg])
+            tm = doc["trainer_metrics"]["metrics"]
+            config = f"apply_bypass_mode {label} + ppo_loss, {agg}"
+            ours = "objective " + " ".join(flags[2:])
+            rel = SEQ_MEAN if agg == "seq-mean-token-mean" else REL
+            loss = float(pg_loss) + 0.001 * float(kl_loss)
+            s.add("verl", config, ours, {"loss": (loss, doc["loss"])}, rel)
+            s.add(
+                "verl", config, ours,
+                {"actor/pg_loss": (float(pg_loss), tm["actor/pg_loss"]),
+                 "actor/kl_loss": (float(kl_loss), tm["actor/kl_loss"])}, rel,
+            )  # fmt: skip
+            _add_metrics(s, config, ours, pg_metrics, tm)
+            if agg == "token-mean" and rc.get("rollout_rs"):
+                s.triggers(
+                    "verl", config, ours, "rollout_rs_masked_fraction",
+                    pg_metrics["rollout_corr/rollout_rs_masked_fraction"],
+                )  # fmt: skip
+
+
 VERL_PG = ("actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl")
 
 
-def verl_config_rows(rows: int, agg: str) -> Any:
+def verl_config_rows(rows: int, agg: str, loss_mode: str = "vanilla", **policy: Any) -> Any:
     from verl.workers.config import ActorConfig
+    from verl.workers.config.actor import PolicyLossConfig
 
     return ActorConfig(
         strategy="fsdp", ppo_mini_batch_size=rows, ppo_micro_batch_size_per_gpu=rows,
         clip_ratio=0.2, clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0,
         loss_agg_mode=agg, use_dynamic_bsz=False, rollout_n=1,
+        policy_loss=PolicyLossConfig(loss_mode=loss_mode, **policy),
     )  # fmt: skip
 
 
