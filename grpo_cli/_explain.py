@@ -187,6 +187,8 @@ _LOSS_WORDS = {
     "verl/geo_mean": "GMPO (the geometric mean of the token ratios, clipped in log space)",
     "verl/dro": "DRO (the policy gradient with a quadratic log-ratio penalty)",
     "verl/cispo": "CISPO (the ratio clipped to [1−ε, 1+ε], detached, times A·logp)",
+    "verl/bypass_mode": "verl's bypass mode (rollout_logp as the old policy, its own IS "
+    "weights and rejection)",
 }
 _CORRECTION_WORDS = {
     "trl-vllm": "TRL's vLLM importance-sampling correction",
@@ -209,6 +211,12 @@ def _loss_finding(r: ObjectiveReport) -> Finding:
     corr = ""
     if s.correction != "none":
         corr = f", with {_CORRECTION_WORDS[s.correction]} applied from rollout_logp"
+    if s.rollout_rs is not None and s.correction != "none":
+        corr += f" and its rejection sampling ({s.rollout_rs})"
+    if s.loss == "verl/bypass_mode":
+        corr = f", {s.bypass_loss_type}" + (
+            f", rejection sampling ({s.rollout_rs})" if s.rollout_rs is not None else ""
+        )
     return Finding(
         "loss-followed", "info",
         f"The numbers follow {_LOSS_WORDS.get(s.loss, s.loss)} ({s.loss}), aggregated "

@@ -531,7 +531,8 @@ class LossMetrics:
         for name, (kind, value, count) in self.entries.items():
             if kind in ("mean", "vmean"):
                 c = float(count) + (_VERL_EPS if kind == "vmean" else 0.0)  # type: ignore[arg-type]
-                out[name] = float(value) / c if c else math.nan  # type: ignore[arg-type]
+                # no token (a rejection kept none): the trainers' masked means give 0
+                out[name] = float(value) / c if c else 0.0  # type: ignore[arg-type]
                 out[name] -= _SHIFT.get(name, 0.0)
             elif kind == "single":
                 if self.batches == 1:

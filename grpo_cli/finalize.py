@@ -329,6 +329,12 @@ def objective_record(
     given) and notes; ``ratio_band`` sets ``ratio_outside_band``."""
     adv = p1.adv
     check_folded(src, settings, acc.rows + empty, adv.shape[0], acc.max_width)
+    if not acc.answers and acc.loss_metrics.seen_tokens:
+        raise InputError(
+            f"{src.label}: verl's rejection sampling (rollout_rs {settings.rollout_rs}, "
+            f"threshold {settings.rollout_rs_threshold}) rejected every token: no loss is left "
+            "to compute (verl's would divide by 0); loosen rollout_rs_threshold"
+        )
     warnings = list(p1.warnings)
     stats = p1.stats
     agg = settings.agg

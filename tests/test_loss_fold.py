@@ -481,6 +481,36 @@ def test_bypass_mode_settings_and_config() -> None:
     Settings(trainer="verl", **out)
 
 
+def test_a_rejection_of_every_token(cli: Cli, tmp_path: Path) -> None:
+    """Decoupled: nothing is left for the loss (verl's would divide by 0): one line, exit
+    2. Bypass: the policy loss is 0 over every token and its metrics are verl's masked
+    means over no token, 0 (not null)."""
+    p = str(_parquet(tmp_path / "all.parquet", _data(), rows=5))
+    rs = ["rollout_rs=seq_max_k2", "rollout_rs_threshold=1e-9"]
+    cli.error(["objective", p, "--correction", "verl-rollout", "--correction-param", rs[0],
+               "--correction-param", rs[1]], "rejected every token")  # fmt: skip
+    doc = cli.json("objective", p, "--loss", "verl/bypass_mode", "--loss-param", rs[0],
+                   "--loss-param", rs[1], "--beta", "0")  # fmt: skip
+    assert doc["objective"] == 0.0 and doc["loss_metrics"]["actor/pg_clipfrac"] == 0.0
+    assert doc["loss_metrics"]["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(1.0)
+
+
+def test_explain_names_the_rejection_and_bypass_mode(cli: Cli, tmp_path: Path) -> None:
+    p = str(_parquet(tmp_path / "e.parquet", _data(), rows=100))
+    rs = ["rollout_rs=token_k1", "rollout_rs_threshold=0.5_2.0"]
+
+    def followed(*flags: str) -> str:
+        doc = cli.json("explain", p, *flags)
+        found = [f for f in doc["findings"] if f["id"] == "loss-followed"]
+        return str(found[0]["message"])
+
+    msg = followed("--correction", "verl-rollout", "--correction-param", rs[0],
+                   "--correction-param", rs[1])  # fmt: skip
+    assert "rollout IS weights" in msg and "rejection sampling (token_k1)" in msg
+    msg = followed("--loss", "verl/bypass_mode", "--loss-param", rs[0], "--loss-param", rs[1])
+    assert "bypass mode" in msg and "ppo_clip" in msg and "(token_k1)" in msg
+
+
 def test_rejection_settings_are_checked(cli: Cli, tmp_path: Path) -> None:
     with pytest.raises(SettingError, match=r"^rollout_rs: .*verl-rollout"):
         Settings(rollout_rs="token_k1", rollout_rs_threshold=2.0)
