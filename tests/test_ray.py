@@ -111,6 +111,11 @@ COMMANDS = [
     # a loss of the trainer's own and a sampler correction: their metrics merge over blocks
     ["objective", "--preset", "trl", "--loss", "cispo", "--correction", "trl-vllm", "--gradient"],
     ["objective", "--preset", "verl", "--loss", "dppo_kl", "--correction", "verl-rollout"],
+    # verl's rejection sampling (tokens and answers leave each batch) and bypass mode
+    "objective --preset verl --correction verl-rollout --correction-param rollout_rs=token_k1 "
+    "--correction-param rollout_rs_threshold=0.99_1.01".split(),
+    "objective --preset verl --loss bypass_mode --loss-param rollout_rs=seq_mean_k2 "
+    "--loss-param rollout_rs_threshold=0.0005 --gradient".split(),
     ["kl"],
     ["advantages", "--group-scope", "file"],
     ["answers", "--top", "7", "--sort", "kl"],
