@@ -19,7 +19,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from . import _losses as L
-from ._core import aggregation_rule, segment_mean
+from ._core import aggregation_rule
 from ._settings import Settings
 from .errors import InputError
 
@@ -457,8 +457,8 @@ class LossMetrics:
         if terms is not None:
             if terms.grad is None:
                 self.gradient_missing = True
-            for name, key, unit in L.LOSS_METRICS[self.loss]:
-                self._loss_metric(terms, offsets, name, key, unit, n, T)
+            for name, (kind, value, count) in L.metric_sums(terms, offsets, self.loss).items():
+                self._add(name, kind, value, count)
         if correction is not None:
             if self.is_upper is not None and not self.batch_normalize:
                 self._add_spread(correction.weight, offsets)
@@ -486,31 +486,6 @@ class LossMetrics:
         self.seen_tokens += int(keep.shape[0])
         self.seen_width = max(self.seen_width, int(width.max()) if width.size else 0)
         return answers
-
-    def _loss_metric(
-        self, terms: L.PolicyTerms, off: I64, name: str, key: str, unit: str, n: int, T: int
-    ) -> None:
-        if unit == "zero":
-            self._add(name, "mean", 0.0, 1.0)
-            return
-        if key in terms.answer_values:
-            v = np.asarray(terms.answer_values[key], dtype=np.float64)
-            self._add(name, "mean", float(np.sum(v)), float(n))
-            return
-        x = terms.flags[key] if key in terms.flags else terms.values[key]
-        x64 = np.asarray(x, dtype=np.float64)
-        if unit == "level":
-            unit = "answers" if terms.level == "sequence" else "tokens"
-        if unit == "tokens":
-            self._add(name, "mean", float(np.sum(x64)), float(T))
-            return
-        share = segment_mean(x64, off)
-        if unit == "answers":
-            self._add(name, "mean", float(np.sum(share)), float(n))
-        elif unit == "answer_min":
-            self._add(name, "min", float(share.min()))
-        else:
-            self._add(name, "max", float(share.max()))
 
     def merge(self, o: LossMetrics) -> LossMetrics:
         for name, (kind, value, count) in o.entries.items():

@@ -78,6 +78,7 @@ __all__ = [
     "kl_cov_terms",
     "loss_metrics",
     "luspo_terms",
+    "metric_sums",
     "openrlhf_is_correction",
     "rejection_options",
     "sapo_terms",
@@ -1044,6 +1045,49 @@ LOSS_METRICS: dict[str, tuple[tuple[str, str, Unit], ...]] = {
 LOSS_METRICS["verl/dppo_kl"] = LOSS_METRICS["verl/dppo_tv"]
 
 
+# one metric of one batch as a mergeable sum: ("mean", Σ, count) | ("min" | "max", value, 0)
+MetricSum = tuple[str, float, float]
+
+
+def metric_sums(terms: PolicyTerms, offsets: ArrayLike, loss: str) -> dict[str, MetricSum]:
+    """The metrics a trainer logs for ``loss`` (a key of :data:`LOSS_METRICS`) over one
+    batch, each as a sum that merges with other batches' (a mean as its sum and count, an
+    extreme as itself): what :func:`loss_metrics` divides out, and what the fold adds up
+    (:class:`grpo_cli._loss_fold.LossMetrics`).
+
+    Raises:
+        UsageError: ``loss`` is not a key of :data:`LOSS_METRICS`.
+    """
+    if loss not in LOSS_METRICS:
+        raise UsageError(f"loss: expected one of {', '.join(LOSS_METRICS)}, got {loss!r}")
+    off = check_offsets(offsets, terms.term.shape[0], nonempty=True)
+    n, T = float(off.shape[0] - 1), float(off[-1])
+    out: dict[str, MetricSum] = {}
+    for name, key, unit in LOSS_METRICS[loss]:
+        if unit == "zero":
+            out[name] = ("mean", 0.0, 1.0)
+            continue
+        if key in terms.answer_values:
+            v = np.asarray(terms.answer_values[key], dtype=np.float64)
+            out[name] = ("mean", float(np.sum(v)), n)
+            continue
+        x = terms.flags[key] if key in terms.flags else terms.values[key]
+        x64 = np.asarray(x, dtype=np.float64)
+        if unit == "level":
+            unit = "answers" if terms.level == "sequence" else "tokens"
+        if unit == "tokens":
+            out[name] = ("mean", float(np.sum(x64)), T)
+            continue
+        share = segment_mean(x64, off)
+        if unit == "answers":
+            out[name] = ("mean", float(np.sum(share)), n)
+        elif unit == "answer_min":
+            out[name] = ("min", float(share.min()), 0.0)
+        else:
+            out[name] = ("max", float(share.max()), 0.0)
+    return out
+
+
 def loss_metrics(terms: PolicyTerms, offsets: ArrayLike, loss: str) -> dict[str, float]:
     """The metrics a trainer logs for ``loss`` (a key of :data:`LOSS_METRICS`, e.g.
     ``"verl/dppo_tv"``), computed from ``terms`` over the tokens ``offsets`` describe (the
@@ -1057,31 +1101,10 @@ def loss_metrics(terms: PolicyTerms, offsets: ArrayLike, loss: str) -> dict[str,
         >>> loss_metrics(t, [0, 2], "verl/dro")
         {'actor/ppo_kl': -0.5}
     """
-    if loss not in LOSS_METRICS:
-        raise UsageError(f"loss: expected one of {', '.join(LOSS_METRICS)}, got {loss!r}")
-    off = check_offsets(offsets, terms.term.shape[0], nonempty=True)
-    out: dict[str, float] = {}
-    for name, key, unit in LOSS_METRICS[loss]:
-        if unit == "zero":
-            out[name] = 0.0
-            continue
-        if key in terms.answer_values:
-            per_answer = terms.answer_values[key]
-            out[name] = float(np.mean(per_answer))
-            continue
-        x = terms.flags[key] if key in terms.flags else terms.values[key]
-        x64 = np.asarray(x, dtype=np.float64)
-        if unit == "level":
-            unit = "answers" if terms.level == "sequence" else "tokens"
-        if unit == "tokens":
-            out[name] = float(np.sum(x64) / x64.shape[0])
-        else:
-            share = segment_mean(x64, off)
-            if unit == "answers":
-                out[name] = float(np.mean(share))
-            else:
-                out[name] = float(share.min() if unit == "answer_min" else share.max())
-    return out
+    return {
+        name: (value / count if kind == "mean" else value)
+        for name, (kind, value, count) in metric_sums(terms, offsets, loss).items()
+    }
 
 
 def apply_correction(terms: PolicyTerms, correction: Correction | ArrayLike) -> PolicyTerms:
