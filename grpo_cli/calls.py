@@ -121,6 +121,7 @@ def fold_calls(
     for index in src.recorded.calls().values():
         merged: Counted | None = None
         losses: list[float | None] = []
+        per_rank: dict[str, list[float]] = {}
         for i in index:
             part, r = run(
                 plan(src.subset([i]), fields, engine), lambda: Counted(new()), fold,
@@ -128,16 +129,17 @@ def fold_calls(
             )  # fmt: skip
             ran = ran.then(r)
             info = step_info(src.paths[i])
-            losses.append(
-                rules.file_loss(settings, FileInputs.of(part.tokens, part.empty, info), config)
-            )
+            inputs = FileInputs.of(part.tokens, part.empty, info)
+            losses.append(rules.file_loss(settings, inputs, config))
+            for name, v in rules.file_metrics(settings, inputs, config).items():
+                per_rank.setdefault(name, []).append(v)
             if "generation" in info and info.get("iteration", 0) == 0:
                 out.generations[int(info["generation"])] = int(info.get("generated_at_step", -1))
             merged = part if merged is None else merged.merge(part)
         assert merged is not None
-        out.calls.append(
-            rules.call_metrics(settings, CallInputs(merged.tokens, merged.empty), config)
-        )
+        metrics = rules.call_metrics(settings, CallInputs(merged.tokens, merged.empty), config)
+        metrics.update({k: sum(v) / len(v) for k, v in per_rank.items()})  # the ranks' mean
+        out.calls.append(metrics)
         out.losses.append(losses)
         empty_total += merged.empty
         if whole is not None:

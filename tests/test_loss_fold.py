@@ -608,10 +608,13 @@ def test_from_config_maps_each_trainer_s_keys() -> None:
     })  # fmt: skip
     assert out["correction"] == "openrlhf-is" and (out["is_correction_low"], out[
         "is_correction_high"]) == (0.0, 4.0) and not notes  # fmt: skip
-    # what TRL's loss adds that grpo-cli does not compute is said, never silently left out
-    _, notes = trl.from_config({"entropy_coef": 0.01})
-    assert any("entropy_coef 0.01" in n and "not applied" in n for n in notes)
-    assert trl.from_config({"entropy_coef": 0.0}) == ({}, [])
+    # what TRL's loss adds that grpo-cli does not compute is said, never silently left out:
+    # the adaptive entropy coefficient (a static one is applied: tests/test_recorded.py)
+    _, notes = trl.from_config({"entropy_coef": 0.01, "use_adaptive_entropy": True})
+    assert any("use_adaptive_entropy" in n and "not applied" in n for n in notes)
+    assert trl.from_config({"entropy_coef": 0.01}) == ({}, [])
+    assert trl.entropy_coef({"entropy_coef": 0.01}) == 0.01
+    assert trl.entropy_coef({"entropy_coef": 0.01, "use_adaptive_entropy": True}) is None
 
 
 # ------------------------------------------------------------ the real oracle: TRL

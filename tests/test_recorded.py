@@ -21,7 +21,7 @@ from .trl_runs import STEPS, step_records
 
 # every configuration whose conventions grpo-cli computes (masks: TRL's entropy mask of
 # top_entropy_quantile is not applied, and the run says so: tested below)
-EXACT = ("defaults", "beta", "iterations", "gspo", "ga2_bnpo", "ga2_dapo", "log2")
+EXACT = ("defaults", "beta", "iterations", "gspo", "ga2_bnpo", "ga2_dapo", "log2", "entropy")
 
 
 def close(ours: float, logged: float) -> bool:
@@ -53,6 +53,8 @@ def test_every_logged_metric_with_no_flag(cli: Cli, trl_run: Any, name: str) -> 
     assert {"loss", "entropy", "clip_ratio/region_mean", "clip_ratio/high_max"} <= compared
     if run.settings.get("beta"):
         assert "kl" in compared
+    if run.settings.get("entropy_coef"):  # the bonus is in the loss; the loss before it
+        assert {"policy_loss", "entropy_coef"} <= compared
 
 
 def test_gradient_accumulation_is_what_a_whole_step_file_cannot_give(
@@ -202,3 +204,29 @@ def test_a_loss_the_logger_rounded_to_4_decimals_matches(tmp_path: Path) -> None
     assert verdict == {"loss": "match", "kl": "differs"}
     exact = compare_logged("f", {"loss": 0.0123001}, 1, ours, tolerance=1e-3)
     assert exact.metrics[0].verdict == "differs"
+
+
+def test_the_entropy_bonus_by_hand() -> None:
+    """TRL 1.16.0's static entropy bonus on one rank's call: the policy loss minus coef ×
+    the call's token-mean entropy / the step's loss calls, for every loss type; the loss
+    before it is logged as policy_loss (before the accumulation divisor); without the
+    recorded entropy the loss is unknown (None), not the loss without its bonus."""
+    from grpo_cli._settings import Settings
+    from grpo_cli.trainers import trl
+    from grpo_cli.trainers.base import FileInputs
+
+    s = Settings(trainer="trl")
+    f = FileInputs(answers=4, empty=0, tokens=10, term_sum=2.0, term_answer_means=1.2,
+                   entropy_sum=15.0, entropy_tokens=10, info={"micro_batches": 2})  # fmt: skip
+    cfg = {"loss_type": "bnpo", "entropy_coef": 0.1}
+    assert trl.file_loss(s, f, cfg) == pytest.approx(-2.0 / 10 / 2 - 0.1 * 1.5 / 2)
+    assert trl.file_metrics(s, f, cfg) == {"policy_loss": pytest.approx(-0.2), "entropy_coef": 0.1}
+    cfg = {"loss_type": "grpo", "entropy_coef": 0.1}
+    assert trl.file_loss(s, f, cfg) == pytest.approx(-1.2 / 4 / 2 - 0.1 * 1.5 / 2)
+    dapo = FileInputs(4, 0, 10, 2.0, 1.2, 15.0, 10, {"micro_batches": 2, "num_items_in_batch": 20})
+    cfg = {"loss_type": "dapo", "entropy_coef": 0.1, "steps_per_generation": 2}
+    assert trl.file_loss(s, dapo, cfg) == pytest.approx(-2.0 / 20 - 0.1 * 1.5 / 2)
+    assert trl.file_metrics(s, dapo, cfg)["policy_loss"] == pytest.approx(-2.0 / 20)
+    no_entropy = FileInputs(4, 0, 10, 2.0, 1.2, 0.0, 0, {"micro_batches": 2})
+    assert trl.file_loss(s, no_entropy, {"loss_type": "bnpo", "entropy_coef": 0.1}) is None
+    assert trl.file_metrics(s, f, {"loss_type": "bnpo"}) == {}

@@ -67,6 +67,7 @@ DEFAULTS: dict[str, Any] = {
     "top_entropy_quantile": 1.0,
     "reward_weights": None,
     "logging_steps": 1,
+    "entropy_coef": 0.0,
 }
 
 
@@ -179,8 +180,12 @@ def call_metrics(mb: dict[str, Any], s: dict[str, Any], world_size: int) -> dict
         loss = float(total / (items / world_size * k / s["steps_per_generation"]))
     else:
         raise AssertionError(loss_type)
-    out["loss"] = loss
     out["entropy"] = float((mb["entropy"] * m).sum() / max(m.sum(), 1.0))
+    if s["entropy_coef"]:  # the bonus: coef × the call's token-mean entropy, over k
+        out["policy_loss"] = loss * (1 if loss_type == "dapo" else k)
+        out["entropy_coef"] = s["entropy_coef"]
+        loss -= s["entropy_coef"] * out["entropy"] / k
+    out["loss"] = loss
     low = ((ratio < lo) & (adv < 0)).astype(np.float64)
     high = ((ratio > hi) & (adv > 0)).astype(np.float64)
     region = np.maximum(low, high)

@@ -85,6 +85,15 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "learning_rate": 0.05,
     },
     "sapo": {"loss_type": "sapo", "num_iterations": 2, "beta": 0.04, "learning_rate": 0.05},
+    # TRL's entropy bonus (a static entropy_coef): coef × each call's token-mean entropy
+    # over the accumulation steps off the loss, whatever the loss type; policy_loss logged
+    "entropy": {
+        "entropy_coef": 0.05,
+        "gradient_accumulation_steps": 2,
+        "loss_type": "grpo",
+        "num_iterations": 2,
+        "learning_rate": 0.05,
+    },
 }
 # configurations with two reward functions (weights in reward_weights)
 TWO_REWARDS = frozenset({"beta"})

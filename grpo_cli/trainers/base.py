@@ -117,7 +117,9 @@ class CallRules:
     loss of one call, as the trainer returns it), ``generation_metrics`` (what it logs
     once per generation batch, from the batch's ``reward`` and ``group``), and
     ``combine`` (the logged record: calls' metrics, files' losses by call, the optimizer
-    steps of the logging window, the generations' metrics)."""
+    steps of the logging window, the generations' metrics), and ``file_metrics`` (what
+    each rank logs of its own share of a call, gathered and averaged over the ranks into
+    the call's metrics)."""
 
     call_metrics: Callable[[Settings, CallInputs, Mapping[str, Any]], dict[str, float | None]]
     file_loss: Callable[[Settings, FileInputs, Mapping[str, Any]], float | None]
@@ -131,6 +133,9 @@ class CallRules:
         ],
         dict[str, float | None],
     ]
+    file_metrics: Callable[[Settings, FileInputs, Mapping[str, Any]], dict[str, float]] = (
+        lambda s, f, config: {}
+    )
 
 
 def _no_dependent(values: Mapping[str, Any], default: Default) -> None:

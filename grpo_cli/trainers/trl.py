@@ -528,12 +528,12 @@ def from_config(c: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
         )
     if c.get("off_policy_mask_threshold") is not None:
         notes.append("off_policy_mask_threshold masks off-policy sequences: not applied here")
-    coef = c.get("entropy_coef")
-    if (isinstance(coef, int | float) and coef != 0) or c.get("use_adaptive_entropy"):
+    if c.get("use_adaptive_entropy"):
         notes.append(
-            f"entropy_coef {coef} (use_adaptive_entropy {c.get('use_adaptive_entropy')}): TRL "
-            "subtracts coef × the token-mean entropy from its loss; not applied here (the "
-            "logged loss differs by it; the policy term, KL and clip metrics do not)"
+            f"use_adaptive_entropy (entropy_coef {c.get('entropy_coef')} to start): TRL "
+            "subtracts coef × the token-mean entropy from its loss with a coefficient that "
+            "moves step by step; not applied here (the logged loss differs by it; the policy "
+            "term, KL and clip metrics do not)"
         )
     return out, notes
 
@@ -566,14 +566,11 @@ def call_metrics(s: Settings, c: CallInputs, config: Mapping[str, Any]) -> dict[
     return out
 
 
-def file_loss(s: Settings, f: FileInputs, config: Mapping[str, Any]) -> float | None:
-    """One rank's loss of one call as ``_compute_loss`` returns it (TRL 1.16.0), from the
-    per-token term (``policy − β·KL``, so the loss is its negative): ``grpo`` the mean over
-    the call's answers (empty ones count 0) of their token means, ``bnpo`` the token mean,
-    ``dr_grpo`` the sum over answers × ``max_completion_length``, ``luspo`` the mean over
-    answers of their sums, each divided by the loss calls of the step; ``dapo`` the sum over
-    ``num_items_in_batch`` / world size × calls / ``steps_per_generation``. ``sapo`` is
-    aggregated as ``grpo``, ``cispo`` and ``vespo`` as ``dapo``."""
+def _policy_loss(s: Settings, f: FileInputs, config: Mapping[str, Any]) -> tuple[float, int] | None:
+    """One rank's policy loss of one call before the entropy bonus, as ``_compute_loss``
+    returns it, and the accumulation divisor already in it (``k``; 1 for ``dapo``, whose
+    normaliser takes it): see :func:`file_loss`."""
+    del s
     loss_type = config.get("loss_type", "dapo")
     k = int(f.info.get("micro_batches", 1)) or 1
     n = f.answers + f.empty
@@ -591,10 +588,54 @@ def file_loss(s: Settings, f: FileInputs, config: Mapping[str, Any]) -> float | 
             return None
         world = int(f.info.get("world_size", 1)) or 1
         spg = float(config.get("steps_per_generation") or k)
-        value = f.term_sum / (max(items, 1) / world * k / spg)
+        return -f.term_sum / (max(items, 1) / world * k / spg), 1
     else:
         return None
-    return -value
+    return -value, k
+
+
+def entropy_coef(config: Mapping[str, Any]) -> float | None:
+    """TRL's static entropy bonus coefficient (``entropy_coef`` ≠ 0 without
+    ``use_adaptive_entropy``); None when off or adaptive (its coefficient moves step by
+    step with the window's entropy: not followed here, said in a note)."""
+    coef = config.get("entropy_coef")
+    if config.get("use_adaptive_entropy") or not isinstance(coef, int | float) or coef == 0:
+        return None
+    return float(coef)
+
+
+def file_loss(s: Settings, f: FileInputs, config: Mapping[str, Any]) -> float | None:
+    """One rank's loss of one call as ``_compute_loss`` returns it (TRL 1.16.0), from the
+    per-token term (``policy − β·KL``, so the loss is its negative): ``grpo`` the mean over
+    the call's answers (empty ones count 0) of their token means, ``bnpo`` the token mean,
+    ``dr_grpo`` the sum over answers × ``max_completion_length``, ``luspo`` the mean over
+    answers of their sums, each divided by the loss calls of the step; ``dapo`` the sum over
+    ``num_items_in_batch`` / world size × calls / ``steps_per_generation``. ``sapo`` is
+    aggregated as ``grpo``, ``cispo`` and ``vespo`` as ``dapo``. With a static
+    ``entropy_coef`` its bonus is subtracted: coef × the token mean of the rank's entropy /
+    the loss calls of the step, whatever the loss type (None when the entropy was not
+    recorded)."""
+    got = _policy_loss(s, f, config)
+    if got is None:
+        return None
+    loss = got[0]
+    coef = entropy_coef(config)
+    if coef is not None:
+        if f.tokens and not f.entropy_tokens:
+            return None  # the bonus needs the recorded entropy
+        k = int(f.info.get("micro_batches", 1)) or 1
+        loss -= coef * f.entropy_sum / max(f.entropy_tokens, 1) / k
+    return loss
+
+
+def file_metrics(s: Settings, f: FileInputs, config: Mapping[str, Any]) -> dict[str, float]:
+    """What TRL 1.16.0 logs of one rank's call with the entropy bonus on: ``policy_loss``
+    (the loss before the bonus and before the accumulation divisor) and ``entropy_coef``."""
+    coef = entropy_coef(config)
+    got = _policy_loss(s, f, config)
+    if coef is None or got is None:
+        return {}
+    return {"policy_loss": got[0] * got[1], "entropy_coef": coef}
 
 
 def generation_metrics(s: Settings, rows: Mapping[str, Any]) -> dict[str, float | None]:
@@ -649,7 +690,7 @@ def combine(
     return out
 
 
-CALLS = CallRules(call_metrics, file_loss, generation_metrics, combine)
+CALLS = CallRules(call_metrics, file_loss, generation_metrics, combine, file_metrics)
 
 
 TRAINER = Trainer(
