@@ -39,7 +39,8 @@ from .batch import RawBatch, length_mismatches, nonfinite_flags, token_ranges, v
 from .engine.options import EngineOptions
 from .errors import InputError, UsageError
 from .finalize import SINGLETONS, LoggedInput, objective_record
-from .io import TOKEN_VALUES, Answers, Source, load_answers
+from .io import Answers, Source, load_answers
+from .io.fields import LOGP_FIELDS
 from .plan import plan, run
 from .records import EXTREME, CheckReport, ObjectiveReport, Result
 
@@ -938,8 +939,8 @@ def _scan_values(
 
 
 def _fields(src: Source) -> list[str]:
-    """The log-prob fields present (every token value but the entropy)."""
-    return [f for f in TOKEN_VALUES if f != "entropy" and src.has(f)]
+    """The log-prob fields present."""
+    return [f for f in LOGP_FIELDS if src.has(f)]
 
 
 def _token_fields(src: Source) -> list[str]:

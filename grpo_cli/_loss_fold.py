@@ -30,6 +30,7 @@ __all__ = [
     "LossMetrics",
     "bypass_of",
     "correction_of",
+    "entropy_mask_of",
     "loss_clip_share",
     "metrics_key_of",
     "needs_numpy",
@@ -85,7 +86,7 @@ def metrics_key_of(s: Settings) -> str:
 def needs_numpy(s: Settings) -> bool:
     """Whether the settings' loss or correction is folded in numpy (the compiled kernel
     computes the clipped surrogate only)."""
-    return s.loss != "clip" or s.correction != "none"
+    return s.loss != "clip" or s.correction != "none" or s.entropy_mask
 
 
 # A batch whose rejected tokens were removed (:meth:`TokenPartial.update` with
@@ -206,6 +207,28 @@ def bypass_of(
         values={k: v[keep] for k, v in t.values.items()},
     )  # fmt: skip
     return Bypass(terms=terms, kept=kept_terms, kept_offsets=off, correction=corr)
+
+
+def entropy_mask_of(fields: Mapping[str, NDArray[np.floating]]) -> F64:
+    """The batch's ``entropy_mask`` field as 0/1 weights of the policy term (TRL 1.16.0
+    ``_compute_loss``: ``per_token_loss * entropy_mask`` before the IS ratio and the KL
+    term; ``get_high_entropy_mask`` keeps the tokens at or above the entropy quantile).
+
+    Raises:
+        InputError: no ``entropy_mask`` field, or a value other than 0 and 1.
+    """
+    em = fields.get("entropy_mask")
+    if em is None:
+        raise InputError(
+            "entropy_mask (TRL's top_entropy_quantile < 1) needs the recorded high-entropy "
+            "mask: the input has no entropy_mask column (--column entropy_mask=NAME, or "
+            "--loss-param entropy_mask=false to leave it out)"
+        )
+    w = np.asarray(em, dtype=np.float64)
+    if not np.all((w == 0.0) | (w == 1.0)):
+        bad = float(w[~((w == 0.0) | (w == 1.0))][0])
+        raise InputError(f"entropy_mask holds {bad}: expected booleans or 0/1")
+    return w
 
 
 def policy_terms(

@@ -26,6 +26,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .batch import Batch
+from .io.fields import LOGP_FIELDS  # the log-prob fields
 
 __all__ = ["ALIGNMENT_EVERY", "CLOSING_RUN", "LOGP_FIELDS", "AlignmentSums", "ClosingZeros"]
 
@@ -34,7 +35,6 @@ I64 = NDArray[np.int64]
 
 CLOSING_RUN = 2  # exact zeros that close an answer to count it as padded
 ALIGNMENT_EVERY = 8  # the alignment sums read the answers whose input row is a multiple
-LOGP_FIELDS = ("logp", "old_logp", "ref_logp", "rollout_logp")  # the log-prob fields
 
 
 @dataclass

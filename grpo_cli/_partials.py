@@ -50,6 +50,7 @@ from ._loss_fold import (
     LossMetrics,
     bypass_of,
     correction_of,
+    entropy_mask_of,
     needs_numpy,
     policy_terms,
     rejects,
@@ -226,6 +227,23 @@ class TermSums:
     def merge(self, o: TermSums) -> TermSums:
         self.token += o.token
         self.answer_means += o.answer_means
+        return self
+
+
+@dataclass
+class MaskedSums:
+    """``Σ x·m`` and ``Σ m`` of a per-token value under 0/1 weights ``m``."""
+
+    total: float = 0.0
+    n: int = 0
+
+    def add(self, x: F64, m: F64) -> None:
+        self.total += float(np.dot(x, m))
+        self.n += int(np.count_nonzero(m))
+
+    def merge(self, o: MaskedSums) -> MaskedSums:
+        self.total += o.total
+        self.n += o.n
         return self
 
 
@@ -606,6 +624,7 @@ class TokenPartial:
         "rollout",
         "entropy",
         "entropy_q",
+        "bonus_entropy",
         "reward_kl",
         "old_ref",
         "grad",
@@ -651,6 +670,7 @@ class TokenPartial:
         self.rollout = RolloutPartial()
         self.entropy = Moments()
         self.entropy_q = Sketch(*ENTROPY_BINS, **cap)
+        self.bonus_entropy = MaskedSums()  # the entropy over TRL's entropy_mask (its bonus)
         # with the KL in the reward: the KL the reward took (old_logp vs ref_logp) and the
         # raw old_logp − ref_logp, for the trainers' logged kl and logprobs_diff
         self.reward_kl = TermSums()
@@ -952,13 +972,17 @@ class TokenPartial:
             pt = policy_terms(s, b.fields, adv, b.offsets, corr)
             policy, grad = pt.term, pt.grad
         else:
-            assert corr is not None
-            policy = _times(terms.policy, corr.weight)
+            policy = terms.policy if corr is None else _times(terms.policy, corr.weight)
             grad = None
             if self.gradient_wanted:
                 gp, _ = token_gradients(terms, offsets=b.offsets, options=self.options)
-                grad = _times(gp, corr.weight)
-        self.loss_metrics.add(pt, None if folded else corr, b.offsets, batch=not folded)
+                grad = gp if corr is None else _times(gp, corr.weight)
+        if s.entropy_mask:  # TRL's high-entropy tokens only, the loss's counts unchanged
+            em = entropy_mask_of(b.fields)
+            policy = _times(policy, em)
+            grad = None if grad is None else _times(grad, em)
+        if pt is not None or corr is not None:
+            self.loss_metrics.add(pt, None if folded else corr, b.offsets, batch=not folded)
         return self._with_kl(terms, policy), grad
 
     def _with_kl(self, terms: TokenTerms, policy: F64) -> TokenTerms:
@@ -988,6 +1012,8 @@ class TokenPartial:
             e = np.asarray(entropy, dtype=np.float64)
             self.entropy.update(e)
             self.entropy_q.update(e)
+            if s.entropy_mask and "entropy_mask" in b.fields:
+                self.bonus_entropy.add(e, entropy_mask_of(b.fields))
         rollout = b.fields.get("rollout_logp")
         if rollout is not None:  # the trainer's old policy is logp itself when on-policy
             old = b.fields.get("old_logp", b.fields["logp"])

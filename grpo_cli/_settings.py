@@ -91,7 +91,9 @@ class Settings:
     ``vespo_lambda_pos``, ``vespo_k_neg``, ``vespo_lambda_neg``; verl ``clip_cov_ratio``,
     ``clip_cov_lb``, ``clip_cov_ub``, ``kl_cov_ratio``, ``ppo_kl_coef``, ``dro_beta``;
     ``verl/bypass_mode`` (the sampler's log-probs as the old policy) ``bypass_loss_type``
-    (``rollout_correction.loss_type``) and the correction's ``rollout_*`` fields below. The
+    (``rollout_correction.loss_type``) and the correction's ``rollout_*`` fields below;
+    ``entropy_mask`` (TRL's ``top_entropy_quantile`` < 1, any loss: the policy term times
+    the recorded ``entropy_mask`` field, the KL term and the aggregation's counts not). The
     clip bounds of cispo, dppo, clip_cov and geo_mean are ``clip_eps``/``clip_eps_high``
     (TRL's cispo caps ρ at ``clip_eps_high`` itself, verl's at ``1 + clip_eps_high``), dppo's
     ratio cap is ``dual_clip`` (verl's ``clip_ratio_c``; 3.0 when off).
@@ -147,6 +149,8 @@ class Settings:
     dro_beta: float | None = None
     # verl's bypass mode (loss verl/bypass_mode): rollout_correction.loss_type
     bypass_loss_type: BypassLoss = "ppo_clip"
+    # TRL's top_entropy_quantile < 1: the policy term only where the entropy_mask field is 1
+    entropy_mask: bool = False
     # the sampler–trainer correction and its parameters
     correction: CorrectionName = "none"
     vllm_is_mode: TrlISMode = "sequence_mask"
@@ -362,6 +366,11 @@ class Settings:
             _is_threshold(self.rollout_is_threshold)
         except UsageError as exc:
             raise SettingError("rollout_is_threshold", str(exc).split(": ", 1)[-1]) from None
+        if self.entropy_mask and self.trainer not in (None, "trl"):
+            raise SettingError(
+                "entropy_mask", f"is TRL's (top_entropy_quantile), the settings' trainer is "
+                f"{self.trainer}"
+            )  # fmt: skip
         bypass = self.loss == "verl/bypass_mode"
         if bypass and c != "none":
             raise SettingError(
@@ -412,7 +421,7 @@ CORRECTIONS: tuple[str, ...] = get_args(CorrectionName)
 LOSS_PARAMS = (
     "sapo_temperature_pos", "sapo_temperature_neg", "vespo_k_pos", "vespo_lambda_pos",
     "vespo_k_neg", "vespo_lambda_neg", "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub",
-    "kl_cov_ratio", "ppo_kl_coef", "dro_beta", "bypass_loss_type", "rollout_is",
+    "kl_cov_ratio", "ppo_kl_coef", "dro_beta", "bypass_loss_type", "entropy_mask", "rollout_is",
     "rollout_is_threshold", "rollout_is_batch_normalize", "rollout_rs", "rollout_rs_threshold",
 )  # fmt: skip
 CORRECTION_PARAMS = (

@@ -511,6 +511,60 @@ def test_explain_names_the_rejection_and_bypass_mode(cli: Cli, tmp_path: Path) -
     assert "bypass mode" in msg and "ppo_clip" in msg and "(token_k1)" in msg
 
 
+@pytest.mark.parametrize("fmt", ["parquet-bool", "parquet-int", "npz-bool", "jsonl"])
+def test_the_entropy_mask_weighs_the_policy_term(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fmt: str
+) -> None:
+    """TRL's top_entropy_quantile: the policy term times the recorded entropy_mask (0/1,
+    booleans or integers), the KL term and every count over all tokens; read from each
+    format; a value other than 0/1 and a missing column are one line each."""
+    monkeypatch.setenv("GRPO_CLI_BATCH_TOKENS", "16")
+    d = _data(seed=5)
+    rng = np.random.default_rng(6)
+    em = [rng.random(k) < 0.6 for k in d["lengths"]]
+    f, off = _flat(d)
+    w = np.concatenate(em).astype(float)
+    dk = f["ref_logp"] - f["logp"]
+    kl = np.exp(dk) - dk - 1.0
+    policy = _clip_policy(f, _advantages(d), off) * w
+    want = _agg(policy, off, "token-mean") - BETA * _agg(kl, off, "token-mean")
+    if fmt.startswith("parquet"):
+        path = _parquet(tmp_path / "m.parquet", d, rows=3)
+        t = pq.read_table(path)
+        typ = pa.bool_() if fmt == "parquet-bool" else pa.int8()
+        vals = [e.tolist() if typ == pa.bool_() else e.astype(int).tolist() for e in em]
+        pq.write_table(t.append_column("entropy_mask", pa.array(vals, type=pa.list_(typ))), path,
+                       row_group_size=3)  # fmt: skip
+    elif fmt == "npz-bool":
+        path = _npz(tmp_path / "m.npz", d)
+        arrays = dict(np.load(path))
+        arrays["entropy_mask"] = pad([e.astype(float) for e in em], arrays["mask"].shape[1],
+                                     fill=0.0).astype(bool)  # fmt: skip
+        np.savez(path, **arrays)
+    else:
+        path = tmp_path / "m.jsonl"
+        with path.open("w") as fh:
+            for i in range(len(d["reward"])):
+                row = {k: d[k][i].tolist() for k in FIELDS}
+                row |= {"group": int(d["group"][i]), "reward": float(d["reward"][i]),
+                        "entropy_mask": em[i].tolist()}  # fmt: skip
+                fh.write(json.dumps(row) + "\n")
+    flags = ["--agg", "token-mean", "--loss-param", "entropy_mask=true"]
+    doc = cli.json("objective", path, *flags)
+    assert close(doc["objective"], want), (doc["objective"], want)
+    assert doc["counts"]["tokens"] == off[-1]
+    if fmt == "parquet-int":
+        t = pq.read_table(path)
+        bad = [[2, *e.astype(int).tolist()[1:]] for e in em]
+        t = t.set_column(t.column_names.index("entropy_mask"), "entropy_mask",
+                         pa.array(bad, type=pa.list_(pa.int8())))  # fmt: skip
+        pq.write_table(t, tmp_path / "bad.parquet")
+        cli.error(["objective", str(tmp_path / "bad.parquet"), *flags],
+                  "column 'entropy_mask' holds 2")  # fmt: skip
+        plain = _parquet(tmp_path / "plain.parquet", d, rows=3)
+        cli.error(["objective", str(plain), *flags], "no entropy_mask column")
+
+
 def test_rejection_settings_are_checked(cli: Cli, tmp_path: Path) -> None:
     with pytest.raises(SettingError, match=r"^rollout_rs: .*verl-rollout"):
         Settings(rollout_rs="token_k1", rollout_rs_threshold=2.0)

@@ -19,9 +19,10 @@ from grpo_cli.integrations._writer import RunWriter, rollout_table
 from .conftest import Cli
 from .trl_runs import STEPS, step_records
 
-# every configuration whose conventions grpo-cli computes (masks: TRL's entropy mask of
-# top_entropy_quantile is not applied, and the run says so: tested below)
-EXACT = ("defaults", "beta", "iterations", "gspo", "ga2_bnpo", "ga2_dapo", "log2", "entropy")
+# every configuration whose conventions grpo-cli computes
+EXACT = (
+    "defaults", "beta", "iterations", "gspo", "ga2_bnpo", "ga2_dapo", "log2", "entropy", "masks",
+)  # fmt: skip
 
 
 def close(ours: float, logged: float) -> bool:
@@ -71,14 +72,18 @@ def test_gradient_accumulation_is_what_a_whole_step_file_cannot_give(
     assert not close(whole["clip_ratio/high_max"], record["clip_ratio/high_max"])
 
 
-def test_what_is_not_applied_is_said(cli: Cli, trl_run: Any) -> None:
+def test_the_entropy_mask_is_what_makes_the_loss(cli: Cli, trl_run: Any) -> None:
+    """top_entropy_quantile 0.5: meta.json turns the entropy mask on; the loss matches with
+    it (test above) and not without it, the metrics that do not involve it either way."""
     run = trl_run("masks")
-    r = cli("objective", run.directory / "step_000002", "--json")
-    doc = json.loads(r.stdout)
-    assert any("top_entropy_quantile" in w for w in doc["warnings"])
-    # the numbers that do not involve the entropy mask still match
+    step = run.directory / "step_000002"
+    doc = cli.json("objective", step)
+    assert doc["settings"]["entropy_mask"] is True
     record = step_records(run.log_history)[2]
-    ours = doc["trainer_metrics"]["metrics"]
+    assert close(doc["trainer_metrics"]["metrics"]["loss"], record["loss"])
+    off = cli.json("objective", step, "--loss-param", "entropy_mask=false")
+    ours = off["trainer_metrics"]["metrics"]
+    assert not close(ours["loss"], record["loss"])
     for k in ("entropy", "kl", "clip_ratio/region_mean"):
         assert close(ours[k], record[k]), k
 

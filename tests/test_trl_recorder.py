@@ -184,7 +184,9 @@ def call_metrics(mb: dict[str, Any], s: dict[str, Any], world_size: int) -> dict
     if s["entropy_coef"]:  # the bonus: coef × the call's token-mean entropy, over k
         out["policy_loss"] = loss * (1 if loss_type == "dapo" else k)
         out["entropy_coef"] = s["entropy_coef"]
-        loss -= s["entropy_coef"] * out["entropy"] / k
+        em = m * mb["entropy_mask"] if "entropy_mask" in mb else m  # the same tokens
+        bonus = float((mb["entropy"] * em).sum() / max(em.sum(), 1.0))
+        loss -= s["entropy_coef"] * bonus / k
     out["loss"] = loss
     low = ((ratio < lo) & (adv < 0)).astype(np.float64)
     high = ((ratio > hi) & (adv > 0)).astype(np.float64)

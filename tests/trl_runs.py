@@ -59,9 +59,12 @@ CONFIGS: dict[str, dict[str, Any]] = {
     # two optimizer steps per generation batch: old log-probs computed, dapo's normaliser
     # scaled by gradient_accumulation_steps / steps_per_generation
     "ga2_dapo": {"gradient_accumulation_steps": 2, "steps_per_generation": 4},
+    # TRL's high-entropy mask (the policy term on the recorded entropy_mask tokens only)
+    # with the entropy bonus over the same tokens
     "masks": {
         "mask_truncated_completions": True,
         "top_entropy_quantile": 0.5,
+        "entropy_coef": 0.05,
         "beta": 0.04,
         "num_iterations": 2,
         "delta": 1.5,

@@ -369,7 +369,7 @@ _PARAM_OPTIONAL = (
     "dro_beta", "vllm_is_clip_max", "vllm_is_clip_min", "rollout_is", "rollout_rs",
     "rollout_rs_threshold",
 )  # fmt: skip
-_PARAM_BOOL = ("rollout_is_batch_normalize",)
+_PARAM_BOOL = ("rollout_is_batch_normalize", "entropy_mask")
 _PARAM_NAMES = (
     "vllm_is_mode", "rollout_is", "rollout_rs", "is_correction_level", "is_correction_mode",
     "is_correction_gating", "bypass_loss_type",

@@ -1,7 +1,9 @@
 """The fields of grpo-cli's data model and the names trainers give them.
 
 An answer has ``group``, ``reward`` and ``advantage``; its tokens carry ``logp``,
-``old_logp``, ``ref_logp``, ``rollout_logp``, ``entropy`` and ``mask``. Every reader maps
+``old_logp``, ``ref_logp``, ``rollout_logp``, ``entropy``, ``entropy_mask`` (TRL's
+high-entropy tokens under ``top_entropy_quantile``: 1 where the policy term counts, read
+as a 0/1 value) and ``mask``. Every reader maps
 its columns or arrays onto these through :data:`ALIASES` and ``--column FIELD=NAME``.
 ``reward`` and ``advantage`` may also be stored one value per token (:data:`PER_TOKEN`):
 the readers recognise them by their layout (a list column, an ``(N, L)`` array) and reduce
@@ -18,6 +20,8 @@ __all__ = [
     "ALIASES",
     "ANSWER_FIELDS",
     "FIELDS",
+    "FLAG_FIELDS",
+    "LOGP_FIELDS",
     "PER_TOKEN",
     "TOKEN_FIELDS",
     "TOKEN_VALUES",
@@ -27,7 +31,10 @@ __all__ = [
 
 ANSWER_FIELDS = ("group", "reward", "advantage")
 # per-token values, and with the mask every per-token field (the one list of them)
-TOKEN_VALUES = ("logp", "old_logp", "ref_logp", "rollout_logp", "entropy")
+TOKEN_VALUES = ("logp", "old_logp", "ref_logp", "rollout_logp", "entropy", "entropy_mask")
+# the log-probabilities among them, and the 0/1 flags (read from booleans too)
+LOGP_FIELDS = ("logp", "old_logp", "ref_logp", "rollout_logp")
+FLAG_FIELDS = ("entropy_mask",)
 TOKEN_FIELDS = (*TOKEN_VALUES, "mask")
 FIELDS = ANSWER_FIELDS + TOKEN_FIELDS
 # answer fields a file may hold one value per token of (verl keeps both (N, L))
@@ -70,6 +77,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
         "generation_logprobs",
     ),
     "entropy": ("entropy", "entropys", "entropies", "token_entropy"),
+    "entropy_mask": ("entropy_mask", "high_entropy_mask"),
     "mask": (
         "mask",
         "response_mask",

@@ -18,7 +18,7 @@ from .._core import segment_count, segment_sum
 from ..batch import RawBatch, mask_values
 from ..errors import InputError
 from .arrow import arrow_of, null_rows, numpy_of
-from .fields import ANSWER_FIELDS, PER_TOKEN, TOKEN_VALUES
+from .fields import ANSWER_FIELDS, FLAG_FIELDS, PER_TOKEN, TOKEN_VALUES
 
 if TYPE_CHECKING:
     from ..batch import Batch
@@ -261,9 +261,13 @@ def raw_record_batch(
     vals: dict[str, np.ndarray] = {}
     row0 = start - file_start
     for f, name in zip(wanted, names, strict=True):
+        flag = f in FLAG_FIELDS  # 0/1 per token, booleans welcome
         offs[f], vals[f] = list_column(
-            rb.column(name), label, name, row0, masked=mname is not None, what=what
-        )
+            rb.column(name), label, name, row0, masked=mname is not None and not flag,
+            boolean=flag, what=what,
+        )  # fmt: skip
+        if flag:
+            vals[f] = mask_values(vals[f], label, f"{what} {name!r}")
     mask = None
     if mname is not None:
         moff, mvals = list_column(rb.column(mname), label, mname, row0, boolean=True, what=what)

@@ -88,16 +88,21 @@ class FileInputs:
     tokens: int
     term_sum: float  # Σ_t of the per-token term over the file's valid tokens
     term_answer_means: float  # Σ_i of each answer's token mean of the term
-    entropy_sum: float
+    entropy_sum: float  # over the tokens the entropy bonus takes
     entropy_tokens: int
     info: Mapping[str, Any]
 
     @classmethod
     def of(cls, acc: TokenPartial, empty: int, info: Mapping[str, Any]) -> FileInputs:
+        """The sums of a file's partial; the entropy over TRL's entropy mask when the
+        settings apply one (its entropy bonus is taken over the same tokens)."""
         e = acc.entropy
+        total, n = e.total, e.n
+        if acc.settings.entropy_mask:
+            total, n = acc.bonus_entropy.total, acc.bonus_entropy.n
         return cls(
-            acc.answers, empty, acc.tokens, acc.term.token, acc.term.answer_means,
-            e.total, e.n, info,
+            acc.answers, empty, acc.tokens, acc.term.token, acc.term.answer_means, total, n,
+            info,
         )  # fmt: skip
 
 

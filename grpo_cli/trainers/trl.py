@@ -522,10 +522,7 @@ def from_config(c: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
             v = c["vllm_importance_sampling_clip_min"]
             out["vllm_is_clip_min"] = None if v is None else float(v)
     if isinstance(c.get("top_entropy_quantile"), int | float) and c["top_entropy_quantile"] < 1:
-        notes.append(
-            f"top_entropy_quantile {c['top_entropy_quantile']}: TRL's policy term covers only "
-            "the high-entropy tokens (the recorder's entropy_mask column); not applied here"
-        )
+        out["entropy_mask"] = True  # the policy term on the recorder's entropy_mask tokens
     if c.get("off_policy_mask_threshold") is not None:
         notes.append("off_policy_mask_threshold masks off-policy sequences: not applied here")
     if c.get("use_adaptive_entropy"):

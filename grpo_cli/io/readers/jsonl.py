@@ -32,7 +32,7 @@ import pyarrow.json as pj
 from ...batch import BatchError, RawBatch
 from ...errors import InputError
 from ..arrow import why
-from ..fields import ANSWER_FIELDS, PER_TOKEN, TOKEN_VALUES
+from ..fields import ANSWER_FIELDS, FLAG_FIELDS, PER_TOKEN, TOKEN_VALUES
 from ..lists import answer_table, is_list, raw_record_batch
 from ..paths import InputPath, RemoteFile
 from .base import AnswerColumns, ReadColumns, Unit, token_columns
@@ -188,12 +188,13 @@ def line_types(p: InputPath) -> dict[str, pa.DataType]:
 
 def json_type(field: str, seen: pa.DataType | None) -> pa.DataType:
     """The type a field is parsed as, from the type its first line holds (``seen``): token
-    values as lists of floats (JSON integers read as floats); a mask of booleans or of
-    numbers; a group id as integers or strings (anything else as it came, refused when
-    encoded); a reward or advantage as a float, or a list of floats (one a token)."""
-    if field in TOKEN_VALUES:
+    values as lists of floats (JSON integers read as floats); a mask (and a 0/1 flag such
+    as ``entropy_mask``) of booleans or of numbers; a group id as integers or strings
+    (anything else as it came, refused when encoded); a reward or advantage as a float, or
+    a list of floats (one a token)."""
+    if field in TOKEN_VALUES and field not in FLAG_FIELDS:
         return pa.list_(pa.float64())
-    if field == "mask":
+    if field == "mask" or field in FLAG_FIELDS:
         boolean = seen is not None and is_list(seen) and pa.types.is_boolean(seen.value_type)
         return pa.list_(pa.bool_() if boolean else pa.float64())
     if field == "group":

@@ -20,7 +20,7 @@ from numpy.typing import NDArray
 from ...batch import RawBatch, mask_values
 from ...errors import InputError
 from ..arrow import arrow_of, why
-from ..fields import ANSWER_FIELDS
+from ..fields import ANSWER_FIELDS, FLAG_FIELDS
 from ..lists import (
     OUTSIDE,
     TOKEN_ADVANTAGE,
@@ -355,7 +355,9 @@ class NpzReader:
                     f"{path}: array {src.name(f)!r} has shape {arr.shape}, "
                     f"but {ref_name!r} has {ref_shape}"
                 )
-            if arr.dtype.kind not in "fiu":  # numpy counts timedelta64 as an integer: refused
+            if f in FLAG_FIELDS:  # 0/1 per token: booleans or numbers
+                raw[f] = mask_values(arr, str(path), f"array {src.name(f)!r}")
+            elif arr.dtype.kind not in "fiu":  # numpy counts timedelta64 as an integer
                 raise InputError(
                     f"{path}: array {src.name(f)!r} has dtype {arr.dtype}, expected floats"
                 )
