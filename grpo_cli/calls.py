@@ -147,14 +147,20 @@ def fold_calls(
     return empty_total, ran
 
 
-def generation_rows(src: Source, generations: set[int]) -> dict[int, dict[str, Any]]:
+def generation_rows(
+    src: Source, generations: set[int], settings: Settings | None = None
+) -> dict[int, dict[str, Any]]:
     """Each generation batch's rewards and group ids (from the files of its first pass,
     iteration 0, over every step of the run that holds one of its chunks), for the
-    metrics a trainer logs once per generation."""
+    metrics a trainer logs once per generation; with a sampler–trainer correction in
+    ``settings``, ``corrections``: each rank's correction metrics over its share of the
+    generation (:func:`grpo_cli._loss_fold.correction_of` of every file, merged by rank)."""
+    from ._loss_fold import LossMetrics
     from .io import open_source
 
     assert src.recorded is not None
     out: dict[int, dict[str, Any]] = {}
+    by_rank: dict[int, dict[int, LossMetrics]] = {}
     for st in src.recorded.run.steps():
         if not st.done:
             continue
@@ -164,6 +170,10 @@ def generation_rows(src: Source, generations: set[int]) -> dict[int, dict[str, A
             if g not in generations or info.get("iteration", 0) != 0:
                 continue
             one = open_source([p])
+            if settings is not None and settings.correction != "none":
+                ranks = by_rank.setdefault(g, {})
+                rank = int(info.get("rank", 0))
+                ranks[rank] = _file_correction(one, settings, ranks.get(rank))
             cols = [one.name(f) for f in ("group", "reward") if one.has(f)]
             if len(cols) < 2:
                 continue
@@ -173,7 +183,28 @@ def generation_rows(src: Source, generations: set[int]) -> dict[int, dict[str, A
             rows["reward"].append(np.asarray(t.column(cols[1]).to_pylist(), dtype=np.float64))
     for rows in out.values():
         rows["reward"] = np.concatenate(rows["reward"]) if rows["reward"] else np.zeros(0)
+    for g, ranks in by_rank.items():
+        rows = out.setdefault(g, {"group": [], "reward": np.zeros(0)})
+        rows["corrections"] = [ranks[r].values() for r in sorted(ranks)]
     return out
+
+
+def _file_correction(one: Source, settings: Settings, into: Any) -> Any:
+    """A file's correction metrics (answers without a valid token left out, as the
+    trainer masks them) folded into ``into`` (a :class:`~grpo_cli._loss_fold.LossMetrics`,
+    or None: a new one)."""
+    from ._loss_fold import LossMetrics, correction_of
+    from .engine.options import DEFAULT_BATCH_TOKENS
+    from .io import TOKEN_VALUES
+
+    acc = LossMetrics.of(settings) if into is None else into
+    fields = [f for f in TOKEN_VALUES if one.has(f)]
+    for raw in one.raw_batches(None, fields, DEFAULT_BATCH_TOKENS):
+        kept, _ = drop_empty(raw)
+        if kept.n:
+            b = validate(kept)
+            acc.add(None, correction_of(settings, b.fields, b.offsets), b.offsets)
+    return acc
 
 
 def logging_window(src: Source, config: dict[str, Any]) -> list[int]:
@@ -195,7 +226,8 @@ def logged_calls(src: Source, settings: Settings, folded: Folded, steps: list[in
     rules = t.calls
     generated = {g for g, at in folded.generations.items() if at in steps}
     gen_metrics = [
-        rules.generation_metrics(settings, r) for r in generation_rows(src, generated).values()
+        rules.generation_metrics(settings, r)
+        for r in generation_rows(src, generated, settings).values()
     ]
     metrics = rules.combine(folded.calls, folded.losses, len(steps), gen_metrics)
     clean = {k: v for k, v in metrics.items() if v is not None and not math.isnan(v)}

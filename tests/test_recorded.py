@@ -235,3 +235,59 @@ def test_the_entropy_bonus_by_hand() -> None:
     no_entropy = FileInputs(4, 0, 10, 2.0, 1.2, 0.0, 0, {"micro_batches": 2})
     assert trl.file_loss(s, no_entropy, {"loss_type": "bnpo", "entropy_coef": 0.1}) is None
     assert trl.file_metrics(s, f, {"loss_type": "bnpo"}) == {}
+
+
+def test_the_vllm_sampling_metrics_are_the_generation_s(cli: Cli, tmp_path: Path) -> None:
+    """TRL logs sampling/* once per generation batch (each process over its share of the
+    generation, then the mean of the processes' means and the max / min of their
+    extremes), not per loss call: a crafted run of 2 ranks × 2 calls with calls of unequal
+    lengths, where the mean over calls would differ, against TRL's formulas by hand."""
+    rng = np.random.default_rng(9)
+    cfg = {
+        "loss_type": "bnpo", "beta": 0.0, "use_vllm": True,
+        "vllm_importance_sampling_correction": True,
+        "vllm_importance_sampling_mode": "token_truncate",
+        "vllm_importance_sampling_clip_max": 2.0, "gradient_accumulation_steps": 2,
+        "steps_per_generation": 2,
+    }  # fmt: skip
+    root = tmp_path / "run"
+    per_rank: list[list[np.ndarray]] = [[], []]  # each rank's old − rollout, call by call
+    per_call: list[float] = []
+    for rank in (0, 1):
+        w = RunWriter(root, trainer="trl", trainer_version="1.16.0", config=cfg, rank=rank,
+                      world_size=2)  # fmt: skip
+        for mb, width in enumerate((3, 9)):
+            n = 4
+            old = -rng.exponential(1.0, (n, width))
+            roll = old + rng.normal(0, 0.4 if mb else 0.05, (n, width))
+            t = rollout_table(
+                group=[f"r{rank}-{i // 2}" for i in range(n)],
+                reward=rng.integers(0, 2, n).astype(float), advantage=rng.normal(0, 1, n),
+                mask=np.ones((n, width), bool),
+                tokens={"logp": old + rng.normal(0, 0.1, (n, width)), "old_logp": old,
+                        "rollout_logp": roll},
+            )  # fmt: skip
+            info = {"micro_batches": 2, "num_items_in_batch": 48, "generation": 0,
+                    "generated_at_step": 1, "iteration": 0, "chunk": mb}  # fmt: skip
+            w.write_micro_batch(1, mb, t, info)
+            f32 = (x.astype(np.float32).astype(float) for x in (old, roll))  # as recorded
+            d = next(f32) - next(f32)
+            per_rank[rank].append(d.ravel())
+            per_call.append(float(np.abs(d).mean()))
+        w.finish_step(1)
+    doc = cli.json("objective", root / "step_000001")
+    got = doc["trainer_metrics"]["metrics"]
+    d0, d1 = (np.concatenate(r) for r in per_rank)
+    w0, w1 = (np.minimum(np.exp(d), 2.0) for d in (d0, d1))
+    want = {
+        "sampling/sampling_logp_difference/mean": (np.abs(d0).mean() + np.abs(d1).mean()) / 2,
+        "sampling/sampling_logp_difference/max": max(np.abs(d0).max(), np.abs(d1).max()),
+        "sampling/importance_sampling_ratio/min": min(w0.min(), w1.min()),
+        "sampling/importance_sampling_ratio/mean": (w0.mean() + w1.mean()) / 2,
+        "sampling/importance_sampling_ratio/max": max(w0.max(), w1.max()),
+    }
+    for k, v in want.items():
+        assert math.isclose(got[k], v, rel_tol=1e-9), (k, got[k], v)
+    per_call_mean = sum(per_call) / len(per_call)  # what a per-call mean would have given
+    assert not math.isclose(want["sampling/sampling_logp_difference/mean"], per_call_mean,
+                            rel_tol=1e-3)  # fmt: skip

@@ -559,7 +559,10 @@ def call_metrics(s: Settings, c: CallInputs, config: Mapping[str, Any]) -> dict[
         out["clip_ratio/high_max"] = acc.clip_shares.high_max
     if s.loss != "clip":  # the loss's own clip metric (cispo, vespo), or none (sapo)
         out = {k: v for k, v in out.items() if k not in CLIP_METRICS}
-        out.update(acc.loss_metrics.values())
+        out.update(
+            # the vLLM correction's sampling/* are logged once per generation instead
+            {k: v for k, v in acc.loss_metrics.values().items() if not k.startswith("sampling/")}
+        )
     return out
 
 
@@ -638,11 +641,15 @@ def file_metrics(s: Settings, f: FileInputs, config: Mapping[str, Any]) -> dict[
 def generation_metrics(s: Settings, rows: Mapping[str, Any]) -> dict[str, float | None]:
     """What TRL logs once per generation batch (``_generate_and_score_completions``):
     ``reward`` (nan-mean), ``reward_std`` (sample std), ``frac_reward_zero_std`` (the share
-    of answers whose group's sample std is 0, by ``torch.isclose``'s default tolerance)."""
+    of answers whose group's sample std is 0, by ``torch.isclose``'s default tolerance);
+    with the vLLM IS correction its ``sampling/*`` metrics, each process's over its share
+    of the generation, then gathered: the mean of the processes' means, the max of their
+    maxima, the min of their minima."""
     del s
+    out = _sampling(rows.get("corrections") or [])
     reward = np.asarray(rows["reward"], dtype=np.float64)
     if reward.size == 0:
-        return {}
+        return out
     groups: dict[Any, list[int]] = {}
     for i, g in enumerate(rows["group"]):
         groups.setdefault(g, []).append(i)
@@ -657,7 +664,26 @@ def generation_metrics(s: Settings, rows: Mapping[str, Any]) -> dict[str, float 
         "reward": float(np.mean(finite)) if finite.size else None,
         "reward_std": float(np.std(finite, ddof=1)) if finite.size > 1 else None,
         "frac_reward_zero_std": float(np.mean(zero)),
+        **out,
     }
+
+
+def _sampling(ranks: list[Mapping[str, float]]) -> dict[str, float | None]:
+    """The ``sampling/*`` metrics of a generation from each rank's (TRL 1.16.0 gathers
+    ``mean_delta``, ``max_delta`` and the IS ratio's min, mean, max across processes, then
+    takes their mean, max, nanmin/nanmean/nanmax)."""
+    out: dict[str, float | None] = {}
+    for name in dict.fromkeys(k for r in ranks for k in r if k.startswith("sampling/")):
+        values = [v for r in ranks if (v := r.get(name)) is not None and not math.isnan(v)]
+        if not values:
+            out[name] = None
+        elif name.endswith("/max"):
+            out[name] = max(values)
+        elif name.endswith("/min"):
+            out[name] = min(values)
+        else:
+            out[name] = sum(values) / len(values)
+    return out
 
 
 def combine(
