@@ -26,6 +26,7 @@ from ._core import (
     token_gradients,
     token_terms,
 )
+from ._loss_fold import answer_view, needs_numpy
 from ._partials import AnswerCounts, divisor_of
 from ._report import TOKEN_FIELDS, Pass1, objective_pass1
 from ._settings import Settings
@@ -275,7 +276,8 @@ def answer_stats(
     per_token = adv.shape != (b.n,)
     args = (f["logp"], f.get("old_logp"), f.get("ref_logp"), adv, b.offsets)
     g2 = None
-    if compiled and not per_token and _fast.supports_options(o):
+    loss = needs_numpy(settings)  # a loss, correction or mask of the trainer's own
+    if compiled and not per_token and _fast.supports_options(o) and not loss:
         out = _fast.fold(*args, options=o, gradient=grad is not None, extremes=True)
         ext = out.extremes
         assert ext is not None
@@ -301,8 +303,15 @@ def answer_stats(
             terms.ratio, adv, b.offsets, clip_eps=o.clip_eps, clip_eps_high=o.clip_eps_high
         )
         clipped = low + high
+        gp = gk = None
         if grad is not None:
             gp, gk = token_gradients(terms, offsets=b.offsets, options=o, answer_means=means)
+        if loss:  # the loss's own clipped tokens and policy gradient (whole answers)
+            view = answer_view(settings, f, adv, b.offsets, (clipped, gp))
+            clipped, gp = view.clipped, view.grad
+            if gk is not None and view.kl_weight is not None:
+                gk = gk * view.kl_weight
+        if grad is not None and gp is not None:
             with np.errstate(over="ignore", invalid="ignore"):
                 pp = segment_sum(gp * gp, b.offsets)
                 kk = pk = None
@@ -328,7 +337,7 @@ def part_stats(
     """:func:`answer_stats` of a run of whole answers, or of a long answer a slice of its
     tokens at a time (the sequence-level ratio's means from a first pass over them)."""
     assert part.adv is not None
-    if not part.long:
+    if not part.long or needs_numpy(settings):  # a trainer's own loss takes whole answers
         return answer_stats(part.batch, part.adv, settings, grad=grad, compiled=compiled)
     seq = means = None
     if settings.ratio_level == "sequence":

@@ -26,8 +26,10 @@ from .errors import InputError
 __all__ = [
     "CLIP_METRICS",
     "WEIGHT_FIELD",
+    "AnswerView",
     "Bypass",
     "LossMetrics",
+    "answer_view",
     "bypass_of",
     "correction_of",
     "entropy_mask_of",
@@ -315,6 +317,117 @@ def policy_terms(
     else:  # pragma: no cover - Settings admits only the losses above
         raise AssertionError(loss)
     return t if correction is None else L.apply_correction(t, correction)
+
+
+# ------------------------------------------------------- per answer (``answers``)
+@dataclass(frozen=True)
+class AnswerView:
+    """What ``answers`` ranks an answer by under the settings' loss (:func:`answer_view`):
+    ``clipped`` ``(N,)`` the tokens the loss clips (its own clip metric's flags:
+    :data:`CLIP_METRICS`; 0 for a loss that clips nothing), ``grad`` ``(T,)`` the policy
+    term's derivative as the loss takes it (None: no closed form)."""
+
+    clipped: NDArray[np.int64]
+    grad: F64 | None
+    kl_weight: F64 | None = None  # what the KL term's gradient is multiplied by (rejection)
+
+
+def _flag_sums(s: Settings, t: L.PolicyTerms, offsets: I64) -> NDArray[np.int64]:
+    """Per answer, the tokens its loss's clip metrics flag (:data:`CLIP_METRICS`)."""
+    key = metrics_key_of(s)
+    names = CLIP_METRICS.get(key, ())
+    flags = [k for name, k, _ in L.LOSS_METRICS.get(key, ()) if name in names]
+    total = np.zeros(t.term.shape[0])
+    for k in flags:
+        x = t.flags[k] if k in t.flags else t.values[k]
+        total += np.asarray(x, dtype=np.float64)
+    out: NDArray[np.int64] = np.rint(np.add.reduceat(total, offsets[:-1])).astype(np.int64)
+    return out if total.size else np.zeros(offsets.shape[0] - 1, dtype=np.int64)
+
+
+def answer_view(
+    s: Settings,
+    fields: Mapping[str, NDArray[np.floating]],
+    adv: F64,
+    offsets: I64,
+    clip: tuple[NDArray[np.int64], F64 | None],
+) -> AnswerView:
+    """The clipped tokens and the policy gradient of each answer of a batch of whole
+    answers under the settings' loss, correction and entropy mask, as the fold takes them
+    (:class:`grpo_cli._partials.TokenPartial`): ``clip`` is the clipped surrogate's own
+    (its per-answer clipped tokens and per-token gradient), used when the loss is "clip".
+    A token verl's rejection sampling removes is neither clipped nor has a gradient; under
+    an answer-mean aggregation an answer's gradient is scaled by its length over its kept
+    tokens, as its mean is taken over them."""
+    if s.loss == "verl/bypass_mode":
+        bp = bypass_of(s, fields, adv, offsets)
+        keep = bp.correction.keep
+        t = dataclasses.replace(bp.terms, flags={k: v & keep for k, v in bp.terms.flags.items()})
+        return AnswerView(_flag_sums(s, t, offsets), bp.terms.grad)
+    corr = correction_of(s, fields, offsets)
+    if corr is None or not rejects(s):
+        return _view(s, fields, adv, offsets, clip, corr)
+    n, keep = offsets.shape[0] - 1, corr.keep
+    off, kept_fields, kept = L.drop_tokens(keep, offsets, *fields.values())
+    sub = dict(zip(fields, kept_fields, strict=True))
+    w = corr.weight[keep]
+    a = adv[kept] if adv.shape == (n,) else adv[keep]
+    clipped = np.zeros(n, dtype=np.int64)
+    grad = None if clip[1] is None and s.loss == "clip" else np.zeros(keep.shape[0])
+    if not kept.size:
+        return AnswerView(clipped, grad)
+    inner_clip = (_clip_kept(s, sub, a, off), None if clip[1] is None else clip[1][keep])
+    kept_corr = L.Correction(weight=w, keep=np.ones(w.shape, dtype=bool), metrics={})
+    view = _view(s, sub, a, off, inner_clip, kept_corr)
+    clipped[kept] = view.clipped
+    # the answer's mean (policy, and the KL loss's) is over its kept tokens
+    stretch = np.repeat(np.diff(offsets)[kept] / np.diff(off), np.diff(off))
+    kl_weight = np.zeros(keep.shape[0])
+    kl_weight[keep] = stretch if aggregation_rule(s.kl_aggregation).answer_mean else 1.0
+    if view.grad is None:
+        return AnswerView(clipped, None, kl_weight)
+    g = view.grad * stretch if aggregation_rule(s.agg).answer_mean else view.grad
+    assert grad is not None
+    grad[keep] = g
+    return AnswerView(clipped, grad, kl_weight)
+
+
+def _view(
+    s: Settings,
+    fields: Mapping[str, NDArray[np.floating]],
+    adv: F64,
+    offsets: I64,
+    clip: tuple[NDArray[np.int64], F64 | None],
+    corr: L.Correction | None,
+) -> AnswerView:
+    """:func:`answer_view` of tokens none of which a rejection removes."""
+    if s.loss == "clip":
+        clipped, g = clip
+        if g is not None and corr is not None:
+            g = L._mul(g, corr.weight)
+    else:
+        pt = policy_terms(s, fields, adv, offsets, corr)
+        clipped, g = _flag_sums(s, pt, offsets), pt.grad
+    if g is not None and s.entropy_mask:
+        g = L._mul(g, entropy_mask_of(fields))
+    return AnswerView(clipped, g)
+
+
+def _clip_kept(
+    s: Settings, fields: Mapping[str, NDArray[np.floating]], adv: F64, offsets: I64
+) -> NDArray[np.int64]:
+    """The clipped surrogate's clipped tokens per answer over the given tokens."""
+    from ._core import answer_clip_counts, token_terms
+
+    terms = token_terms(
+        fields["logp"], fields.get("old_logp"), fields.get("ref_logp"), adv, offsets,
+        options=s.term_options(),
+    )  # fmt: skip
+    low, high = answer_clip_counts(
+        terms.ratio, adv, offsets, clip_eps=s.clip_eps, clip_eps_high=s.clip_eps_high
+    )
+    out: NDArray[np.int64] = low + high
+    return out
 
 
 # ------------------------------------------------------------ the metrics part

@@ -565,6 +565,77 @@ def test_the_entropy_mask_weighs_the_policy_term(
         cli.error(["objective", str(plain), *flags], "no entropy_mask column")
 
 
+def _answers(cli: Cli, path: Path, sort: str, n: int, *flags: str) -> dict[int, dict[str, Any]]:
+    doc = cli.json("answers", path, "--sort", sort, "--top", str(n), "--beta", "0", *flags)
+    return {int(r["row"]): r for r in doc["answers"]}
+
+
+def _shares(g: np.ndarray, off: np.ndarray, per_answer_mean: bool) -> np.ndarray:
+    """Each answer's part of ‖∂J/∂logp‖² (β = 0) as a share of the whole: the token
+    weight 1/|o_i| under an answer mean, else one constant (it cancels)."""
+    lens = np.diff(off)
+    w = np.repeat(1.0 / lens, lens) if per_answer_mean else np.ones(off[-1])
+    parts = np.add.reduceat((w * g) ** 2, off[:-1])
+    return np.asarray(parts / parts.sum())
+
+
+@pytest.mark.parametrize("case", ["verl/cispo", "rejection", "bypass"])
+def test_answers_rank_by_the_loss_s_own_clip_and_gradient(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    """``answers`` under another loss: clip_share is the loss's own clipped tokens (verl
+    cispo's clipped weights; the surrogate's over the tokens a rejection kept; bypass's
+    clip region against rollout_logp over its kept tokens) and gradient_share the loss's
+    policy gradient, by hand from the loss's function on the whole batch."""
+    monkeypatch.setenv("GRPO_CLI_BATCH_TOKENS", "16")
+    d = _data(seed=11)
+    f, off = _flat(d)
+    a = _advantages(d)
+    n, lens = len(a), np.diff(off)
+    path = _parquet(tmp_path / "a.parquet", d, rows=3)
+    if case == "verl/cispo":
+        t = L.cispo_terms(f["logp"], f["old_logp"], a, off, lower=0.8, upper=1.2,
+                          log_ratio_clamp=20.0)  # fmt: skip
+        assert t.grad is not None
+        clip = np.add.reduceat(t.flags["clipped"].astype(float), off[:-1]) / lens
+        share = _shares(t.grad, off, True)
+        flags = ["--loss", "verl/cispo"]
+    elif case == "rejection":
+        rc = REJECTIONS["token_k1+is"]
+        corr = L.verl_rollout_correction(f["old_logp"], f["rollout_logp"], off, **rc)
+        keep = corr.keep
+        rho = np.exp(f["logp"] - f["old_logp"])
+        at = np.repeat(a, lens)
+        clipped = (((at > 0) & (rho > 1.2)) | ((at < 0) & (rho < 0.8))) & keep
+        clip = np.add.reduceat(clipped.astype(float), off[:-1]) / lens
+        inside = np.where((rho * at) <= (np.clip(rho, 0.8, 1.2) * at), rho * at, 0.0)
+        g = np.where(inside != 0.0, rho * at, 0.0) * corr.weight * keep  # ∂min/∂logp
+        share = _shares(g, off, False)
+        flags = [*_rejection_flags(rc), "--agg", "token-mean"]
+    else:
+        rc = dict(BYPASS["ppo_clip+token_k1"])
+        del rc["bypass_loss_type"]
+        rc["rollout_rs_threshold"] = "0.7_1.4"  # wider than the clip: kept tokens clip
+        t, corr = L.verl_bypass_mode(f["logp"], f["rollout_logp"], a, off, **rc)
+        assert t.grad is not None
+        keep = corr.keep
+        clip = np.add.reduceat((t.flags["region"] & keep).astype(float), off[:-1]) / lens
+        kept = np.add.reduceat(keep.astype(float), off[:-1])
+        stretch = np.repeat(np.divide(lens, kept, out=np.zeros(n), where=kept > 0), lens)
+        share = _shares(t.grad * keep * stretch, off, True)
+        flags = ["--loss", "verl/bypass_mode"]
+        for k, v in rc.items():
+            flags += ["--loss-param", f"{k}={v}"]
+    assert clip.max() > 0 and share.max() < 1
+    for sort, want in (("clip", clip), ("gradient", share)):
+        rows = _answers(cli, path, sort, 5, *flags)
+        top = np.lexsort((np.arange(n), -want))[:5]
+        assert sorted(rows) == sorted(top.tolist()), (sort, sorted(rows), top)
+        key = "clip_share" if sort == "clip" else "gradient_share"
+        for i, r in rows.items():
+            assert close(r[key], float(want[i]), 1e-9), (sort, i, r[key], want[i])
+
+
 def test_rejection_settings_are_checked(cli: Cli, tmp_path: Path) -> None:
     with pytest.raises(SettingError, match=r"^rollout_rs: .*verl-rollout"):
         Settings(rollout_rs="token_k1", rollout_rs_threshold=2.0)
