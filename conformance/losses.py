@@ -1017,6 +1017,36 @@ def _params(flag: str, rc: dict[str, Any]) -> list[str]:
     return out
 
 
+def _compare_step(
+    s: Suite,
+    config: str,
+    ours: str,
+    step: tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor, Any],
+    path: Path,
+    flags: list[str],
+    agg: str,
+) -> dict[str, Any]:
+    """The actor's ``ppo_loss`` total (the policy loss plus ``low_var_kl`` at 0.001 over
+    ``mask`` with the config's ``global_batch_info``) against the tool's ``loss``,
+    ``actor/pg_loss`` and ``actor/kl_loss``; returns the tool's trainer metrics."""
+    import verl.trainer.ppo.core_algos as ca
+
+    pg_loss, logp, ref, mask, cfg = step
+    kld = ca.kl_penalty(logp, ref, kl_penalty="low_var_kl")
+    kl_loss = ca.agg_loss(loss_mat=kld, loss_mask=mask, loss_agg_mode=agg, **cfg.global_batch_info)
+    doc = _tool(path, [*flags, "--agg", agg])
+    tm: dict[str, Any] = doc["trainer_metrics"]["metrics"]
+    rel = SEQ_MEAN if agg == "seq-mean-token-mean" else REL
+    loss = float(pg_loss) + 0.001 * float(kl_loss)
+    s.add("verl", config, ours, {"loss": (loss, doc["loss"])}, rel)
+    s.add(
+        "verl", config, ours,
+        {"actor/pg_loss": (float(pg_loss), tm["actor/pg_loss"]),
+         "actor/kl_loss": (float(kl_loss), tm["actor/kl_loss"])}, rel,
+    )  # fmt: skip
+    return tm
+
+
 def _add_metrics(
     s: Suite, config: str, ours: str, theirs: dict[str, float], tm: dict[str, Any]
 ) -> None:
@@ -1072,22 +1102,9 @@ def check_rejection_in_the_tool(s: Suite) -> None:
             pg_loss, pg_metrics = ca.compute_policy_loss_vanilla(
                 old, logp, adv, mask, loss_agg_mode=agg, config=cfg, rollout_is_weights=w
             )
-            kld = ca.kl_penalty(logp, ref, kl_penalty="low_var_kl")
-            kl_loss = ca.agg_loss(
-                loss_mat=kld, loss_mask=mask, loss_agg_mode=agg, **cfg.global_batch_info
-            )
-            doc = _tool(path, [*flags, "--agg", agg])
-            tm = doc["trainer_metrics"]["metrics"]
             config = f"ray_trainer rollout_correction {label} + ppo_loss, {agg}"
             ours = "objective " + " ".join(flags[2:])
-            rel = SEQ_MEAN if agg == "seq-mean-token-mean" else REL
-            loss = float(pg_loss) + 0.001 * float(kl_loss)
-            s.add("verl", config, ours, {"loss": (loss, doc["loss"])}, rel)
-            s.add(
-                "verl", config, ours,
-                {"actor/pg_loss": (float(pg_loss), tm["actor/pg_loss"]),
-                 "actor/kl_loss": (float(kl_loss), tm["actor/kl_loss"])}, rel,
-            )  # fmt: skip
+            tm = _compare_step(s, config, ours, (pg_loss, logp, ref, mask, cfg), path, flags, agg)
             s.add("verl", config, ours, {k: (pg_metrics[k], tm[k]) for k in VERL_PG}, METRIC)
             _add_metrics(s, config, ours, corr_metrics, tm)
             if agg == "token-mean":
@@ -1132,22 +1149,9 @@ def check_bypass_in_the_tool(s: Suite) -> None:
                 old_log_prob=rollout, log_prob=logp, advantages=adv, response_mask=m,
                 loss_agg_mode=agg, config=cfg,
             )  # fmt: skip
-            kld = ca.kl_penalty(logp, ref, kl_penalty="low_var_kl")
-            kl_loss = ca.agg_loss(
-                loss_mat=kld, loss_mask=m, loss_agg_mode=agg, **cfg.global_batch_info
-            )
-            doc = _tool(path, [*flags, "--agg", agg])
-            tm = doc["trainer_metrics"]["metrics"]
             config = f"apply_bypass_mode {label} + ppo_loss, {agg}"
             ours = "objective " + " ".join(flags[2:])
-            rel = SEQ_MEAN if agg == "seq-mean-token-mean" else REL
-            loss = float(pg_loss) + 0.001 * float(kl_loss)
-            s.add("verl", config, ours, {"loss": (loss, doc["loss"])}, rel)
-            s.add(
-                "verl", config, ours,
-                {"actor/pg_loss": (float(pg_loss), tm["actor/pg_loss"]),
-                 "actor/kl_loss": (float(kl_loss), tm["actor/kl_loss"])}, rel,
-            )  # fmt: skip
+            tm = _compare_step(s, config, ours, (pg_loss, logp, ref, m, cfg), path, flags, agg)
             _add_metrics(s, config, ours, pg_metrics, tm)
             if agg == "token-mean" and rc.get("rollout_rs"):
                 s.triggers(
