@@ -94,7 +94,8 @@ class _Pairs:
         if not x.shape[0]:
             return
         self.n += int(x.shape[0])
-        self.sums += (np.sum(x), np.sum(y), np.dot(x, x), np.dot(y, y), np.dot(x, y))
+        with np.errstate(over="ignore", invalid="ignore"):  # beyond float64: inf, no r
+            self.sums += (np.sum(x), np.sum(y), np.dot(x, x), np.dot(y, y), np.dot(x, y))
 
     def merge(self, o: _Pairs) -> _Pairs:
         self.n += o.n
@@ -102,7 +103,8 @@ class _Pairs:
         return self
 
     def correlation(self) -> float | None:
-        """Pearson's r (None with fewer than 3 pairs or a constant side)."""
+        """Pearson's r (None with fewer than 3 pairs, a constant side, or sums beyond
+        float64)."""
         if self.n < 3:
             return None
         sx, sy, sxx, syy, sxy = (float(v) for v in self.sums)

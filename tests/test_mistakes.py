@@ -201,3 +201,20 @@ def test_check_places_are_the_answers_beyond_the_threshold(cli: Cli) -> None:
     assert rule["status"] == "fail" and len(beyond) == 1
     assert [e["answer"] for e in rule["examples"]] == beyond
     assert "contribute most" not in rule["message"]
+
+
+def test_alignment_sums_beyond_float64_are_no_correlation(cli: Cli, tmp_path: Path) -> None:
+    """A sampler log-prob of 1e155 (its square overflows): no warning raised as an error,
+    the correlation is null with its warning, the run goes on (found by test_fuzz)."""
+    lp = [[-0.5, -1.0, -0.2, -0.7]] * 3
+    roll = [[-0.5, 1e155, -0.2, -0.7]] * 3
+    path = tmp_path / "huge.parquet"
+    pq.write_table(pa.table({"logp": lp, "rollout_logp": roll, "advantage": [0.5, -0.5, 0.0]}),
+                   path)  # fmt: skip
+    doc = cli.json("objective", path, "--beta", "0")
+    assert doc["input_checks"]["alignment"]["same"] is None
+    assert any("beyond float64" in w for w in doc["warnings"])
+    p = _mistakes._Pairs()
+    with np.errstate(all="raise"):
+        p.add(np.array([1e155, 1.0, 2.0]), np.array([1e155, 1.0, 3.0]))
+    assert p.correlation() is None

@@ -293,7 +293,10 @@ def _absent_note(r: ObjectiveReport) -> list[str]:
     elif r.inputs.alignment is None:
         absent.append("input_checks.alignment (no rollout_logp)")
     elif None in r.inputs.alignment.values():
-        absent.append("an input_checks.alignment correlation (< 3 pairs, or a constant side)")
+        absent.append(
+            "an input_checks.alignment correlation (< 3 pairs, a constant side, or sums "
+            "beyond float64)"
+        )
     if r.clip.dual_clip_lower is None:
         absent.append("clip_fraction.dual_clip_lower (dual clip off)")
     absent.append("the last ratio_histogram bin's hi (the bin is open: up to +inf)")
