@@ -26,7 +26,7 @@ from ._core import (
     token_gradients,
     token_terms,
 )
-from ._loss_fold import answer_view, needs_numpy
+from ._loss_fold import answer_view, needs_numpy, rejects
 from ._partials import AnswerCounts, divisor_of
 from ._report import TOKEN_FIELDS, Pass1, objective_pass1
 from ._settings import Settings
@@ -480,6 +480,12 @@ def answers_report(
         notes.append("no rollout_logp: rollout_kl_mean is null")
     if not src.has("ref_logp"):
         notes.append("no ref_logp: kl_max_token is null")
+    if rejects(settings) and key == "gradient_share" and grad and grad.beta and grad.ratio != 1:
+        notes.append(
+            "gradient_share under verl's rejection sampling: each answer's mean is over its "
+            "kept tokens, but the ratio of the policy and KL aggregations' constants is the "
+            "unrejected input's (the shares are exact when the two are of one kind)"
+        )
     rows = []
     for r in best.tops[key].rows:
         out = {}

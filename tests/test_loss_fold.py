@@ -636,6 +636,17 @@ def test_answers_rank_by_the_loss_s_own_clip_and_gradient(
             assert close(r[key], float(want[i]), 1e-9), (sort, i, r[key], want[i])
 
 
+def test_answers_under_rejection_say_what_is_approximate(cli: Cli, tmp_path: Path) -> None:
+    """Policy and KL aggregations of two kinds under rejection: the ratio of their constants
+    is the unrejected input's, and answers says so (of one kind: nothing to say)."""
+    p = _parquet(tmp_path / "w.parquet", _data(seed=11), rows=100)
+    flags = [*_rejection_flags(REJECTIONS["token_k1+is"]), "--sort", "gradient"]
+    doc = cli.json("answers", p, *flags, "--kl-agg", "token-mean")
+    assert any("unrejected input" in w for w in doc["warnings"])
+    doc = cli.json("answers", p, *flags)
+    assert not any("unrejected input" in w for w in doc["warnings"])
+
+
 def test_rejection_settings_are_checked(cli: Cli, tmp_path: Path) -> None:
     with pytest.raises(SettingError, match=r"^rollout_rs: .*verl-rollout"):
         Settings(rollout_rs="token_k1", rollout_rs_threshold=2.0)
