@@ -19,7 +19,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from . import _losses as L
-from ._core import aggregation_rule
+from ._core import aggregation_rule, answer_clip_counts, token_terms
 from ._settings import Settings
 from .errors import InputError
 
@@ -33,6 +33,7 @@ __all__ = [
     "bypass_of",
     "correction_of",
     "entropy_mask_of",
+    "kept_stretch",
     "loss_clip_share",
     "metrics_key_of",
     "needs_numpy",
@@ -152,6 +153,17 @@ def correction_of(
     )  # fmt: skip
 
 
+def kept_stretch(keep: NDArray[np.bool_], offsets: I64) -> F64:
+    """Per token, ``|o_i| / kept_i`` on the tokens a rejection keeps (``keep``), 0 on the
+    others: what turns an answer's mean over all its tokens into its mean over its kept
+    ones (verl takes a per-answer mean over the mask the rejection left)."""
+    lengths = np.diff(offsets)
+    kept = np.add.reduceat(keep.astype(np.float64), offsets[:-1]) if keep.size else keep
+    per_answer = np.divide(lengths, kept, out=np.zeros(lengths.shape), where=kept > 0)
+    out: F64 = np.repeat(per_answer, lengths) * keep
+    return out
+
+
 @dataclass(frozen=True)
 class Bypass:
     """verl's bypass mode on one batch (:func:`bypass_of`): ``terms`` with the policy term
@@ -194,12 +206,10 @@ def bypass_of(
         rollout_rs_threshold=s.rollout_rs_threshold,
     )  # fmt: skip
     keep = corr.keep
-    factor = keep.astype(np.float64)
     if aggregation_rule(s.agg).answer_mean:
-        lengths = np.diff(offsets)
-        kept = np.add.reduceat(factor, offsets[:-1]) if factor.size else factor
-        per_answer = np.divide(lengths, kept, out=np.zeros(kept.shape), where=kept > 0)
-        factor = factor * np.repeat(per_answer, lengths)
+        factor = kept_stretch(keep, offsets)
+    else:
+        factor = keep.astype(np.float64)
     grad = None if t.grad is None else L._mul(t.grad, factor)
     terms = dataclasses.replace(t, term=L._mul(t.term, factor), grad=grad)
     off, _, _ = L.drop_tokens(keep, offsets)
@@ -381,7 +391,7 @@ def answer_view(
     view = _view(s, sub, a, off, inner_clip, kept_corr)
     clipped[kept] = view.clipped
     # the answer's mean (policy, and the KL loss's) is over its kept tokens
-    stretch = np.repeat(np.diff(offsets)[kept] / np.diff(off), np.diff(off))
+    stretch = kept_stretch(keep, offsets)[keep]
     kl_weight = np.zeros(keep.shape[0])
     kl_weight[keep] = stretch if aggregation_rule(s.kl_aggregation).answer_mean else 1.0
     if view.grad is None:
@@ -417,8 +427,6 @@ def _clip_kept(
     s: Settings, fields: Mapping[str, NDArray[np.floating]], adv: F64, offsets: I64
 ) -> NDArray[np.int64]:
     """The clipped surrogate's clipped tokens per answer over the given tokens."""
-    from ._core import answer_clip_counts, token_terms
-
     terms = token_terms(
         fields["logp"], fields.get("old_logp"), fields.get("ref_logp"), adv, offsets,
         options=s.term_options(),
@@ -525,14 +533,12 @@ class LossMetrics:
             or (s.correction == "verl-rollout" and s.rollout_is == "sequence")
             or (s.correction == "openrlhf-is" and s.is_correction_level == "seq")
         )
-        upper = None
-        if s.correction == "verl-rollout" and s.rollout_is is not None:
-            upper = L._is_threshold(s.rollout_is_threshold)[0]
-        bypass = s.loss == "verl/bypass_mode"
-        if bypass:  # the loss's own correction, verl's rollout one's
+        bypass = s.loss == "verl/bypass_mode"  # the loss's own correction, verl's rollout one
+        if bypass:
             seq = s.rollout_is == "sequence"
-            if s.rollout_is is not None:
-                upper = L._is_threshold(s.rollout_is_threshold)[0]
+        upper = None
+        if (s.correction == "verl-rollout" or bypass) and s.rollout_is is not None:
+            upper = L._is_threshold(s.rollout_is_threshold)[0]
         return cls(
             loss=metrics_key_of(s), correction="verl-rollout" if bypass else s.correction,
             seq_correction=seq, is_upper=upper, batch_normalize=s.rollout_is_batch_normalize,
@@ -612,16 +618,14 @@ class LossMetrics:
                 else:
                     self._add(name, kind, value)
 
-    def add_rejection(self, keep: NDArray[np.bool_], offsets: I64, width: I64) -> I64:
-        """Count what a rejection removed from one batch (``keep`` ``(T,)``, ``width`` the
-        answers' rows' widths); returns the indices of the answers that keep a token."""
-        kept = np.add.reduceat(keep.astype(np.int64), offsets[:-1]) if keep.size else keep
-        answers = np.flatnonzero(np.asarray(kept) > 0).astype(np.int64)
-        self.rejected_answers += int(offsets.shape[0] - 1 - answers.shape[0])
+    def add_rejection(self, keep: NDArray[np.bool_], kept: I64, width: I64) -> None:
+        """Count what a rejection removed from one batch: ``keep`` ``(T,)`` its tokens kept,
+        ``kept`` the answers that keep one (:func:`grpo_cli._losses.drop_tokens`), ``width``
+        every answer's row width."""
+        self.rejected_answers += int(width.shape[0] - kept.shape[0])
         self.rejected_tokens += int(keep.shape[0] - np.count_nonzero(keep))
         self.seen_tokens += int(keep.shape[0])
         self.seen_width = max(self.seen_width, int(width.max()) if width.size else 0)
-        return answers
 
     def merge(self, o: LossMetrics) -> LossMetrics:
         for name, (kind, value, count) in o.entries.items():

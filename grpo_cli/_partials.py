@@ -55,6 +55,7 @@ from ._loss_fold import (
     policy_terms,
     rejects,
 )
+from ._losses import drop_tokens
 from ._mistakes import LOGP_FIELDS, AlignmentSums, ClosingZeros
 from ._settings import Settings
 from ._stats import IntCounts, Moments, Sketch
@@ -798,10 +799,8 @@ class TokenPartial:
         self.loss_metrics.add(None, corr, b.offsets)
         self._extras(b)
         keep = corr.keep
-        kept = self.loss_metrics.add_rejection(keep, b.offsets, b.width)
-        counts = np.add.reduceat(keep.astype(np.int64), b.offsets[:-1])[kept]
-        offsets = np.zeros(kept.shape[0] + 1, dtype=np.int64)
-        np.cumsum(counts, out=offsets[1:])
+        offsets, _, kept = drop_tokens(keep, b.offsets)
+        self.loss_metrics.add_rejection(keep, kept, b.width)
         fields = {k: v[keep] for k, v in b.fields.items()}
         fields[WEIGHT_FIELD] = corr.weight[keep]
         rows = np.arange(b.start, b.start + b.n, dtype=np.int64) if b.rows is None else b.rows
@@ -819,11 +818,7 @@ class TokenPartial:
             sums = AnswerSums()
             self._extras_tokens(sub, sums)
             self.positive.update(sub)
-            if sums.reward_kl is not None and sums.old_ref is not None:
-                self.reward_kl.add(sums.reward_kl, sub.lengths)
-                self.old_ref.add(sums.old_ref, sub.lengths)
-            if sums.rollout is not None:
-                self.rollout.update_answers(sums.rollout)
+            self._extras_answers(sums, sub.lengths)
 
     def _tokens(self, b: Batch, adv: F64 | None, whole: Whole) -> AnswerSums:
         assert adv is not None
@@ -856,12 +851,16 @@ class TokenPartial:
         self.clip_shares.add(sums.low, sums.high, lengths, s.clip_unit)
         if sums.grad_nz is not None:
             self.grad.count_answers(sums.grad_nz)
+        self._extras_answers(sums, lengths)
+        self.length_adv.update(lengths, adv if sums.adv is None else sums.adv / lengths)
+
+    def _extras_answers(self, sums: AnswerSums, lengths: I64) -> None:
+        """The answer-level parts of :meth:`_extras_tokens`' sums (reward KL, sampler)."""
         if sums.reward_kl is not None and sums.old_ref is not None:
             self.reward_kl.add(sums.reward_kl, lengths)
             self.old_ref.add(sums.old_ref, lengths)
         if sums.rollout is not None:
             self.rollout.update_answers(sums.rollout)
-        self.length_adv.update(lengths, adv if sums.adv is None else sums.adv / lengths)
 
     def _tokens_compiled(self, b: Batch, adv: F64, whole: Whole) -> AnswerSums:
         """The same statistics as :meth:`_tokens_numpy`, from one pass of the kernel: its
