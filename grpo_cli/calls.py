@@ -13,6 +13,7 @@ each call's partial (merged over ranks) and each file's into what the trainer lo
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -21,11 +22,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow.parquet as pq
 
+from ._loss_fold import LossMetrics, correction_of
 from ._partials import TokenPartial
 from ._settings import Settings
 from .batch import RawBatch, drop_empty, validate
-from .engine.options import EngineOptions, Ran
-from .io import Source
+from .engine.options import DEFAULT_BATCH_TOKENS, EngineOptions, Ran
+from .io import TOKEN_VALUES, Source
 from .plan import plan, run
 from .records import Calls
 from .trainers import trainer_of
@@ -79,11 +81,13 @@ class Folded:
     """What the trainer logs of each loss call of some recorded steps, as soon as the call
     is folded (no call's partial is kept): the calls' metrics, each call's losses by rank,
     and the generation batches the steps hold iteration 0 of, with the step each was
-    logged at."""
+    logged at; with a sampler–trainer correction, each such iteration-0 file's correction
+    metrics by path (what the generation's metrics take, without reading it again)."""
 
     calls: list[dict[str, float | None]] = field(default_factory=list)
     losses: list[list[float | None]] = field(default_factory=list)
     generations: dict[int, int] = field(default_factory=dict)
+    corrections: dict[str, LossMetrics] = field(default_factory=dict)
 
 
 def fold_calls(
@@ -135,6 +139,8 @@ def fold_calls(
                 per_rank.setdefault(name, []).append(v)
             if "generation" in info and info.get("iteration", 0) == 0:
                 out.generations[int(info["generation"])] = int(info.get("generated_at_step", -1))
+                if settings.correction != "none":  # a copy: the merge below adds to it
+                    out.corrections[str(src.paths[i])] = copy.deepcopy(part.tokens.loss_metrics)
             merged = part if merged is None else merged.merge(part)
         assert merged is not None
         metrics = rules.call_metrics(settings, CallInputs(merged.tokens, merged.empty), config)
@@ -148,14 +154,17 @@ def fold_calls(
 
 
 def generation_rows(
-    src: Source, generations: set[int], settings: Settings | None = None
+    src: Source,
+    generations: set[int],
+    settings: Settings | None = None,
+    known: dict[str, LossMetrics] | None = None,
 ) -> dict[int, dict[str, Any]]:
     """Each generation batch's rewards and group ids (from the files of its first pass,
     iteration 0, over every step of the run that holds one of its chunks), for the
     metrics a trainer logs once per generation; with a sampler–trainer correction in
     ``settings``, ``corrections``: each rank's correction metrics over its share of the
-    generation (:func:`grpo_cli._loss_fold.correction_of` of every file, merged by rank)."""
-    from ._loss_fold import LossMetrics
+    generation (:func:`grpo_cli._loss_fold.correction_of` of every file, merged by rank;
+    a file's metrics in ``known``, by path, are taken as they are)."""
     from .io import open_source
 
     assert src.recorded is not None
@@ -173,7 +182,9 @@ def generation_rows(
             if settings is not None and settings.correction != "none":
                 ranks = by_rank.setdefault(g, {})
                 rank = int(info.get("rank", 0))
-                ranks[rank] = _file_correction(one, settings, ranks.get(rank))
+                got = known.get(str(p)) if known else None
+                mine = _file_correction(one, settings) if got is None else copy.deepcopy(got)
+                ranks[rank] = mine if rank not in ranks else ranks[rank].merge(mine)
             cols = [one.name(f) for f in ("group", "reward") if one.has(f)]
             if len(cols) < 2:
                 continue
@@ -189,15 +200,10 @@ def generation_rows(
     return out
 
 
-def _file_correction(one: Source, settings: Settings, into: Any) -> Any:
+def _file_correction(one: Source, settings: Settings) -> LossMetrics:
     """A file's correction metrics (answers without a valid token left out, as the
-    trainer masks them) folded into ``into`` (a :class:`~grpo_cli._loss_fold.LossMetrics`,
-    or None: a new one)."""
-    from ._loss_fold import LossMetrics, correction_of
-    from .engine.options import DEFAULT_BATCH_TOKENS
-    from .io import TOKEN_VALUES
-
-    acc = LossMetrics.of(settings) if into is None else into
+    trainer masks them)."""
+    acc = LossMetrics.of(settings)
     fields = [f for f in TOKEN_VALUES if one.has(f)]
     for raw in one.raw_batches(None, fields, DEFAULT_BATCH_TOKENS):
         kept, _ = drop_empty(raw)
@@ -227,7 +233,7 @@ def logged_calls(src: Source, settings: Settings, folded: Folded, steps: list[in
     generated = {g for g, at in folded.generations.items() if at in steps}
     gen_metrics = [
         rules.generation_metrics(settings, r)
-        for r in generation_rows(src, generated, settings).values()
+        for r in generation_rows(src, generated, settings, folded.corrections).values()
     ]
     metrics = rules.combine(folded.calls, folded.losses, len(steps), gen_metrics)
     clean = {k: v for k, v in metrics.items() if v is not None and not math.isnan(v)}
