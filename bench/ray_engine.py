@@ -140,10 +140,10 @@ def block_costs(d: Path) -> dict[str, float]:
 
     from grpo_cli._partials import TokenPartial
     from grpo_cli._report import TOKEN_FIELDS, objective_pass1
-    from grpo_cli._settings import resolve_settings
     from grpo_cli.engine.options import EngineOptions
     from grpo_cli.io import load_answers, open_source
     from grpo_cli.plan import batches, plan
+    from grpo_cli.trainers.presets import resolve_settings
 
     engine = EngineOptions().resolved()
     src = open_source([str(d)])

@@ -43,7 +43,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from oracle import METRIC, REL, SEQ_MEAN, Row, load_openrlhf, make_rollouts
 
-from grpo_cli import _losses as L
 from grpo_cli._core import (
     Aggregation,
     aggregate,
@@ -52,6 +51,21 @@ from grpo_cli._core import (
     token_gradients,
     token_terms,
 )
+from grpo_cli.losses import LOSSES as ROWS
+from grpo_cli.losses import logged_metrics
+from grpo_cli.losses import openrlhf as LO
+from grpo_cli.losses import registry as LR
+from grpo_cli.losses import trl as LT
+from grpo_cli.losses import verl as LV
+
+
+def metrics_of(key: str) -> tuple[LR.Metric, ...]:
+    """A loss's logged metrics by its name, or ``verl/bypass_mode/<loss_type>``."""
+    _, _, kind = key.partition("/bypass_mode/")
+    if kind:
+        return logged_metrics("verl/bypass_mode", bypass_loss_type=kind)
+    return logged_metrics(key)
+
 
 # Cannot run against the trainer's own code, and why (printed with the results).
 NOT_RUN = [
@@ -185,7 +199,7 @@ class Suite:
         )
 
 
-def our_loss(terms: L.PolicyTerms, off: np.ndarray, agg: Aggregation, **kw: Any) -> float:
+def our_loss(terms: LR.PolicyTerms, off: np.ndarray, agg: Aggregation, **kw: Any) -> float:
     return -aggregate(terms.term, off, agg=agg, **kw)
 
 
@@ -240,8 +254,11 @@ def trl_compute_loss(
     sapo: tuple[float, float] = (1.0, 1.05),
     vespo: tuple[float, float, float, float] = (2.0, 3.0, 3.0, 2.0),
     is_ratio: torch.Tensor | None = None,
+    opsm: float | None = None,
+    sampling: np.ndarray | None = None,
 ) -> tuple[torch.Tensor, dict]:
-    """TRL's ``GRPOTrainer._compute_loss`` (eval mode: no accumulation scaling)."""
+    """TRL's ``GRPOTrainer._compute_loss`` (eval mode: no accumulation scaling); ``opsm``
+    its ``off_policy_mask_threshold`` with ``sampling`` as ``sampling_per_token_logps``."""
     from trl.trainer.grpo_trainer import GRPOTrainer
 
     B, Lw = b.mask.shape
@@ -279,7 +296,7 @@ def trl_compute_loss(
         "epsilon_high": eps[1],
         "importance_sampling_level": level,
         "top_entropy_quantile": 1.0,
-        "off_policy_mask_threshold": None,
+        "off_policy_mask_threshold": opsm,
         "use_vllm": is_ratio is not None,
         "vllm_importance_sampling_correction": is_ratio is not None,
         "_entropy_bonus_enabled": False,
@@ -303,6 +320,8 @@ def trl_compute_loss(
     }
     if is_ratio is not None:
         inputs["importance_sampling_ratio"] = is_ratio
+    if sampling is not None:
+        inputs["sampling_per_token_logps"] = torch.tensor(sampling, dtype=torch.float64)
     loss = trainer._compute_loss(None, inputs)
     metrics = {k: v[-1] for k, v in trainer._metrics["eval"].items()}
     return loss, metrics
@@ -322,26 +341,36 @@ def trl_case(
     ours: str,
     *,
     loss_type: str,
-    make: Callable[..., L.PolicyTerms],
+    make: Callable[..., LR.PolicyTerms],
     metric_key: str | None,
     trl_kw: dict[str, Any],
     beta: float = 0.0,
     level: Any = "token",
-    is_corr: L.Correction | None = None,
+    is_corr: LR.Correction | None = None,
     is_ratio: torch.Tensor | None = None,
     binds: tuple[str, ...] = (),
+    opsm: tuple[float, np.ndarray] | None = None,
 ) -> None:
+    """One TRL configuration: its ``_compute_loss`` (loss, ∂loss/∂logp, metrics) against
+    ``make()``'s terms, the correction and (``opsm``: the threshold and the sampler's
+    padded log-probs) the off-policy sequence mask applied the fold's way."""
     lp = b.t("logp", grad=True)
+    threshold, sampling = (None, None) if opsm is None else opsm
     loss, metrics = trl_compute_loss(
-        b, lp, loss_type=loss_type, beta=beta, level=level, is_ratio=is_ratio, **trl_kw
-    )
+        b, lp, loss_type=loss_type, beta=beta, level=level, is_ratio=is_ratio,
+        opsm=threshold, sampling=sampling, **trl_kw,
+    )  # fmt: skip
     loss.backward()
     assert lp.grad is not None
     terms = make()
     agg = TRL_AGG[loss_type]
-    corrected = terms if is_corr is None else L.apply_correction(terms, is_corr)
+    corrected = terms if is_corr is None else LR.apply_correction(terms, is_corr)
     policy, g = corrected.term, corrected.grad
     assert g is not None
+    if opsm is not None:
+        assert threshold is not None and sampling is not None
+        keep = LT.off_policy_mask(b.lp_f, sampling[b.mask], b.adv, b.off, threshold=threshold)
+        policy, g = LR._mul(policy, keep), LR._mul(g, keep)
     term, grad = policy, g
     if beta:  # the KL term (TRL: k3 × the ratio, use_bias_correction_kl), not IS-weighted
         kl = token_terms(
@@ -362,7 +391,7 @@ def trl_case(
     s.add("trl", config, ours, {"loss": (float(loss.detach()), -aggregate(term, b.off, agg=agg))})
     s.close("trl", config, ours, "∂loss/∂logp", b.flat(lp.grad), our_grad(grad, b.lengths, agg))
     if metric_key is not None:
-        mine = L.loss_metrics(terms, b.off, metric_key)
+        mine = LR.loss_metrics(terms, b.off, metrics_of(metric_key))
         s.add("trl", config, ours, {k: (metrics[k], v) for k, v in mine.items()}, METRIC)
         for k in binds:
             s.triggers("trl", config, ours, k, metrics[k])
@@ -382,7 +411,7 @@ def check_trl(s: Suite) -> None:
             f"cispo_terms(upper={cap}, ratio_level={level})",
             loss_type="cispo",
             level=level,
-            make=lambda cap=cap, level=level: L.cispo_terms(
+            make=lambda cap=cap, level=level: LT.cispo_terms(
                 lp, old, adv, off, upper=cap, ratio_level=level
             ),
             metric_key="trl/cispo",
@@ -396,7 +425,7 @@ def check_trl(s: Suite) -> None:
         "cispo_terms(upper=2) − β·kl",
         loss_type="cispo",
         beta=0.04,
-        make=lambda: L.cispo_terms(lp, old, adv, off, upper=2.0),
+        make=lambda: LT.cispo_terms(lp, old, adv, off, upper=2.0),
         metric_key="trl/cispo",
         trl_kw={"eps": (0.2, 2.0)},
     )
@@ -414,7 +443,7 @@ def check_trl(s: Suite) -> None:
             loss_type="sapo",
             level=level,
             beta=beta,
-            make=lambda taus=taus, level=level: L.sapo_terms(
+            make=lambda taus=taus, level=level: LT.sapo_terms(
                 lp, old, adv, off, tau_pos=taus[0], tau_neg=taus[1], ratio_level=level
             ),
             metric_key="trl/sapo",
@@ -428,7 +457,7 @@ def check_trl(s: Suite) -> None:
             f"luspo_terms(clip_eps={eps[0]}, clip_eps_high={eps[1]}, ratio_level={level})",
             loss_type="luspo",
             level=level,
-            make=lambda eps=eps, level=level: L.luspo_terms(
+            make=lambda eps=eps, level=level: LT.luspo_terms(
                 lp, old, adv, off, clip_eps=eps[0], clip_eps_high=eps[1], ratio_level=level
             ),
             metric_key="trl/luspo",
@@ -443,7 +472,7 @@ def check_trl(s: Suite) -> None:
             f'loss_type="vespo", vespo_k_pos/lambda_pos/k_neg/lambda_neg={kl}',
             f"vespo_terms(k_pos={kl[0]}, lambda_pos={kl[1]}, k_neg={kl[2]}, lambda_neg={kl[3]})",
             loss_type="vespo",
-            make=lambda kl=kl: L.vespo_terms(
+            make=lambda kl=kl: LT.vespo_terms(
                 lp, old, adv, off, k_pos=kl[0], lambda_pos=kl[1], k_neg=kl[2], lambda_neg=kl[3]
             ),
             metric_key="trl/vespo",
@@ -464,7 +493,7 @@ def check_trl(s: Suite) -> None:
     ]
     for mode, cmax, cmin in modes:
         ratio = trl_is_ratio(b, mode, cmax, cmin, sampling)
-        corr = L.trl_vllm_is_correction(old, roll_f, off, mode=mode, clip_max=cmax, clip_min=cmin)
+        corr = LT.trl_vllm_is_correction(old, roll_f, off, mode=mode, clip_max=cmax, clip_min=cmin)
         cfg = f"vllm_importance_sampling_mode={mode}, clip_max={cmax}, clip_min={cmin}"
         ours = f"trl_vllm_is_correction(mode={mode}, clip_max={cmax}, clip_min={cmin})"
         theirs = trl_is_metrics(b, ratio, mode, sampling)
@@ -482,14 +511,14 @@ def check_trl(s: Suite) -> None:
         )
         trl_dapo_is(s, b, f'loss_type="dapo", {cfg}', f"core token_terms × {ours}", ratio, corr)
     ratio = trl_is_ratio(b, "sequence_truncate", 3.0, None, sampling)
-    corr = L.trl_vllm_is_correction(old, roll_f, off, mode="sequence_truncate", clip_max=3.0)
+    corr = LT.trl_vllm_is_correction(old, roll_f, off, mode="sequence_truncate", clip_max=3.0)
     trl_case(
         s,
         b,
         'loss_type="cispo", epsilon_high=5, vllm_importance_sampling_mode=sequence_truncate',
         "cispo_terms(upper=5) × trl_vllm_is_correction(sequence_truncate)",
         loss_type="cispo",
-        make=lambda: L.cispo_terms(lp, old, adv, off, upper=5.0),
+        make=lambda: LT.cispo_terms(lp, old, adv, off, upper=5.0),
         metric_key="trl/cispo",
         trl_kw={"eps": (0.2, 5.0)},
         is_corr=corr,
@@ -498,14 +527,14 @@ def check_trl(s: Suite) -> None:
     vespo_modes: list[tuple[Any, float | None]] = [("token_truncate", None), ("token_mask", 0.5)]
     for mode, cmin in vespo_modes:
         ratio = trl_is_ratio(b, mode, 2.0, cmin, sampling)
-        corr = L.trl_vllm_is_correction(old, roll_f, off, mode=mode, clip_max=2.0, clip_min=cmin)
+        corr = LT.trl_vllm_is_correction(old, roll_f, off, mode=mode, clip_max=2.0, clip_min=cmin)
         trl_case(
             s,
             b,
             f'loss_type="vespo", vllm_importance_sampling_mode={mode} (ratio inside φ)',
             f"vespo_terms(is_ratio=trl_vllm_is_correction({mode}).weight)",
             loss_type="vespo",
-            make=lambda corr=corr: L.vespo_terms(lp, old, adv, off, is_ratio=corr.weight),
+            make=lambda corr=corr: LT.vespo_terms(lp, old, adv, off, is_ratio=corr.weight),
             metric_key="trl/vespo",
             trl_kw={},
             is_ratio=ratio,
@@ -520,7 +549,7 @@ def trl_luspo_kl(s: Suite, b: Batch, eps: tuple[float, float]) -> None:
     )
     loss.backward()
     assert lp_t.grad is not None
-    t = L.luspo_terms(
+    t = LT.luspo_terms(
         b.lp_f,
         b.old_f,
         b.adv,
@@ -535,12 +564,12 @@ def trl_luspo_kl(s: Suite, b: Batch, eps: tuple[float, float]) -> None:
     ours = "luspo_terms(beta=0.04, ref_logp=...)"
     s.add("trl", cfg, ours, {"loss": (float(loss.detach()), our_loss(t, b.off, t.agg))})
     s.close("trl", cfg, ours, "∂loss/∂logp", b.flat(lp_t.grad), our_grad(t.grad, b.lengths, t.agg))
-    mine = L.loss_metrics(t, b.off, "trl/luspo")
+    mine = LR.loss_metrics(t, b.off, ROWS["trl/luspo"].metrics_for(None))
     s.add("trl", cfg, ours, {k: (metrics[k], v) for k, v in mine.items()}, METRIC)
 
 
 def trl_dapo_is(
-    s: Suite, b: Batch, cfg: str, ours: str, ratio: torch.Tensor, corr: L.Correction
+    s: Suite, b: Batch, cfg: str, ours: str, ratio: torch.Tensor, corr: LR.Correction
 ) -> None:
     lp_t = b.t("logp", grad=True)
     loss, _ = trl_compute_loss(b, lp_t, loss_type="dapo", is_ratio=ratio)
@@ -548,7 +577,7 @@ def trl_dapo_is(
     assert lp_t.grad is not None
     tt = token_terms(b.lp_f, b.old_f, None, b.adv, b.off, beta=0.0)
     gp, _ = token_gradients(tt, offsets=b.off, beta=0.0)
-    term = L._mul(tt.policy, corr.weight)
+    term = LR._mul(tt.policy, corr.weight)
     s.add(
         "trl",
         cfg,
@@ -561,8 +590,96 @@ def trl_dapo_is(
         ours,
         "∂loss/∂logp",
         b.flat(lp_t.grad),
-        our_grad(L._mul(gp, corr.weight), b.lengths, "token-mean"),
+        our_grad(LR._mul(gp, corr.weight), b.lengths, "token-mean"),
     )
+
+
+def _clipped(b: Batch, eps: tuple[float, float] = (0.2, 0.2)) -> LR.PolicyTerms:
+    """The core's clipped surrogate of the batch (TRL's grpo/bnpo/dr_grpo/dapo policy term)."""
+    kw = {"clip_eps": eps[0], "clip_eps_high": eps[1], "beta": 0.0}
+    tt = token_terms(b.lp_f, b.old_f, None, b.adv, b.off, **kw)  # type: ignore[arg-type]
+    gp, _ = token_gradients(tt, offsets=b.off, **kw)  # type: ignore[arg-type]
+    return LR.PolicyTerms(term=tt.policy, grad=gp, ratio=tt.ratio)
+
+
+def check_trl_off_policy_mask(s: Suite) -> None:
+    """TRL 1.16.0's off-policy sequence mask (``off_policy_mask_threshold``, DeepSeek-V3.2
+    eq. 9): ``GRPOTrainer.get_off_policy_mask`` against ``off_policy_mask`` per answer (the
+    sampler's log-probs with one NaN token, and without a sampler: the old log-probs), then
+    ``_compute_loss`` with the mask on the clipped surrogate (dapo, grpo), cispo, sapo and
+    vespo (loss, ∂loss/∂logp), and through the tool (``grpo-cli objective`` of the same
+    tokens in 64-token batches)."""
+    from trl.trainer.grpo_trainer import GRPOTrainer
+
+    b = make_batch(41, [4, 4, 3, 1, 5, 4, 2, 4, 4, 3])
+    lp, old, adv, off = b.lp_f, b.old_f, b.adv, b.off
+    sampling = b.roll.copy()
+    sampling[9, 0] = np.nan  # a token the sampler could not score: no KL evidence
+    sampling[4, b.mask[4]] += 0.6  # an answer with A < 0 that drifted by 0.6 a token
+    starts = off[:-1]
+    for delta in (0.05, 0.3, 2.0):
+        for name, samp in (("sampling_per_token_logps", sampling), ("old_per_token_logps", b.old)):
+            theirs = GRPOTrainer.get_off_policy_mask(
+                advantages=torch.tensor(b.adv)[:, None],
+                per_token_logps=b.t("logp"),
+                sampling_per_token_logps=torch.tensor(samp),
+                mask=b.m.double(),
+                off_policy_threshold=delta,
+            )
+            ours = LT.off_policy_mask(lp, samp[b.mask], adv, off, threshold=delta)
+            cfg = f"get_off_policy_mask(off_policy_threshold={delta}) of {name}"
+            ours_name = f"off_policy_mask(threshold={delta})"
+            s.close("trl", cfg, ours_name, "keep per answer", theirs.numpy()[:, 0], ours[starts])
+            if name.startswith("sampling") and delta < 2.0:
+                s.triggers("trl", cfg, ours_name, "answers dropped", float(1 - theirs.mean()))
+    for delta in (0.05, 0.3):
+        opsm = (delta, sampling)
+        cfg = f"off_policy_mask_threshold={delta}, sampling_per_token_logps"
+        ours = f"× off_policy_mask(threshold={delta})"
+        for loss_type in ("dapo", "grpo"):
+            trl_case(s, b, f'loss_type="{loss_type}", {cfg}', f"core clipped surrogate {ours}",
+                     loss_type=loss_type, make=lambda: _clipped(b), metric_key=None,
+                     trl_kw={}, opsm=opsm)  # fmt: skip
+        trl_case(s, b, f'loss_type="cispo", epsilon_high=2, {cfg}', f"cispo_terms(upper=2) {ours}",
+                 loss_type="cispo", make=lambda: LT.cispo_terms(lp, old, adv, off, upper=2.0),
+                 metric_key="trl/cispo", trl_kw={"eps": (0.2, 2.0)}, opsm=opsm)  # fmt: skip
+        trl_case(s, b, f'loss_type="sapo", beta=0.04, {cfg}', f"sapo_terms() − β·kl {ours}",
+                 loss_type="sapo", beta=0.04, make=lambda: LT.sapo_terms(lp, old, adv, off),
+                 metric_key="trl/sapo", trl_kw={}, opsm=opsm)  # fmt: skip
+        trl_case(s, b, f'loss_type="vespo", {cfg}', f"vespo_terms() {ours}",
+                 loss_type="vespo", make=lambda: LT.vespo_terms(lp, old, adv, off),
+                 metric_key="trl/vespo", trl_kw={}, opsm=opsm)  # fmt: skip
+    _off_policy_mask_in_the_tool(s, b)
+
+
+def _off_policy_mask_in_the_tool(s: Suite, b: Batch) -> None:
+    """The fold's loss with the mask (``--preset trl``: dapo, β 0; and grpo's aggregation)
+    against TRL's ``_compute_loss`` on the same tokens, written ragged with their advantages
+    and the sampler's log-probs."""
+    import tempfile
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [b.mask[i].nonzero()[0] for i in range(b.mask.shape[0])]
+    table: dict[str, Any] = {"group": list(range(len(rows))), "advantage": b.adv.tolist()}
+    roll = b.roll.copy()
+    roll[4, b.mask[4]] += 0.6  # as above: dropped at both thresholds
+    for col, arr in (("logp", b.logp), ("old_logp", b.old), ("ref_logp", b.ref),
+                     ("rollout_logp", roll)):  # fmt: skip
+        table[col] = [arr[i, k].tolist() for i, k in enumerate(rows)]
+    path = Path(tempfile.mkdtemp()) / "opsm.parquet"
+    pq.write_table(pa.table(table), path, row_group_size=3)
+    for delta in (0.05, 0.3):
+        for loss_type, agg in (("dapo", "token-mean"), ("grpo", "seq-mean-token-mean")):
+            loss, _ = trl_compute_loss(b, b.t("logp"), loss_type=loss_type, opsm=delta,
+                                       sampling=roll)  # fmt: skip
+            flags = ["--preset", "trl", "--agg", agg, "--loss-param",
+                     f"off_policy_mask_threshold={delta}"]  # fmt: skip
+            doc = _tool(path, flags)
+            s.add("trl", f'loss_type="{loss_type}", off_policy_mask_threshold={delta}',
+                  f"grpo-cli objective {' '.join(flags)}",
+                  {"loss": (float(loss), doc["loss"])})  # fmt: skip
 
 
 # ------------------------------------------------------------------------- verl
@@ -631,7 +748,7 @@ def verl_case(
     cfg: Any,
     config: str,
     ours: str,
-    terms: L.PolicyTerms,
+    terms: LR.PolicyTerms,
     *,
     key: str | None = None,
     binds: tuple[str, ...] = (),
@@ -645,7 +762,7 @@ def verl_case(
         s.close(
             "verl", config, ours, "∂loss/∂logp", grad, our_grad(terms.grad, b.lengths, agg), rel
         )
-    mine = L.loss_metrics(terms, b.off, key or f"verl/{name}")
+    mine = LR.loss_metrics(terms, b.off, metrics_of(key or f"verl/{name}"))
     assert set(mine) == set(metrics), (name, set(mine) ^ set(metrics))
     s.add("verl", config, ours, {k: (metrics[k], v) for k, v in mine.items()}, METRIC)
     for k in binds:
@@ -657,7 +774,7 @@ def check_verl(s: Suite) -> None:
     p = make_batch(42, [4, 4, 3, 1, 5, 4, 2, 4, 4, 3, 4], probabilities=True)
     for div in ("tv", "kl"):
         for low, high, c in ((0.2, 0.2, 3.0), (0.05, 0.1, 20.0), (0.02, 0.01, 1.5)):
-            t = L.dppo_terms(
+            t = LV.dppo_terms(
                 p.lp_f,
                 p.old_f,
                 p.adv,
@@ -678,7 +795,7 @@ def check_verl(s: Suite) -> None:
                 binds=("actor/pg_clipfrac", "actor/pg_clipfrac_lower") if c < 20 else (),
             )
     for taus in ((1.0, 1.05), (0.5, 2.0)):
-        t = L.sapo_terms(
+        t = LT.sapo_terms(
             b.lp_f, b.old_f, b.adv, b.off, tau_pos=taus[0], tau_neg=taus[1], log_ratio_clamp=20.0
         )
         verl_case(
@@ -698,11 +815,11 @@ def check_verl(s: Suite) -> None:
             verl_config(b, "gpg", agg=agg),
             f"loss_mode=gpg, {agg}",
             "gpg_terms",
-            L.gpg_terms(b.lp_f, b.adv, b.off),
+            LV.gpg_terms(b.lp_f, b.adv, b.off),
         )
     check_clip_cov(s, b)
     for ratio, coef in ((0.0002, 0.1), (0.05, 1.0)):
-        t = L.kl_cov_terms(b.lp_f, b.old_f, b.adv, b.off, kl_cov_ratio=ratio, ppo_kl_coef=coef)
+        t = LV.kl_cov_terms(b.lp_f, b.old_f, b.adv, b.off, kl_cov_ratio=ratio, ppo_kl_coef=coef)
         verl_case(
             s,
             b,
@@ -713,7 +830,7 @@ def check_verl(s: Suite) -> None:
             t,
         )
     for low, high in ((0.2, 0.2), (0.4, 0.1)):
-        t = L.geo_mean_terms(b.lp_f, b.old_f, b.adv, b.off, clip_low=low, clip_high=high)
+        t = LV.geo_mean_terms(b.lp_f, b.old_f, b.adv, b.off, clip_low=low, clip_high=high)
         verl_case(
             s,
             b,
@@ -732,10 +849,10 @@ def check_verl(s: Suite) -> None:
             verl_config(b, "dro", dro_beta=beta),
             f"loss_mode=dro, dro_beta={beta}",
             f"dro_terms(beta={beta})",
-            L.dro_terms(b.lp_f, b.old_f, b.adv, b.off, beta=beta),
+            LV.dro_terms(b.lp_f, b.old_f, b.adv, b.off, beta=beta),
         )
     for low, high, agg in ((0.2, 0.2, "token-mean"), (0.2, 0.28, "seq-mean-token-sum")):
-        t = L.cispo_terms(
+        t = LT.cispo_terms(
             b.lp_f, b.old_f, b.adv, b.off, lower=1 - low, upper=1 + high, log_ratio_clamp=20.0
         )
         verl_case(
@@ -766,7 +883,7 @@ def check_clip_cov(s: Suite, b: Batch) -> None:
     ):
         cfg = verl_config(b, "clip_cov", clip_cov_ratio=ratio, clip_cov_lb=lb, clip_cov_ub=ub)
         config = f"loss_mode=clip_cov, clip_cov_ratio={ratio}, lb={lb}, ub={ub}"
-        exp = L.clip_cov_terms(
+        exp = LV.clip_cov_terms(
             b.lp_f, b.old_f, b.adv, b.off, clip_cov_ratio=ratio, clip_cov_lb=lb, clip_cov_ub=ub
         )
         n = int(exp.flags["candidate"].sum())
@@ -777,7 +894,7 @@ def check_clip_cov(s: Suite, b: Batch) -> None:
             loss, metrics, grad = verl_call(b, "clip_cov", cfg)
             torch.manual_seed(seed)
             order = torch.randperm(n).numpy()
-            t = L.clip_cov_terms(
+            t = LV.clip_cov_terms(
                 b.lp_f,
                 b.old_f,
                 b.adv,
@@ -793,7 +910,7 @@ def check_clip_cov(s: Suite, b: Batch) -> None:
             s.add("verl", c, ours, {"loss": (loss, our_loss(t, b.off, "token-mean"))})
             assert t.grad is not None
             s.close("verl", c, ours, "∂loss/∂logp", grad, our_grad(t.grad, b.lengths, "token-mean"))
-            mine = L.loss_metrics(t, b.off, "verl/clip_cov")
+            mine = LR.loss_metrics(t, b.off, ROWS["verl/clip_cov"].metrics_for(None))
             s.add("verl", c, ours, {q: (metrics[q], v) for q, v in mine.items()}, METRIC)
             s.triggers("verl", c, ours, "actor/pg_clipfrac", metrics["actor/pg_clipfrac"])
         # the expectation over verl's draw: with one token chosen of n, the mean of verl's
@@ -881,7 +998,7 @@ def check_rollout_correction(s: Suite, b: Batch) -> None:
         batch, metrics = compute_rollout_correction_and_add_to_batch(
             batch, RolloutCorrectionConfig(**rc)
         )
-        corr = L.verl_rollout_correction(b.old_f, b.roll_f, b.off, **rc)
+        corr = LV.verl_rollout_correction(b.old_f, b.roll_f, b.off, **rc)
         label = ", ".join(f"{k}={v}" for k, v in rc.items())
         ours = f"verl_rollout_correction({label})"
         config = f"rollout_correction: {label}"
@@ -915,7 +1032,7 @@ def check_rollout_correction(s: Suite, b: Batch) -> None:
             s.close("verl", config, ours, "rollout_is_weights", b.flat(w_t), corr.weight)
         # the weights and the rejection inside the losses (vanilla through the core, cispo,
         # geo_mean's geometric mean of the weights)
-        off, (lp, old, w), kept = L.drop_tokens(corr.keep, b.off, b.lp_f, b.old_f, corr.weight)
+        off, (lp, old, w), kept = LR.drop_tokens(corr.keep, b.off, b.lp_f, b.old_f, corr.weight)
         adv, lengths = b.adv[kept], np.diff(off)
         for name in ("vanilla", "cispo", "geo_mean"):
             cfg = verl_config(
@@ -937,16 +1054,16 @@ def check_rollout_correction(s: Suite, b: Batch) -> None:
             assert lp_t.grad is not None
             grad_theirs = lp_t.grad.numpy()[new_mask.numpy()]
             if name == "vanilla":
-                t = L._vanilla(lp, old, np.repeat(adv, lengths), off, 0.2, 0.2, 3.0)
-                t = L.apply_correction(t, w)
+                t = LV._vanilla(lp, old, np.repeat(adv, lengths), off, 0.2, 0.2, 3.0)
+                t = LR.apply_correction(t, w)
                 key, fn = "verl/bypass_mode/ppo_clip", "core clipped surrogate"
             elif name == "cispo":
-                t = L.apply_correction(
-                    L.cispo_terms(lp, old, adv, off, lower=0.8, upper=1.2, log_ratio_clamp=20.0), w
+                t = LR.apply_correction(
+                    LT.cispo_terms(lp, old, adv, off, lower=0.8, upper=1.2, log_ratio_clamp=20.0), w
                 )
                 key, fn = "verl/cispo", "cispo_terms"
             else:
-                t = L.geo_mean_terms(lp, old, adv, off, is_weight=w if w_t is not None else None)
+                t = LV.geo_mean_terms(lp, old, adv, off, is_weight=w if w_t is not None else None)
                 key, fn = "verl/geo_mean", "geo_mean_terms(is_weight=...)"
             agg = t.agg or cfg.loss_agg_mode
             c = f"{config}; loss_mode={name}, {cfg.loss_agg_mode}"
@@ -956,7 +1073,7 @@ def check_rollout_correction(s: Suite, b: Batch) -> None:
             s.add("verl", c, o, {"loss": (float(loss.detach()), rows * our_loss(t, off, agg))})
             assert t.grad is not None
             s.close("verl", c, o, "∂loss/∂logp", grad_theirs, rows * our_grad(t.grad, lengths, agg))
-            mine = L.loss_metrics(t, off, key)
+            mine = LR.loss_metrics(t, off, metrics_of(key))
             s.add("verl", c, o, {q: (met[q], v) for q, v in mine.items()}, METRIC)
 
 
@@ -1225,9 +1342,9 @@ def check_bypass(s: Suite, b: Batch) -> None:
             )
             loss.backward()
             assert lp_t.grad is not None
-            t, corr = L.verl_bypass_mode(b.lp_f, b.roll_f, b.adv, b.off, **rc)
+            t, corr = LV.verl_bypass_mode(b.lp_f, b.roll_f, b.adv, b.off, **rc)
             assert t.grad is not None
-            off, (term, grad), kept = L.drop_tokens(corr.keep, b.off, t.term, t.grad)
+            off, (term, grad), kept = LR.drop_tokens(corr.keep, b.off, t.term, t.grad)
             keep_pad = np.zeros(b.mask.shape, bool)
             keep_pad[b.mask] = corr.keep
             label = ", ".join(f"{k}={v}" for k, v in rc.items())
@@ -1242,14 +1359,16 @@ def check_bypass(s: Suite, b: Batch) -> None:
                 lp_t.grad.numpy()[keep_pad],
                 our_grad(grad, lengths, agg),
             )
-            kept_t = L.PolicyTerms(
+            kept_t = LR.PolicyTerms(
                 term=term,
                 grad=grad,
                 ratio=t.ratio[corr.keep],
                 flags={k: v[corr.keep] for k, v in t.flags.items()},
                 values={k: v[corr.keep] for k, v in t.values.items()},
             )
-            mine = L.loss_metrics(kept_t, off, f"verl/bypass_mode/{rc['loss_type']}")
+            mine = LR.loss_metrics(
+                kept_t, off, logged_metrics("verl/bypass_mode", bypass_loss_type=rc["loss_type"])
+            )
             mine.update(corr.metrics)
             assert set(mine) == set(met), set(mine) ^ set(met)
             s.add(
@@ -1312,7 +1431,7 @@ def check_openrlhf(s: Suite) -> None:
             )
             loss.backward()
             assert lp_t.grad is not None
-            corr = L.openrlhf_is_correction(b.old_f, b.roll_f, b.off, **rc)
+            corr = LO.openrlhf_is_correction(b.old_f, b.roll_f, b.off, **rc)
             tt = token_terms(
                 b.lp_f,
                 b.old_f,
@@ -1327,7 +1446,7 @@ def check_openrlhf(s: Suite) -> None:
             gp, _ = token_gradients(
                 tt, offsets=b.off, clip_eps=0.2, dual_clip=dual, log_ratio_clamp=20.0, beta=0.0
             )
-            term, grad = L._mul(tt.policy, corr.weight), L._mul(gp, corr.weight)
+            term, grad = LR._mul(tt.policy, corr.weight), LR._mul(gp, corr.weight)
             label = ", ".join(f"{k}={v}" for k, v in rc.items())
             c = f"PolicyLoss(ppo, dual_clip={dual}, {agg}), is_correction {label}"
             o = f"core clipped surrogate × openrlhf_is_correction({label})"
@@ -1401,6 +1520,7 @@ def main() -> int:
     torch.set_default_dtype(torch.float64)
     s = Suite()
     check_trl(s)
+    check_trl_off_policy_mask(s)
     check_verl(s)
     check_openrlhf(s)
     versions = {p: version(p) for p in ("trl", "verl", "openrlhf", "torch")}

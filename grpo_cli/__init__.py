@@ -46,10 +46,10 @@ from ._report import (
     objective_pass1,
     objective_report,
 )
-from ._settings import PRESETS, SettingError, Settings, resolve_settings
+from ._version import __version__
 from .batch import Batch, RawBatch, validate
 from .engine.options import EngineOptions, Ran
-from .errors import GrpoCliError, InputError, MergeError, UsageError
+from .errors import GrpoCliError, InputError, MergeError, SettingError, UsageError
 from .finalize import LoggedInput, objective_record
 from .io import Answers, Source, load_answers, open_source, raw_from_arrow
 from .plan import iter_batches
@@ -65,9 +65,9 @@ from .records import (
     Result,
     RolloutReport,
 )
+from .settings import Settings
+from .trainers.presets import PRESETS, resolve_settings
 from .views.json import advantages_json, check_json, kl_json, objective_json
-
-__version__ = "0.1.0"
 
 # check's names: its rules are imported when used, so a --json run never loads them
 _LAZY = {"CheckConfig", "RuleConfig", "load_config", "run_check"}

@@ -26,10 +26,9 @@ from ._core import (
     token_gradients,
     token_terms,
 )
-from ._loss_fold import answer_view, needs_numpy, rejects
+from ._loss_fold import answer_view, rejects
 from ._partials import AnswerCounts, divisor_of
 from ._report import TOKEN_FIELDS, Pass1, objective_pass1
-from ._settings import Settings
 from .batch import Batch, Part, parts
 from .engine.options import EngineOptions
 from .errors import UsageError
@@ -37,6 +36,7 @@ from .finalize import check_folded
 from .io import Source
 from .plan import Pipeline, plan, run
 from .records import AnswersReport
+from .settings import Settings
 
 __all__ = [
     "SORT_KEYS",
@@ -276,7 +276,7 @@ def answer_stats(
     per_token = adv.shape != (b.n,)
     args = (f["logp"], f.get("old_logp"), f.get("ref_logp"), adv, b.offsets)
     g2 = None
-    loss = needs_numpy(settings)  # a loss, correction or mask of the trainer's own
+    loss = settings.numpy_only  # a loss, correction or mask of the trainer's own
     if compiled and not per_token and _fast.supports_options(o) and not loss:
         out = _fast.fold(*args, options=o, gradient=grad is not None, extremes=True)
         ext = out.extremes
@@ -337,7 +337,7 @@ def part_stats(
     """:func:`answer_stats` of a run of whole answers, or of a long answer a slice of its
     tokens at a time (the sequence-level ratio's means from a first pass over them)."""
     assert part.adv is not None
-    if not part.long or needs_numpy(settings):  # a trainer's own loss takes whole answers
+    if not part.long or settings.numpy_only:  # a trainer's own loss takes whole answers
         return answer_stats(part.batch, part.adv, settings, grad=grad, compiled=compiled)
     seq = means = None
     if settings.ratio_level == "sequence":

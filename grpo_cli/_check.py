@@ -24,6 +24,7 @@ from numpy.typing import NDArray
 from . import batch as _batch
 from ._core import advantages_by_group
 from ._logged import compare_logged
+from ._loss_fold import clip_unit
 from ._mistakes import shifted
 from ._partials import TokenPartial
 from ._report import (
@@ -34,7 +35,6 @@ from ._report import (
     ran_by,
     recorded_calls,
 )
-from ._settings import Settings
 from .batch import RawBatch, length_mismatches, nonfinite_flags, token_ranges, valid_lengths
 from .engine.options import EngineOptions
 from .errors import InputError, UsageError
@@ -43,6 +43,7 @@ from .io import Answers, Source, load_answers
 from .io.fields import LOGP_FIELDS
 from .plan import plan, run
 from .records import EXTREME, CheckReport, ObjectiveReport, Result
+from .settings import Settings
 
 __all__ = [
     "RULES",
@@ -365,13 +366,12 @@ def rule_clip_region(f: Facts, c: RuleConfig) -> Result:
                 "not apply",
             )
         share, names = own.share, own.names
-        seq = loss == "trl/cispo" and f.report.settings.ratio_level == "sequence"
+        unit = clip_unit(f.report.settings)
         return _judge(
             "clip-region",
             c,
             share,
-            f"{100 * share:.3f}% of {'answers' if seq else 'tokens'} clipped by {loss} "
-            f"({' + '.join(names)})",
+            f"{100 * share:.3f}% of {unit} clipped by {loss} ({' + '.join(names)})",
         )
     cl = f.report.clip
     return _judge(

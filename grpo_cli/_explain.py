@@ -171,32 +171,6 @@ def explain_findings(r: ObjectiveReport) -> list[Finding]:
     return out
 
 
-# what each loss is, in a few words, for the reader (grpo_cli._losses has the formulas)
-_LOSS_WORDS = {
-    "clip": "the clipped surrogate min(ρA, clip(ρ)A)",
-    "trl/cispo": "CISPO (the capped ratio, detached, times A·logp)",
-    "trl/sapo": "SAPO (a soft temperature gate in place of the clip)",
-    "trl/luspo": "LUSPO (GSPO's clipped surrogate scaled by each answer's length)",
-    "trl/vespo": "VESPO (a detached Gamma weight of the sequence ratio times A·logp)",
-    "verl/dppo_tv": "DPPO-TV (a truncated IS weight, masked beyond a probability change)",
-    "verl/dppo_kl": "DPPO-KL (a truncated IS weight, masked beyond a binary KL)",
-    "verl/sapo": "SAPO (a soft temperature gate in place of the clip)",
-    "verl/gpg": "GPG (the plain policy gradient A·logp)",
-    "verl/clip_cov": "Clip-Cov (the gradient of a few high-covariance tokens removed)",
-    "verl/kl_cov": "KL-Cov (a |Δ| penalty on the highest-covariance tokens)",
-    "verl/geo_mean": "GMPO (the geometric mean of the token ratios, clipped in log space)",
-    "verl/dro": "DRO (the policy gradient with a quadratic log-ratio penalty)",
-    "verl/cispo": "CISPO (the ratio clipped to [1−ε, 1+ε], detached, times A·logp)",
-    "verl/bypass_mode": "verl's bypass mode (rollout_logp as the old policy, its own IS "
-    "weights and rejection)",
-}
-_CORRECTION_WORDS = {
-    "trl-vllm": "TRL's vLLM importance-sampling correction",
-    "verl-rollout": "verl's rollout IS weights",
-    "openrlhf-is": "OpenRLHF's IS correction",
-}
-
-
 def _loss_finding(r: ObjectiveReport) -> Finding:
     """Which loss, correction and trainer release the numbers follow (said when a loss,
     a correction or a trainer's release preset is in use)."""
@@ -208,19 +182,19 @@ def _loss_finding(r: ObjectiveReport) -> Finding:
         if s.trainer is not None
         else "under grpo-cli's own conventions (no trainer named)"
     )
+    row, crow = s.loss_row, s.correction_row
     corr = ""
-    if s.correction != "none":
-        corr = f", with {_CORRECTION_WORDS[s.correction]} applied from rollout_logp"
-    if s.rollout_rs is not None and s.correction != "none":
-        corr += f" and its rejection sampling ({s.rollout_rs})"
-    if s.loss == "verl/bypass_mode":
-        corr = f", {s.bypass_loss_type}" + (
-            f", rejection sampling ({s.rollout_rs})" if s.rollout_rs is not None else ""
-        )
+    if crow is not None:
+        corr = f", with {crow.words} applied from rollout_logp"
+        if crow.describe is not None:
+            corr += crow.describe(s.correction_params)
+    if row.describe is not None:
+        corr = row.describe(s.loss_params)
+    for mask, _ in s.mask_rows:
+        corr += f", with {mask.words}"
     return Finding(
         "loss-followed", "info",
-        f"The numbers follow {_LOSS_WORDS.get(s.loss, s.loss)} ({s.loss}), aggregated "
-        f"{s.agg}, {whose}{corr}.",
+        f"The numbers follow {row.words} ({s.loss}), aggregated {s.agg}, {whose}{corr}.",
         {"loss": s.loss, "correction": s.correction, "preset": s.preset, "mirrors": s.mirrors,
          "trainer": s.trainer},
     )  # fmt: skip

@@ -48,22 +48,22 @@ from ._core import (
 from ._loss_fold import (
     WEIGHT_FIELD,
     LossMetrics,
-    bypass_of,
+    bonus_mask_of,
     correction_of,
-    entropy_mask_of,
-    needs_numpy,
+    mask_of,
+    own_correction_of,
     policy_terms,
     rejects,
 )
-from ._losses import drop_tokens
 from ._mistakes import LOGP_FIELDS, AlignmentSums, ClosingZeros
-from ._settings import Settings
 from ._stats import IntCounts, Moments, Sketch
 from .batch import Batch, Part, parts
 from .errors import InputError, MergeError
 from .io.answers import Answers
 from .io.arrow import group_ids, null_rows, numpy_of
+from .losses.registry import drop_tokens
 from .records import QUANTILE_LEVELS, QUANTILES, Distribution, RolloutReport
+from .settings import Settings
 
 F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
@@ -548,16 +548,6 @@ def sequence_means(part: Part, s: Settings, seq: F64) -> SequenceMeans:
     return SequenceMeans(seq, np.array([p / n]), None if kl is None else np.array([kl / n]))
 
 
-def _release_folds(settings: Settings) -> tuple[str, ...]:
-    """The optional parts the release the settings mirror reads (``Release.folds``)."""
-    from .trainers import trainer_of
-
-    trainer = trainer_of(settings.trainer)
-    if trainer is None or settings.mirrors is None:
-        return ()
-    return trainer.release_of(settings.mirrors).folds
-
-
 @dataclass
 class UnclippedMinimum:
     """Valid tokens where the clipped surrogate's minimum is the *unclipped* term although
@@ -600,12 +590,12 @@ class TokenPartial:
     A loss other than the clipped surrogate (``Settings.loss``), or a sampler–trainer
     correction (``Settings.correction``), always folds in numpy, whole answers at a time
     (the kernel computes the clipped surrogate only): the loss's terms
-    (:func:`grpo_cli._loss_fold.policy_terms`, the functions of :mod:`grpo_cli._losses`)
+    (:func:`grpo_cli._loss_fold.policy_terms`, the rows of :mod:`grpo_cli.losses`)
     replace the policy term, the KL term stays the settings' (β, estimator, ``kl_agg``),
     the gradient is the loss's, and its logged metrics fold in ``loss_metrics``
-    (:class:`~grpo_cli._loss_fold.LossMetrics`). ``verl/clip_cov`` and ``verl/kl_cov``
-    choose tokens over each batch folded (the trainer's micro-batch when a batch is one:
-    ``loss_metrics.notes()`` says so).
+    (:class:`~grpo_cli._loss_fold.LossMetrics`). A loss whose row needs the whole batch
+    (``Loss.whole_batch``) chooses tokens over each batch folded (the trainer's micro-batch
+    when a batch is one: ``loss_metrics.notes()`` says so).
     """
 
     PARTS = (
@@ -671,7 +661,7 @@ class TokenPartial:
         self.rollout = RolloutPartial()
         self.entropy = Moments()
         self.entropy_q = Sketch(*ENTROPY_BINS, **cap)
-        self.bonus_entropy = MaskedSums()  # the entropy over TRL's entropy_mask (its bonus)
+        self.bonus_entropy = MaskedSums()  # the entropy over the masks the trainer's bonus takes
         # with the KL in the reward: the KL the reward took (old_logp vs ref_logp) and the
         # raw old_logp − ref_logp, for the trainers' logged kl and logprobs_diff
         self.reward_kl = TermSums()
@@ -680,11 +670,10 @@ class TokenPartial:
         # bias-corrected KL stay in numpy
         # ... and a loss other than the clipped surrogate, or a correction, in numpy too
         self.compiled = (
-            backend == "c" and _fast.supports_options(self.options) and not needs_numpy(settings)
+            backend == "c" and _fast.supports_options(self.options) and not settings.numpy_only
         )
         self.loss_metrics = LossMetrics.of(settings)  # the loss's and correction's metrics
-        folds = _release_folds(settings)
-        self.unclipped_min = UnclippedMinimum(wanted="unclipped_min" in folds)
+        self.unclipped_min = UnclippedMinimum(wanted="unclipped_min" in settings.folds)
         self.vector = True  # the kernel's AVX2 path where the CPU has it (tests turn it off)
 
     # the counts, by name
@@ -734,7 +723,7 @@ class TokenPartial:
     ) -> Iterator[tuple[Batch, F64 | None, AnswerSums]]:
         for part in parts(b, adv):
             sub, a, per_token = part.batch, part.adv, part.per_token
-            if not part.long or needs_numpy(self.settings):  # a loss takes whole answers
+            if not part.long or self.settings.numpy_only:  # a loss takes whole answers
                 sums = step(sub, a, Whole(sub.lengths, per_token, extras=extras))
                 if per_token:
                     assert a is not None
@@ -917,7 +906,7 @@ class TokenPartial:
             seq_mean=whole.seq_mean,
         )
         loss_grad: F64 | None = None
-        if needs_numpy(s):  # the settings' loss in place of the clipped surrogate
+        if s.numpy_only:  # the settings' loss in place of the clipped surrogate
             terms, loss_grad = self._loss_terms(b, adv, terms)
         sums = AnswerSums(
             term=segment_sum(terms.term, b.offsets), policy=segment_sum(terms.policy, b.offsets)
@@ -948,26 +937,28 @@ class TokenPartial:
                 terms, offsets=b.offsets, options=self.options, answer_means=whole.grad_means
             )
             gk = gk if self.options.beta else None  # with the KL in the reward: no KL term
-            if needs_numpy(s):
+            if s.numpy_only:
                 gp = loss_grad if loss_grad is not None else np.zeros_like(gp)
             sums.grad_nz = self.grad.add(gp, gk, b.offsets, whole.lengths)
         return sums
 
     def _loss_terms(self, b: Batch, adv: F64, terms: TokenTerms) -> tuple[TokenTerms, F64 | None]:
-        """``terms`` with the settings' loss (:func:`grpo_cli._loss_fold.policy_terms`) as
-        the policy term and the correction applied, the KL term unchanged; and the policy
-        term's gradient (None: no closed form, the fold's gradient is then null). Folds the
-        loss's and the correction's metrics."""
+        """``terms`` with the settings' loss (its registry row's function:
+        :func:`grpo_cli._loss_fold.policy_terms`) as the policy term, the correction and the
+        policy-term masks applied, the KL term unchanged; and the policy term's gradient
+        (None: no closed form, the fold's gradient is then null). Folds the loss's and the
+        correction's metrics."""
         s = self.settings
-        if s.loss == "verl/bypass_mode":  # the loss computes its own correction
-            bp = bypass_of(s, b.fields, adv, b.offsets)
-            self.loss_metrics.add(None, bp.correction, b.offsets)
-            self.loss_metrics.add(bp.kept, None, bp.kept_offsets, batch=False)
-            return self._with_kl(terms, bp.terms.term), bp.terms.grad
+        row = s.loss_row
+        if row.correction == "own":  # the loss computes its own correction
+            own = own_correction_of(s, b.fields, adv, b.offsets)
+            self.loss_metrics.add(None, own.correction, b.offsets)
+            self.loss_metrics.add(own.kept, None, own.kept_offsets, batch=False)
+            return self._with_kl(terms, own.terms.term), own.terms.grad
         corr = correction_of(s, b.fields, b.offsets)
         folded = WEIGHT_FIELD in b.fields  # the whole batch's correction was folded
         pt = None
-        if s.loss != "clip":
+        if row.terms is not None:
             pt = policy_terms(s, b.fields, adv, b.offsets, corr)
             policy, grad = pt.term, pt.grad
         else:
@@ -976,10 +967,10 @@ class TokenPartial:
             if self.gradient_wanted:
                 gp, _ = token_gradients(terms, offsets=b.offsets, options=self.options)
                 grad = gp if corr is None else _times(gp, corr.weight)
-        if s.entropy_mask:  # TRL's high-entropy tokens only, the loss's counts unchanged
-            em = entropy_mask_of(b.fields)
-            policy = _times(policy, em)
-            grad = None if grad is None else _times(grad, em)
+        mask = mask_of(s, b.fields, adv, b.offsets)
+        if mask is not None:  # the trainer's masks of the policy term, its counts unchanged
+            policy = _times(policy, mask)
+            grad = None if grad is None else _times(grad, mask)
         if pt is not None or corr is not None:
             self.loss_metrics.add(pt, None if folded else corr, b.offsets, batch=not folded)
         return self._with_kl(terms, policy), grad
@@ -1011,8 +1002,9 @@ class TokenPartial:
             e = np.asarray(entropy, dtype=np.float64)
             self.entropy.update(e)
             self.entropy_q.update(e)
-            if s.entropy_mask and "entropy_mask" in b.fields:
-                self.bonus_entropy.add(e, entropy_mask_of(b.fields))
+            bonus = [m for m, _ in s.mask_rows if m.entropy_bonus]
+            if bonus and all(f in b.fields for m in bonus for f in m.needs):
+                self.bonus_entropy.add(e, bonus_mask_of(s, b.fields, b.offsets))
         rollout = b.fields.get("rollout_logp")
         if rollout is not None:  # the trainer's old policy is logp itself when on-policy
             old = b.fields.get("old_logp", b.fields["logp"])

@@ -24,7 +24,6 @@ from ._core import (
     kl_from_log_ratio,
 )
 from ._partials import GroupTable, TokenPartial, answer_sums, group_table, suffix_sums
-from ._settings import Settings
 from .batch import Batch, RawBatch, drop_empty, validate
 from .calls import Counted, Folded, fold_calls, logged_calls, logging_window
 from .engine.options import EngineOptions, Ran
@@ -42,6 +41,7 @@ from .io.lists import batch_token_advantages
 from .io.readers import ReadColumns
 from .plan import Pipeline, plan, run
 from .records import AdvantagesReport, Calls, Distribution, KLReport, ObjectiveReport
+from .settings import Settings
 from .trainers import RewardKL, trainer_of
 
 __all__ = [

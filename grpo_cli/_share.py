@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._settings import Settings
 from .engine.options import EngineOptions
 from .records import (
     AnswerText,
     CheckReport,
     ShareReport,
 )
+from .settings import Settings
 
 if TYPE_CHECKING:
     from .io import Source

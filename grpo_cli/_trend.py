@@ -18,13 +18,13 @@ from pathlib import Path
 
 from ._check import RuleConfig, _judge, _skip
 from ._report import objective_report
-from ._settings import Settings
 from .engine.options import EngineOptions, Ran
 from .errors import InputError, UsageError
 from .io import InputPath, open_source
 from .io.run import find_run, recorded_step
 from .io.source import expand_input
 from .records import ObjectiveReport, Result, StepRow, TrendReport
+from .settings import Settings
 
 __all__ = ["TREND_RULES", "step_number", "trend_report"]
 

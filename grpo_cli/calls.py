@@ -24,12 +24,12 @@ import pyarrow.parquet as pq
 
 from ._loss_fold import LossMetrics, correction_of
 from ._partials import TokenPartial
-from ._settings import Settings
 from .batch import RawBatch, drop_empty, validate
 from .engine.options import DEFAULT_BATCH_TOKENS, EngineOptions, Ran
 from .io import TOKEN_VALUES, Source
 from .plan import plan, run
 from .records import Calls
+from .settings import Settings
 from .trainers import trainer_of
 from .trainers.base import CallInputs, FileInputs
 

@@ -7,7 +7,7 @@ and exits with ``error.exit_code``; nothing else is caught.
 
 from __future__ import annotations
 
-__all__ = ["GrpoCliError", "InputError", "MergeError", "UsageError"]
+__all__ = ["GrpoCliError", "InputError", "MergeError", "SettingError", "UsageError"]
 
 
 class GrpoCliError(Exception):
@@ -29,6 +29,15 @@ class InputError(GrpoCliError, ValueError):
 
 class UsageError(GrpoCliError, ValueError):
     """An option value or a combination of options is invalid (exit code 2)."""
+
+
+class SettingError(UsageError):
+    """A setting is invalid; ``field`` names it (the CLI shows the flag that set it, or the
+    config that did)."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field, self.problem = field, problem
 
 
 class MergeError(GrpoCliError, ValueError):

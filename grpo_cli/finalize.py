@@ -15,7 +15,6 @@ from ._core import AGGREGATIONS, EXP_MAX, GroupStats
 from ._logged import compare_logged
 from ._mistakes import CLOSING_RUN, LOGP_FIELDS, shifted
 from ._partials import ADV_EDGES, LENGTH_EDGES, TokenPartial, length_weights
-from ._settings import Settings
 from ._stats import Histogram, IntCounts, Moments, Sketch, quantiles_linear
 from .engine.options import EngineOptions, Ran
 from .errors import InputError, UsageError
@@ -32,6 +31,7 @@ from .records import (
     LossClip,
     ObjectiveReport,
 )
+from .settings import Settings
 from .trainers import MetricInputs, trainer_of
 
 if TYPE_CHECKING:
@@ -216,10 +216,10 @@ def data_mistakes(src: Source, acc: TokenPartial, groups: GroupSummary | None) -
 
 def loss_clip(settings: Settings, metrics: dict[str, float]) -> LossClip | None:
     """What the settings' loss clips by its own metrics (None: the clipped surrogate's
-    clip counts, which TRL's luspo logs too)."""
+    clip counts, which some trainers' own losses log too: their row's ``clip`` "core")."""
     from ._loss_fold import loss_clip_share
 
-    if settings.loss in ("clip", "trl/luspo"):
+    if settings.loss_row.clip_for(settings.loss_params) == "core":
         return None
     got = loss_clip_share(settings, metrics)
     return LossClip(None) if got is None else LossClip(*got)
@@ -329,12 +329,12 @@ def objective_record(
     given) and notes; ``ratio_band`` sets ``ratio_outside_band``."""
     adv = p1.adv
     check_folded(src, settings, acc.rows + empty, adv.shape[0], acc.max_width)
-    if not acc.answers and acc.loss_metrics.seen_tokens:
-        raise InputError(
-            f"{src.label}: verl's rejection sampling (rollout_rs {settings.rollout_rs}, "
-            f"threshold {settings.rollout_rs_threshold}) rejected every token: no loss is left "
-            "to compute (verl's would divide by 0); loosen rollout_rs_threshold"
-        )
+    crow = settings.correction_row
+    if not acc.answers and acc.loss_metrics.seen_tokens and crow is not None:
+        why = "its rejection rejected every token: no loss is left to compute"
+        if crow.all_rejected is not None:
+            why = crow.all_rejected(settings.correction_params)
+        raise InputError(f"{src.label}: {why}")
     warnings = list(p1.warnings)
     stats = p1.stats
     agg = settings.agg

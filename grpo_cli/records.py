@@ -13,9 +13,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ._core import GroupStats
-from ._settings import Settings
 from ._stats import IntCounts
 from .engine.options import EngineOptions, Ran
+from .settings import Settings
 
 __all__ = [
     "EXTREME",

@@ -281,7 +281,7 @@ def test_gradient_share_is_the_finite_difference_gradient(
     from grpo_cli import EngineOptions, open_source
     from grpo_cli._answers import answers_report
     from grpo_cli._core import aggregate, token_terms
-    from grpo_cli._settings import Settings
+    from grpo_cli.settings import Settings
 
     if backend == "c" and not _fast_built():
         pytest.skip("compiled kernel not built")

@@ -511,7 +511,7 @@ def test_term_options_and_keywords_agree() -> None:
     import typing
 
     from grpo_cli._core import TermConventions, TermOptions
-    from grpo_cli._settings import resolve_settings
+    from grpo_cli.trainers.presets import resolve_settings
 
     hints = typing.get_type_hints(TermOptions)
     fields = [f.name for f in dataclasses.fields(TermOptions)]

@@ -12,8 +12,8 @@ import pytest
 
 from grpo_cli._core import aggregate, grpo_objective, token_terms
 from grpo_cli._partials import TokenPartial
-from grpo_cli._settings import Settings
 from grpo_cli.batch import Batch
+from grpo_cli.settings import Settings
 
 from .conftest import Cli
 

@@ -24,9 +24,9 @@ from hypothesis import strategies as st
 from grpo_cli import EngineOptions, _fast, objective_report, open_source, resolve_settings
 from grpo_cli._core import ClipCounts, clip_counts, ratio_moments, token_terms
 from grpo_cli._partials import TokenPartial
-from grpo_cli._settings import Settings
 from grpo_cli.batch import Batch
 from grpo_cli.errors import GrpoCliError, InputError, UsageError
+from grpo_cli.settings import Settings
 
 from .conftest import SAMPLE, Cli
 

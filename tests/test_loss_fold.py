@@ -16,12 +16,29 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from grpo_cli import _losses as L
-from grpo_cli._settings import LOSSES, SettingError, Settings, resolve_settings
+from grpo_cli.errors import SettingError
+from grpo_cli.losses import LOSSES as ROWS
+from grpo_cli.losses import logged_metrics
+from grpo_cli.losses import openrlhf as LO
+from grpo_cli.losses import registry as LR
+from grpo_cli.losses import trl as LT
+from grpo_cli.losses import verl as LV
+from grpo_cli.settings import CORRECTION_NAMES, Settings
+from grpo_cli.settings import LOSS_NAMES as LOSSES
 from grpo_cli.trainers import openrlhf, trl, verl
+from grpo_cli.trainers.presets import resolve_settings
 
 from .conftest import Cli, pad
 from .trl_runs import step_records
+
+
+def metrics_of(key: str) -> tuple[LR.Metric, ...]:
+    """A loss's logged metrics by its name, or ``verl/bypass_mode/<loss_type>``."""
+    _, _, kind = key.partition("/bypass_mode/")
+    if kind:
+        return logged_metrics("verl/bypass_mode", bypass_loss_type=kind)
+    return logged_metrics(key)
+
 
 BETA = 0.04
 
@@ -93,24 +110,24 @@ def _flat(d: dict[str, Any]) -> tuple[dict[str, np.ndarray], np.ndarray]:
 # loss -> (CLI flags, the function of grpo_cli._losses with the trainer's parameters, as
 # the trainer's config names them: TRL epsilon_high is CISPO's cap, verl clip_ratio_* its
 # bounds and ±20 clamp, ...)
-def _by_hand(name: str, f: dict[str, np.ndarray], a: np.ndarray, off: np.ndarray) -> L.PolicyTerms:
+def _by_hand(name: str, f: dict[str, np.ndarray], a: np.ndarray, off: np.ndarray) -> LR.PolicyTerms:
     lp, old = f["logp"], f["old_logp"]
     return {
-        "trl/cispo": lambda: L.cispo_terms(lp, old, a, off, upper=1.1),
-        "trl/sapo": lambda: L.sapo_terms(lp, old, a, off, tau_pos=0.9, tau_neg=1.3),
-        "trl/luspo": lambda: L.luspo_terms(lp, old, a, off, clip_eps=0.2, ratio_level="token"),
-        "trl/vespo": lambda: L.vespo_terms(lp, old, a, off, k_pos=1.5),
-        "verl/dppo_tv": lambda: L.dppo_terms(lp, old, a, off, clip_low=0.1, clip_high=0.15),
-        "verl/dppo_kl": lambda: L.dppo_terms(lp, old, a, off, divergence="kl", clip_low=0.05,
+        "trl/cispo": lambda: LT.cispo_terms(lp, old, a, off, upper=1.1),
+        "trl/sapo": lambda: LT.sapo_terms(lp, old, a, off, tau_pos=0.9, tau_neg=1.3),
+        "trl/luspo": lambda: LT.luspo_terms(lp, old, a, off, clip_eps=0.2, ratio_level="token"),
+        "trl/vespo": lambda: LT.vespo_terms(lp, old, a, off, k_pos=1.5),
+        "verl/dppo_tv": lambda: LV.dppo_terms(lp, old, a, off, clip_low=0.1, clip_high=0.15),
+        "verl/dppo_kl": lambda: LV.dppo_terms(lp, old, a, off, divergence="kl", clip_low=0.05,
                                              clip_high=0.05, ratio_cap=1.2),
-        "verl/sapo": lambda: L.sapo_terms(lp, old, a, off, log_ratio_clamp=20.0),
-        "verl/gpg": lambda: L.gpg_terms(lp, a, off),
-        "verl/clip_cov": lambda: L.clip_cov_terms(lp, old, a, off, clip_cov_ratio=0.05,
+        "verl/sapo": lambda: LT.sapo_terms(lp, old, a, off, log_ratio_clamp=20.0),
+        "verl/gpg": lambda: LV.gpg_terms(lp, a, off),
+        "verl/clip_cov": lambda: LV.clip_cov_terms(lp, old, a, off, clip_cov_ratio=0.05,
                                                   clip_cov_lb=0.0, clip_cov_ub=5.0),
-        "verl/kl_cov": lambda: L.kl_cov_terms(lp, old, a, off, kl_cov_ratio=0.05, ppo_kl_coef=1.0),
-        "verl/geo_mean": lambda: L.geo_mean_terms(lp, old, a, off, clip_low=0.1, clip_high=0.25),
-        "verl/dro": lambda: L.dro_terms(lp, old, a, off, beta=0.3),
-        "verl/cispo": lambda: L.cispo_terms(lp, old, a, off, lower=0.8, upper=1.2,
+        "verl/kl_cov": lambda: LV.kl_cov_terms(lp, old, a, off, kl_cov_ratio=0.05, ppo_kl_coef=1.0),
+        "verl/geo_mean": lambda: LV.geo_mean_terms(lp, old, a, off, clip_low=0.1, clip_high=0.25),
+        "verl/dro": lambda: LV.dro_terms(lp, old, a, off, beta=0.3),
+        "verl/cispo": lambda: LT.cispo_terms(lp, old, a, off, lower=0.8, upper=1.2,
                                             log_ratio_clamp=20.0),
     }[name]()  # fmt: skip
 
@@ -133,29 +150,30 @@ FLAGS: dict[str, list[str]] = {
 }  # fmt: skip
 # verl's bypass mode takes its correction's settings too: test_bypass_mode_*
 NON_CLIP = [x for x in LOSSES if x not in ("clip", "verl/bypass_mode")]
+# the losses that select tokens over the batch their loss saw (they do not fold beyond it)
+BATCH_LOSSES = ("verl/clip_cov", "verl/kl_cov")
 
 
 def test_every_loss_has_its_flags_and_metrics() -> None:
-    """The Literal is the one list: every loss but clip has logged metrics, and every key
-    of LOSS_METRICS is a loss (verl's bypass mode by its loss_type)."""
-    assert set(NON_CLIP) == set(FLAGS) == set(L.LOSS_METRICS) - {
-        "verl/bypass_mode/ppo_clip", "verl/bypass_mode/reinforce"
-    }  # fmt: skip
-    assert {f"verl/bypass_mode/{k}" for k in get_args(L.BypassLoss)} <= set(L.LOSS_METRICS)
+    """The registry is the one list: every loss but clip is tested here, and verl's bypass
+    mode logs by its loss_type (each of them has its metrics)."""
+    assert set(NON_CLIP) == set(FLAGS) == set(ROWS) - {"clip", "verl/bypass_mode"}
+    for kind in get_args(LV.BypassLoss):
+        assert metrics_of(f"verl/bypass_mode/{kind}")
 
 
-def _expected(name: str, d: dict[str, Any]) -> tuple[float, dict[str, float], L.PolicyTerms]:
+def _expected(name: str, d: dict[str, Any]) -> tuple[float, dict[str, float], LR.PolicyTerms]:
     f, off = _flat(d)
     a = _advantages(d)
     t = _by_hand(name, f, a, off)
-    agg = L.FORCED_AGGREGATION.get(name, "seq-mean-token-mean")
+    agg = ROWS[name].agg or "seq-mean-token-mean"
     dk = f["ref_logp"] - f["logp"]
     kl = np.exp(dk) - dk - 1.0
     # verl aggregates its KL loss by loss_agg_mode whatever the policy loss forces; TRL
     # aggregates the whole per-token loss the forced way
     kl_agg = "seq-mean-token-mean" if name.startswith("verl/") else agg
     j = _agg(t.term, off, agg) - BETA * _agg(kl, off, kl_agg)
-    return j, L.loss_metrics(t, off, name), t
+    return j, LR.loss_metrics(t, off, metrics_of(name)), t
 
 
 def close(a: float, b: float, rel: float = 1e-10) -> bool:
@@ -167,7 +185,7 @@ def test_each_loss_over_many_batches_is_the_function_of_the_whole_batch(
     cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
 ) -> None:
     d = _data()
-    batch = name not in L.BATCH_LOSSES  # clip_cov, kl_cov: one batch (below: many)
+    batch = name not in BATCH_LOSSES  # clip_cov, kl_cov: one batch (below: many)
     if batch:
         monkeypatch.setenv("GRPO_CLI_BATCH_TOKENS", "16")  # a few answers per batch
     paths = [
@@ -185,7 +203,7 @@ def test_each_loss_over_many_batches_is_the_function_of_the_whole_batch(
             assert close(got[k], v), (k, got[k], v)
 
 
-@pytest.mark.parametrize("name", L.BATCH_LOSSES)
+@pytest.mark.parametrize("name", BATCH_LOSSES)
 def test_a_batch_loss_over_many_batches_says_so(
     cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
 ) -> None:
@@ -226,20 +244,20 @@ def _clip_policy(f: dict[str, np.ndarray], a: np.ndarray, off: np.ndarray) -> np
 
 CORRECTIONS = {
     "trl-vllm": (["--correction-param", "vllm_is_clip_max=1.5"],
-                 lambda o, r, off: L.trl_vllm_is_correction(o, r, off, clip_max=1.5)),
+                 lambda o, r, off: LT.trl_vllm_is_correction(o, r, off, clip_max=1.5)),
     "verl-rollout": (["--correction-param", "rollout_is=token",
                       "--correction-param", "rollout_is_threshold=1.2"],
-                     lambda o, r, off: L.verl_rollout_correction(
+                     lambda o, r, off: LV.verl_rollout_correction(
                          o, r, off, rollout_is="token", rollout_is_threshold=1.2)),
-    "verl-rollout/sequence": ([], lambda o, r, off: L.verl_rollout_correction(o, r, off)),
+    "verl-rollout/sequence": ([], lambda o, r, off: LV.verl_rollout_correction(o, r, off)),
     "openrlhf-is/seq": (["--correction-param", "is_correction_level=seq",
                          "--correction-param", "is_correction_high=1.04",
                          "--correction-param", "is_correction_low=0.96"],
-                        lambda o, r, off: L.openrlhf_is_correction(
+                        lambda o, r, off: LO.openrlhf_is_correction(
                             o, r, off, level="seq", threshold=(0.96, 1.04))),
     "openrlhf-is": (["--correction-param", "is_correction_high=1.3",
                      "--correction-param", "is_correction_low=0.8"],
-                    lambda o, r, off: L.openrlhf_is_correction(
+                    lambda o, r, off: LO.openrlhf_is_correction(
                         o, r, off, level="token", threshold=(0.8, 1.3))),
 }  # fmt: skip
 
@@ -319,8 +337,8 @@ def test_rejection_sampling_removes_the_rejected_tokens_from_every_part(
     d["entropy"] = [np.abs(o) for o in d["old_logp"]]
     f, off = _flat(d)
     rc = REJECTIONS[name]
-    corr = L.verl_rollout_correction(f["old_logp"], f["rollout_logp"], off, **rc)
-    off2, (lp, old, ref, w), kept = L.drop_tokens(
+    corr = LV.verl_rollout_correction(f["old_logp"], f["rollout_logp"], off, **rc)
+    off2, (lp, old, ref, w), kept = LR.drop_tokens(
         corr.keep, off, f["logp"], f["old_logp"], f["ref_logp"], corr.weight
     )
     n = len(d["reward"])
@@ -366,14 +384,14 @@ def test_rejection_sampling_with_verl_s_own_loss_and_its_gradient(
     d = _data(seed=11)
     f, off = _flat(d)
     rc = REJECTIONS["token_k1+is"]
-    corr = L.verl_rollout_correction(f["old_logp"], f["rollout_logp"], off, **rc)
-    off2, (lp, old, ref, w), kept = L.drop_tokens(
+    corr = LV.verl_rollout_correction(f["old_logp"], f["rollout_logp"], off, **rc)
+    off2, (lp, old, ref, w), kept = LR.drop_tokens(
         corr.keep, off, f["logp"], f["old_logp"], f["ref_logp"], corr.weight
     )
     n = len(d["reward"])
     a = _advantages(d)[kept]
-    t = L.apply_correction(
-        L.cispo_terms(lp, old, a, off2, lower=0.8, upper=1.2, log_ratio_clamp=20.0), w
+    t = LR.apply_correction(
+        LT.cispo_terms(lp, old, a, off2, lower=0.8, upper=1.2, log_ratio_clamp=20.0), w
     )
     dk = ref - lp
     kl = np.exp(dk) - dk - 1.0
@@ -386,7 +404,7 @@ def test_rejection_sampling_with_verl_s_own_loss_and_its_gradient(
         "--agg", "token-mean", "--gradient", *_rejection_flags(rc),
     )  # fmt: skip
     assert close(doc["objective"], want), (doc["objective"], want)
-    mine = L.loss_metrics(t, off2, "verl/cispo")
+    mine = LR.loss_metrics(t, off2, ROWS["verl/cispo"].metrics_for(None))
     for k, v in mine.items():
         assert close(doc["loss_metrics"][k], v, 1e-9), (k, doc["loss_metrics"][k], v)
     assert close(doc["gradient"]["norm"], float(np.linalg.norm(grad)), 1e-9)
@@ -418,7 +436,7 @@ def test_bypass_mode_as_verl_s_actor_aggregates_it(
     a = _advantages(d)
     rc = dict(BYPASS[name])
     kind = rc.pop("bypass_loss_type")
-    t, corr = L.verl_bypass_mode(f["logp"], f["rollout_logp"], a, off, loss_type=kind, **rc)
+    t, corr = LV.verl_bypass_mode(f["logp"], f["rollout_logp"], a, off, loss_type=kind, **rc)
     keep, lengths, n = corr.keep, np.diff(off), len(a)
     kept = np.add.reduceat(keep.astype(float), off[:-1])
     if "rollout_rs" in rc:
@@ -437,13 +455,16 @@ def test_bypass_mode_as_verl_s_actor_aggregates_it(
     want = float(np.sum(w_p * t.term) - BETA * np.sum(w_k * kl))
     assert t.grad is not None
     grad = float(np.linalg.norm(w_p * t.grad - BETA * w_k * (1.0 - np.exp(dk))))
-    off2, _, _ = L.drop_tokens(keep, off)
-    kept_t = L.PolicyTerms(
+    off2, _, _ = LR.drop_tokens(keep, off)
+    kept_t = LR.PolicyTerms(
         term=t.term[keep], grad=None, ratio=t.ratio[keep],
         flags={k: v[keep] for k, v in t.flags.items()},
         values={k: v[keep] for k, v in t.values.items()},
     )  # fmt: skip
-    metrics = {**L.loss_metrics(kept_t, off2, f"verl/bypass_mode/{kind}"), **corr.metrics}
+    metrics = {
+        **LR.loss_metrics(kept_t, off2, logged_metrics("verl/bypass_mode", bypass_loss_type=kind)),
+        **corr.metrics,
+    }
     flags = ["--loss", "verl/bypass_mode", "--agg", agg, "--loss-param",
              f"bypass_loss_type={kind}", "--gradient"]  # fmt: skip
     for k, v in rc.items():
@@ -464,7 +485,7 @@ def test_bypass_mode_settings_and_config() -> None:
     with pytest.raises(SettingError, match=r"^correction: verl-rollout: verl/bypass_mode"):
         Settings(trainer="verl", loss="verl/bypass_mode", correction="verl-rollout")
     with pytest.raises(SettingError, match=r"^bypass_loss_type: "):
-        Settings(loss="verl/bypass_mode", bypass_loss_type="nope")  # type: ignore[arg-type]
+        Settings(loss="verl/bypass_mode", loss_params=LV.BypassParams(bypass_loss_type="nope"))
     rc = "algorithm.rollout_correction."
     out, notes = verl.from_config({
         rc + "bypass_mode": True, rc + "loss_type": "reinforce", rc + "rollout_is": "token",
@@ -474,11 +495,11 @@ def test_bypass_mode_settings_and_config() -> None:
         "loss": "verl/bypass_mode", "bypass_loss_type": "reinforce", "rollout_is": "token",
         "rollout_rs": "seq_max_k2", "rollout_rs_threshold": 0.5,
     } and not notes  # fmt: skip
-    Settings(trainer="verl", **out)
+    resolve_settings(None, trainer="verl", **out)
     # the threshold of a rejection that is off is not read (verl ignores it too)
     out, _ = verl.from_config({rc + "rollout_rs_threshold": 2.0, rc + "rollout_is": "token"})
     assert "rollout_rs_threshold" not in out
-    Settings(trainer="verl", **out)
+    resolve_settings(None, trainer="verl", **out)
 
 
 def test_a_rejection_of_every_token(cli: Cli, tmp_path: Path) -> None:
@@ -594,7 +615,7 @@ def test_answers_rank_by_the_loss_s_own_clip_and_gradient(
     n, lens = len(a), np.diff(off)
     path = _parquet(tmp_path / "a.parquet", d, rows=3)
     if case == "verl/cispo":
-        t = L.cispo_terms(f["logp"], f["old_logp"], a, off, lower=0.8, upper=1.2,
+        t = LT.cispo_terms(f["logp"], f["old_logp"], a, off, lower=0.8, upper=1.2,
                           log_ratio_clamp=20.0)  # fmt: skip
         assert t.grad is not None
         clip = np.add.reduceat(t.flags["clipped"].astype(float), off[:-1]) / lens
@@ -602,7 +623,7 @@ def test_answers_rank_by_the_loss_s_own_clip_and_gradient(
         flags = ["--loss", "verl/cispo"]
     elif case == "rejection":
         rc = REJECTIONS["token_k1+is"]
-        corr = L.verl_rollout_correction(f["old_logp"], f["rollout_logp"], off, **rc)
+        corr = LV.verl_rollout_correction(f["old_logp"], f["rollout_logp"], off, **rc)
         keep = corr.keep
         rho = np.exp(f["logp"] - f["old_logp"])
         at = np.repeat(a, lens)
@@ -616,7 +637,7 @@ def test_answers_rank_by_the_loss_s_own_clip_and_gradient(
         rc = dict(BYPASS["ppo_clip+token_k1"])
         del rc["bypass_loss_type"]
         rc["rollout_rs_threshold"] = "0.7_1.4"  # wider than the clip: kept tokens clip
-        t, corr = L.verl_bypass_mode(f["logp"], f["rollout_logp"], a, off, **rc)
+        t, corr = LV.verl_bypass_mode(f["logp"], f["rollout_logp"], a, off, **rc)
         assert t.grad is not None
         keep = corr.keep
         clip = np.add.reduceat((t.flags["region"] & keep).astype(float), off[:-1]) / lens
@@ -649,13 +670,17 @@ def test_answers_under_rejection_say_what_is_approximate(cli: Cli, tmp_path: Pat
 
 def test_rejection_settings_are_checked(cli: Cli, tmp_path: Path) -> None:
     with pytest.raises(SettingError, match=r"^rollout_rs: .*verl-rollout"):
-        Settings(rollout_rs="token_k1", rollout_rs_threshold=2.0)
+        resolve_settings(None, rollout_rs="token_k1", rollout_rs_threshold=2.0)
     with pytest.raises(SettingError, match=r"^rollout_rs: expected one of .*got 'token_k4'"):
-        Settings(correction="verl-rollout", rollout_rs="token_k4", rollout_rs_threshold=2.0)
+        resolve_settings(
+            None, correction="verl-rollout", rollout_rs="token_k4", rollout_rs_threshold=2.0
+        )
     with pytest.raises(SettingError, match=r"^rollout_rs_threshold: required"):
-        Settings(correction="verl-rollout", rollout_rs="token_k1")
+        Settings(
+            correction="verl-rollout", correction_params=LV.RolloutParams(rollout_rs="token_k1")
+        )
     with pytest.raises(SettingError, match=r"^rollout_rs_threshold: needs rollout_rs"):
-        Settings(correction="verl-rollout", rollout_rs_threshold=2.0)
+        LV.RolloutParams(rollout_rs_threshold=2.0)
     p = str(_parquet(tmp_path / "b.parquet", _data(), rows=100))
     cli.error(["objective", p, "--correction", "verl-rollout", "--correction-param",
                "rollout_rs=seq_sum_k2", "--correction-param", "rollout_rs_threshold=1_2"],
@@ -696,7 +721,8 @@ def test_names_map_one_to_one_and_the_trainer_disambiguates() -> None:
         Settings(loss="verl/dro")
     with pytest.raises(SettingError, match=r"^correction: "):
         Settings(trainer="verl", correction="trl-vllm")
-    assert get_args(L.CorrectionName) == ("none", "trl-vllm", "verl-rollout", "openrlhf-is")
+    assert CORRECTION_NAMES == ("none", "trl-vllm", "verl-rollout", "openrlhf-is")
+    assert [r.name for r in ROWS.values() if r.whole_batch] == list(BATCH_LOSSES)
     # the JSON settings gain keys after the existing ones, "from" still last
     keys = list(Settings().to_json())
     assert keys.index("norm_scale") < keys.index("loss") < keys.index("correction")
@@ -738,7 +764,7 @@ def test_from_config_maps_each_trainer_s_keys() -> None:
     assert (out["correction"], out["rollout_is"], out["rollout_rs"]) == (
         "verl-rollout", None, "token_k1,seq_max_k2"
     ) and out["rollout_rs_threshold"] == "0.5_2.0,0.3" and not notes  # fmt: skip
-    Settings(**out)  # they make settings
+    resolve_settings(None, **out)  # they make settings
     out, notes = openrlhf.from_config({
         "algo.advantage.is_correction_level": "seq", "algo.advantage.is_correction_threshold": [4.0]
     })  # fmt: skip

@@ -13,8 +13,22 @@ import numpy as np
 import pytest
 
 from grpo_cli import InputError, UsageError
-from grpo_cli import _losses as L
 from grpo_cli._core import aggregate, token_terms
+from grpo_cli.losses import LOSSES as ROWS
+from grpo_cli.losses import logged_metrics
+from grpo_cli.losses import openrlhf as LO
+from grpo_cli.losses import registry as LR
+from grpo_cli.losses import trl as LT
+from grpo_cli.losses import verl as LV
+
+
+def metrics_of(key: str) -> tuple[LR.Metric, ...]:
+    """A loss's logged metrics by its name, or ``verl/bypass_mode/<loss_type>``."""
+    _, _, kind = key.partition("/bypass_mode/")
+    if kind:
+        return logged_metrics("verl/bypass_mode", bypass_loss_type=kind)
+    return logged_metrics(key)
+
 
 # ---------------------------------------------------------------------------- data
 
@@ -32,22 +46,22 @@ def batch(seed: int = 0, lengths: tuple[int, ...] = (1, 5, 3, 7, 2, 4)) -> dict[
     return {"lp": lp, "old": old, "roll": roll, "adv": adv, "off": off}
 
 
-def all_losses(b: dict[str, Any]) -> dict[str, L.PolicyTerms]:
+def all_losses(b: dict[str, Any]) -> dict[str, LR.PolicyTerms]:
     lp, old, adv, off = b["lp"], b["old"], b["adv"], b["off"]
     return {
-        "cispo": L.cispo_terms(lp, old, adv, off, upper=1.3),
-        "cispo_seq": L.cispo_terms(lp, old, adv, off, upper=1.3, ratio_level="sequence"),
-        "sapo": L.sapo_terms(lp, old, adv, off, log_ratio_clamp=20.0),
-        "sapo_seq": L.sapo_terms(lp, old, adv, off, ratio_level="sequence"),
-        "luspo": L.luspo_terms(lp, old, adv, off, clip_eps=0.05),
-        "vespo": L.vespo_terms(lp, old, adv, off),
-        "dppo_tv": L.dppo_terms(lp, old, adv, off, clip_low=0.05, clip_high=0.05),
-        "dppo_kl": L.dppo_terms(lp, old, adv, off, divergence="kl", clip_low=0.01, clip_high=0.01),
-        "gpg": L.gpg_terms(lp, adv, off),
-        "clip_cov": L.clip_cov_terms(lp, old, adv, off, clip_cov_ratio=0.1, clip_cov_lb=0.01),
-        "kl_cov": L.kl_cov_terms(lp, old, adv, off, kl_cov_ratio=0.1),
-        "geo_mean": L.geo_mean_terms(lp, old, adv, off),
-        "dro": L.dro_terms(lp, old, adv, off, beta=0.3),
+        "cispo": LT.cispo_terms(lp, old, adv, off, upper=1.3),
+        "cispo_seq": LT.cispo_terms(lp, old, adv, off, upper=1.3, ratio_level="sequence"),
+        "sapo": LT.sapo_terms(lp, old, adv, off, log_ratio_clamp=20.0),
+        "sapo_seq": LT.sapo_terms(lp, old, adv, off, ratio_level="sequence"),
+        "luspo": LT.luspo_terms(lp, old, adv, off, clip_eps=0.05),
+        "vespo": LT.vespo_terms(lp, old, adv, off),
+        "dppo_tv": LV.dppo_terms(lp, old, adv, off, clip_low=0.05, clip_high=0.05),
+        "dppo_kl": LV.dppo_terms(lp, old, adv, off, divergence="kl", clip_low=0.01, clip_high=0.01),
+        "gpg": LV.gpg_terms(lp, adv, off),
+        "clip_cov": LV.clip_cov_terms(lp, old, adv, off, clip_cov_ratio=0.1, clip_cov_lb=0.01),
+        "kl_cov": LV.kl_cov_terms(lp, old, adv, off, kl_cov_ratio=0.1),
+        "geo_mean": LV.geo_mean_terms(lp, old, adv, off),
+        "dro": LV.dro_terms(lp, old, adv, off, beta=0.3),
     }
 
 
@@ -56,21 +70,21 @@ def all_losses(b: dict[str, Any]) -> dict[str, L.PolicyTerms]:
 
 def test_cispo_trl_caps_the_weight_at_epsilon_high_and_counts_positive_advantages() -> None:
     # ρ = 1, e^1.5 = 4.48, e^1.5: capped at 2; TRL counts ρ > 2 only where A > 0
-    t = L.cispo_terms([-1.0, -0.5, -0.5], [-1.0, -2.0, -2.0], [1.0, -1.0], [0, 2, 3], upper=2.0)
+    t = LT.cispo_terms([-1.0, -0.5, -0.5], [-1.0, -2.0, -2.0], [1.0, -1.0], [0, 2, 3], upper=2.0)
     assert t.weight is not None and t.grad is not None
     np.testing.assert_allclose(t.weight, [1.0, 2.0, 2.0])
     np.testing.assert_allclose(t.term, [-1.0, -1.0, 1.0])  # w·A·logp
     np.testing.assert_allclose(t.grad, [1.0, 2.0, -2.0])  # w·A
     assert t.flags["trl_clipped"].tolist() == [False, True, False]
-    m = L.loss_metrics(t, [0, 2, 3], "trl/cispo")
+    m = LR.loss_metrics(t, [0, 2, 3], metrics_of("trl/cispo"))
     assert m == {"cispo_clip_ratio": pytest.approx(1 / 3)}
 
 
 def test_cispo_verl_clips_both_ways_and_counts_every_clipped_token() -> None:
-    t = L.cispo_terms(np.log([0.5, 1.0, 3.0]), np.zeros(3), [2.0], [0, 3], lower=0.8, upper=1.2)
+    t = LT.cispo_terms(np.log([0.5, 1.0, 3.0]), np.zeros(3), [2.0], [0, 3], lower=0.8, upper=1.2)
     assert t.weight is not None
     np.testing.assert_allclose(t.weight, [0.8, 1.0, 1.2])
-    m = L.loss_metrics(t, [0, 3], "verl/cispo")
+    m = LR.loss_metrics(t, [0, 3], metrics_of("verl/cispo"))
     assert m["actor/pg_clipfrac"] == pytest.approx(2 / 3)
     assert m["actor/pg_clipfrac_lower"] == 0.0
     assert m["actor/ppo_kl"] == pytest.approx(-np.log([0.5, 1.0, 3.0]).mean())
@@ -78,12 +92,12 @@ def test_cispo_verl_clips_both_ways_and_counts_every_clipped_token() -> None:
 
 def test_sapo_gate_by_hand() -> None:
     # ρ = 1: σ(0) = ½, gate 2/τ; f'(1)·ρ = 4·¼ = 1, so grad = A
-    t = L.sapo_terms([-1.0, -1.0], [-1.0, -1.0], [2.0, -3.0], [0, 1, 2], tau_neg=1.05)
+    t = LT.sapo_terms([-1.0, -1.0], [-1.0, -1.0], [2.0, -3.0], [0, 1, 2], tau_neg=1.05)
     np.testing.assert_allclose(t.term, [2.0 * 2.0, -3.0 * 2.0 / 1.05])
     assert t.grad is not None
     np.testing.assert_allclose(t.grad, [2.0, -3.0])
     # ρ = 2, τ = 1: σ(1)·4 and 4σ(1)(1 − σ(1))·2
-    t = L.sapo_terms([math.log(2.0)], [0.0], [1.0], [0, 1])
+    t = LT.sapo_terms([math.log(2.0)], [0.0], [1.0], [0, 1])
     s = 1.0 / (1.0 + math.exp(-1.0))
     assert t.term[0] == pytest.approx(4.0 * s)
     assert t.grad is not None and t.grad[0] == pytest.approx(4.0 * s * (1.0 - s) * 2.0)
@@ -92,43 +106,43 @@ def test_sapo_gate_by_hand() -> None:
 
 def test_vespo_weight_by_hand() -> None:
     # Σ Δ = log 2: w = 2; A > 0: φ = e^λ w^k e^{−λw} = e³·4·e⁻⁶
-    t = L.vespo_terms([-1.0, -1.0], [-1.0 - math.log(2.0), -1.0], [0.5], [0, 2])
+    t = LT.vespo_terms([-1.0, -1.0], [-1.0 - math.log(2.0), -1.0], [0.5], [0, 2])
     phi = math.exp(3.0) * 4.0 * math.exp(-6.0)
     assert t.answer_values["phi"][0] == pytest.approx(phi)
     np.testing.assert_allclose(t.term, [phi * 0.5 * -1.0] * 2)
     # A < 0 takes (k_neg, λ_neg) = (3, 2); A = 0 takes the positive pair (A >= 0)
-    t = L.vespo_terms([0.0, 0.0], [-math.log(2.0), -math.log(2.0)], [-1.0, 0.0], [0, 1, 2])
+    t = LT.vespo_terms([0.0, 0.0], [-math.log(2.0), -math.log(2.0)], [-1.0, 0.0], [0, 1, 2])
     np.testing.assert_allclose(t.answer_values["phi"], [math.exp(2.0) * 8.0 * math.exp(-4.0), phi])
-    assert L.loss_metrics(t, [0, 1, 2], "trl/vespo")["vespo/phi_seq_mean"] == pytest.approx(
-        float(np.mean(t.answer_values["phi"]))
-    )
+    assert LR.loss_metrics(t, [0, 1, 2], metrics_of("trl/vespo"))[
+        "vespo/phi_seq_mean"
+    ] == pytest.approx(float(np.mean(t.answer_values["phi"])))
 
 
 def test_vespo_is_ratio_enters_the_sequence_weight() -> None:
     # log w = Σ Δ + Σ log is = 0 + log 2
-    t = L.vespo_terms([-1.0, -1.0], [-1.0, -1.0], [1.0], [0, 2], is_ratio=[2.0, 1.0])
+    t = LT.vespo_terms([-1.0, -1.0], [-1.0, -1.0], [1.0], [0, 2], is_ratio=[2.0, 1.0])
     assert t.answer_values["phi"][0] == pytest.approx(4.0 * math.exp(-3.0))
 
 
 def test_dppo_tv_and_kl_by_hand() -> None:
     p, q = np.array([0.5, 0.9, 0.2]), np.array([0.5, 0.5, 0.5])
     adv = [1.0, 1.0, -1.0]
-    t = L.dppo_terms(np.log(p), np.log(q), adv, [0, 1, 2, 3], clip_low=0.2, clip_high=0.2)
+    t = LV.dppo_terms(np.log(p), np.log(q), adv, [0, 1, 2, 3], clip_low=0.2, clip_high=0.2)
     # p − q = 0, 0.4 (> 0.2, A > 0: invalid), −0.3 (< −0.2, A < 0: invalid)
     assert t.flags["invalid"].tolist() == [False, True, True]
     kl = q * np.log(q / p) + (1 - q) * np.log((1 - q + 1e-8) / (1 - p + 1e-8))
-    t = L.dppo_terms(
+    t = LV.dppo_terms(
         np.log(p), np.log(q), adv, [0, 1, 2, 3], divergence="kl", clip_low=0.2, clip_high=0.2
     )
     valid = [True, kl[1] <= 0.2, kl[2] <= 0.2]
     assert (~t.flags["invalid"]).tolist() == valid
     # a probability moving against the advantage is always valid under the KL gate
-    t = L.dppo_terms(np.log([0.1]), np.log([0.9]), [1.0], [0, 1], divergence="kl")
+    t = LV.dppo_terms(np.log([0.1]), np.log([0.9]), [1.0], [0, 1], divergence="kl")
     assert not t.flags["invalid"][0]
 
 
 def test_dppo_truncates_the_ratio_at_the_cap() -> None:
-    t = L.dppo_terms(np.log([0.9]), np.log([0.1]), [-1.0], [0, 1], clip_low=1.0, ratio_cap=3.0)
+    t = LV.dppo_terms(np.log([0.9]), np.log([0.1]), [-1.0], [0, 1], clip_low=1.0, ratio_cap=3.0)
     assert t.grad is not None and t.grad[0] == pytest.approx(-3.0)  # A·min(9, 3)
     assert t.flags["truncated"][0]
 
@@ -137,18 +151,18 @@ def test_clip_cov_selects_candidates_by_covariance() -> None:
     lp = np.array([-3.0, -1.0, -1.0, -3.0])
     args = (lp, lp, [2.0, -2.0], [0, 2, 4])
     # Ā = 0, l̄ = −2: cov = −2, 2, −2, 2; tokens 1 and 3 are candidates; k = 1
-    t = L.clip_cov_terms(*args, clip_cov_ratio=0.25)
+    t = LV.clip_cov_terms(*args, clip_cov_ratio=0.25)
     assert t.flags["candidate"].tolist() == [False, True, False, True]
     np.testing.assert_allclose(t.term, [2.0, 1.0, -2.0, -1.0])  # ρ = 1: A · (1 − ½)
-    assert L.loss_metrics(t, [0, 2, 4], "verl/clip_cov")["actor/pg_clipfrac"] == 0.25
-    t = L.clip_cov_terms(*args, clip_cov_ratio=0.25, selection="order", order=[1, 0])
+    assert LR.loss_metrics(t, [0, 2, 4], metrics_of("verl/clip_cov"))["actor/pg_clipfrac"] == 0.25
+    t = LV.clip_cov_terms(*args, clip_cov_ratio=0.25, selection="order", order=[1, 0])
     np.testing.assert_allclose(t.term, [2.0, 2.0, -2.0, 0.0])  # candidate 1 = token 3
-    t = L.clip_cov_terms(*args, clip_cov_ratio=1.0)  # k = 4 ≥ 2: both removed
+    t = LV.clip_cov_terms(*args, clip_cov_ratio=1.0)  # k = 4 ≥ 2: both removed
     np.testing.assert_allclose(t.term, [2.0, 0.0, -2.0, 0.0])
 
 
 def test_kl_cov_penalises_the_top_covariance_tokens() -> None:
-    t = L.kl_cov_terms(
+    t = LV.kl_cov_terms(
         [-3.0, -1.0], [-3.5, -1.0], [1.0, -1.0], [0, 1, 2], kl_cov_ratio=0.5, ppo_kl_coef=1.0
     )
     assert t.flags["selected"].tolist() == [True, False]
@@ -159,20 +173,20 @@ def test_kl_cov_penalises_the_top_covariance_tokens() -> None:
 
 def test_geo_mean_by_hand() -> None:
     # Δ = (0.5, −0.5), A > 0: Δ̃ = (min(0.5, 0.2), −0.5); r = exp(−0.15)
-    t = L.geo_mean_terms([-1.0, -1.0], [-1.5, -0.5], [1.0], [0, 2], length_eps=0.0)
+    t = LV.geo_mean_terms([-1.0, -1.0], [-1.5, -0.5], [1.0], [0, 2], length_eps=0.0)
     np.testing.assert_allclose(t.term, [math.exp(-0.15)] * 2)
     assert t.grad is not None
     np.testing.assert_allclose(t.grad, [0.0, math.exp(-0.15)])  # |o|·J/|o| where free
-    m = L.loss_metrics(t, [0, 2], "verl/geo_mean")
+    m = LR.loss_metrics(t, [0, 2], metrics_of("verl/geo_mean"))
     # verl counts every token whose Δ the clamp changes, even the one the min leaves free
     assert m["actor/pg_clipfrac"] == 1.0 and m["actor/pg_clipfrac_lower"] == 0.0
     # A < 0: Δ̃ = max(Δ, −0.2)
-    t = L.geo_mean_terms([-1.0, -1.0], [-1.5, -0.5], [-2.0], [0, 2], length_eps=0.0)
+    t = LV.geo_mean_terms([-1.0, -1.0], [-1.5, -0.5], [-2.0], [0, 2], length_eps=0.0)
     np.testing.assert_allclose(t.term, [-2.0 * math.exp(0.15)] * 2)
 
 
 def test_dro_by_hand() -> None:
-    t = L.dro_terms([-1.0, -0.5], [-2.0, -0.5], [1.0, -1.0], [0, 1, 2], beta=0.5)
+    t = LV.dro_terms([-1.0, -0.5], [-2.0, -0.5], [1.0, -1.0], [0, 1, 2], beta=0.5)
     np.testing.assert_allclose(t.term, [-1.0 - 0.25, 0.5])
     assert t.grad is not None
     np.testing.assert_allclose(t.grad, [1.0 - 0.5, -1.0])
@@ -180,7 +194,7 @@ def test_dro_by_hand() -> None:
 
 def test_bypass_reinforce_is_the_is_weighted_policy_gradient() -> None:
     lp, roll = np.array([-1.0, -1.0, -2.0]), np.array([-1.5, -1.0, -2.2])
-    t, c = L.verl_bypass_mode(
+    t, c = LV.verl_bypass_mode(
         lp,
         roll,
         [1.0, -1.0],
@@ -192,7 +206,7 @@ def test_bypass_reinforce_is_the_is_weighted_policy_gradient() -> None:
     w = np.minimum(np.exp(lp - roll), 1.5)
     np.testing.assert_allclose(c.weight, w)
     np.testing.assert_allclose(t.term, w * np.array([1.0, 1.0, -1.0]) * lp)
-    m = L.loss_metrics(t, [0, 2, 3], "verl/bypass_mode/reinforce")
+    m = LR.loss_metrics(t, [0, 2, 3], metrics_of("verl/bypass_mode/reinforce"))
     assert m["actor/ppo_kl"] == pytest.approx(float(np.mean(roll - lp)))
 
 
@@ -203,7 +217,7 @@ def test_luspo_is_gspo_times_length() -> None:
     b = batch(1)
     lp, old, adv, off = b["lp"], b["old"], b["adv"], b["off"]
     lengths = np.diff(off)
-    t = L.luspo_terms(lp, old, adv, off, clip_eps=0.05)
+    t = LT.luspo_terms(lp, old, adv, off, clip_eps=0.05)
     gspo = token_terms(lp, old, None, adv, off, clip_eps=0.05, ratio_level="sequence", beta=0.0)
     per_answer = np.add.reduceat(gspo.term, off[:-1]) / lengths  # each GSPO answer's objective
     assert t.agg is not None
@@ -214,12 +228,12 @@ def test_gpg_is_the_plain_policy_gradient_and_cispo_dppo_reduce_to_it_on_policy(
     b = batch(2)
     lp, adv, off = b["lp"], b["adv"], b["off"]
     a_tok = np.repeat(adv, np.diff(off))
-    g = L.gpg_terms(lp, adv, off)
+    g = LV.gpg_terms(lp, adv, off)
     np.testing.assert_array_equal(g.term, a_tok * lp)
     for t in (
-        L.cispo_terms(lp, lp, adv, off, lower=0.8, upper=1.2),  # ρ = 1: no bound binds
-        L.dppo_terms(lp, lp, adv, off),  # p = q: every token valid, min(1, c) = 1
-        L.verl_bypass_mode(lp, lp, adv, off, loss_type="reinforce")[0],  # w = 1
+        LT.cispo_terms(lp, lp, adv, off, lower=0.8, upper=1.2),  # ρ = 1: no bound binds
+        LV.dppo_terms(lp, lp, adv, off),  # p = q: every token valid, min(1, c) = 1
+        LV.verl_bypass_mode(lp, lp, adv, off, loss_type="reinforce")[0],  # w = 1
     ):
         np.testing.assert_allclose(t.term, g.term, rtol=1e-15)
         assert t.grad is not None and g.grad is not None
@@ -230,32 +244,34 @@ def test_dro_is_gpg_minus_the_quadratic_penalty_and_kl_cov_without_penalty_is_rh
     b = batch(3)
     lp, old, adv, off = b["lp"], b["old"], b["adv"], b["off"]
     a_tok = np.repeat(adv, np.diff(off))
-    d = L.dro_terms(lp, old, adv, off, beta=0.8)
-    g = L.gpg_terms(lp, adv, off)
+    d = LV.dro_terms(lp, old, adv, off, beta=0.8)
+    g = LV.gpg_terms(lp, adv, off)
     np.testing.assert_allclose(g.term - d.term, 0.4 * (lp - old) ** 2, rtol=1e-12, atol=1e-16)
-    k = L.kl_cov_terms(lp, old, adv, off, ppo_kl_coef=0.0, kl_cov_ratio=0.5)
+    k = LV.kl_cov_terms(lp, old, adv, off, ppo_kl_coef=0.0, kl_cov_ratio=0.5)
     np.testing.assert_allclose(k.term, np.exp(lp - old) * a_tok, rtol=1e-15)
 
 
 def test_clip_cov_without_candidates_is_the_clipped_surrogate() -> None:
     b = batch(4)
     lp, old, adv, off = b["lp"], b["old"], b["adv"], b["off"]
-    t = L.clip_cov_terms(lp, old, adv, off, clip_cov_lb=1e9, clip_cov_ub=2e9)
+    t = LV.clip_cov_terms(lp, old, adv, off, clip_cov_lb=1e9, clip_cov_ub=2e9)
     tt = token_terms(lp, old, None, adv, off, beta=0.0)
     np.testing.assert_array_equal(t.term, tt.policy)
-    assert L.loss_metrics(t, off, "verl/clip_cov")["actor/pg_clipfrac"] == 0.0
+    assert (
+        LR.loss_metrics(t, off, ROWS["verl/clip_cov"].metrics_for(None))["actor/pg_clipfrac"] == 0.0
+    )
 
 
 def test_geo_mean_without_clipping_on_one_token_answers_is_the_ratio_times_a() -> None:
     lp, old, adv = np.array([-1.0, -0.2, -3.0]), np.array([-1.4, -0.5, -2.0]), [1.0, -2.0, 0.5]
-    t = L.geo_mean_terms(lp, old, adv, [0, 1, 2, 3], clip_low=1e9, clip_high=1e9, length_eps=0.0)
+    t = LV.geo_mean_terms(lp, old, adv, [0, 1, 2, 3], clip_low=1e9, clip_high=1e9, length_eps=0.0)
     np.testing.assert_allclose(t.term, np.exp(lp - old) * adv, rtol=1e-15)
 
 
 def test_sapo_gate_approaches_the_unclipped_ratio_near_one() -> None:
     # f(ρ) = σ(τ(ρ−1))·4/τ = 2/τ + (ρ − 1) + O((ρ−1)³): with τ = 1, f(ρ) − 1 ≈ ρ
     rho = 1.0 + np.array([1e-4, -1e-4])
-    t = L.sapo_terms(np.log(rho), np.zeros(2), [1.0], [0, 2])
+    t = LT.sapo_terms(np.log(rho), np.zeros(2), [1.0], [0, 2])
     np.testing.assert_allclose(t.term - 1.0, rho, rtol=1e-10)
 
 
@@ -264,15 +280,15 @@ def test_corrections_change_nothing_when_the_sampler_agrees() -> None:
     old, off = b["old"], b["off"]
     T = old.shape[0]
     for mode in ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"):
-        c = L.trl_vllm_is_correction(old, old, off, mode=mode)
+        c = LT.trl_vllm_is_correction(old, old, off, mode=mode)
         np.testing.assert_array_equal(c.weight, np.ones(T))
     for rc in (
         {"rollout_is": "token"},
         {"rollout_is": "sequence", "rollout_is_threshold": "0.5_2"},
         {"rollout_is": "token", "rollout_is_batch_normalize": True},
-        {"rollout_rs": ",".join(L.RS_OPTIONS), "rollout_rs_threshold": 1.5},
+        {"rollout_rs": ",".join(LV.RS_OPTIONS), "rollout_rs_threshold": 1.5},
     ):
-        c = L.verl_rollout_correction(old, old, off, **rc)
+        c = LV.verl_rollout_correction(old, old, off, **rc)
         # batch normalisation divides by verl's mean over T + 1e-8: 1 + 1e-8/T
         np.testing.assert_allclose(c.weight, np.ones(T), rtol=1e-9)
         assert c.keep.all()
@@ -286,7 +302,7 @@ def test_corrections_change_nothing_when_the_sampler_agrees() -> None:
         ("seq", "mask", "tv", (0.0, 0.01)),
     ]
     for level, mode, gating, thr in orl:
-        c = L.openrlhf_is_correction(
+        c = LO.openrlhf_is_correction(
             old, old, off, level=level, mode=mode, gating=gating, threshold=thr
         )
         np.testing.assert_array_equal(c.weight, np.ones(T))
@@ -297,24 +313,24 @@ def test_a_cap_that_never_binds_gives_the_plain_importance_weight() -> None:
     b = batch(6)
     old, roll, off = b["old"], b["roll"], b["off"]
     rho = np.exp(old - roll)
-    c = L.trl_vllm_is_correction(old, roll, off, mode="token_truncate", clip_max=1e300)
+    c = LT.trl_vllm_is_correction(old, roll, off, mode="token_truncate", clip_max=1e300)
     np.testing.assert_array_equal(c.weight, rho)
-    c = L.verl_rollout_correction(old, roll, off, rollout_is="token", rollout_is_threshold=1e300)
+    c = LV.verl_rollout_correction(old, roll, off, rollout_is="token", rollout_is_threshold=1e300)
     np.testing.assert_array_equal(c.weight, rho)
-    c = L.openrlhf_is_correction(old, roll, off, level="token", threshold=(0.0, 1e300))
+    c = LO.openrlhf_is_correction(old, roll, off, level="token", threshold=(0.0, 1e300))
     np.testing.assert_array_equal(c.weight, rho)
     # the sequence weight is the product of the token ratios, on each of the answer's tokens
-    c = L.trl_vllm_is_correction(old, roll, off, mode="sequence_truncate", clip_max=1e300)
+    c = LT.trl_vllm_is_correction(old, roll, off, mode="sequence_truncate", clip_max=1e300)
     prod = np.exp(np.add.reduceat(old - roll, off[:-1]))
     np.testing.assert_allclose(c.weight, np.repeat(prod, np.diff(off)), rtol=1e-13)
     # applied: the IS-weighted term
-    t = L.gpg_terms(b["lp"], b["adv"], off)
-    np.testing.assert_array_equal(L.apply_correction(t, c).term, t.term * c.weight)
+    t = LV.gpg_terms(b["lp"], b["adv"], off)
+    np.testing.assert_array_equal(LR.apply_correction(t, c).term, t.term * c.weight)
 
 
 def test_verl_batch_normalisation_makes_the_mean_weight_one() -> None:
     b = batch(7)
-    c = L.verl_rollout_correction(
+    c = LV.verl_rollout_correction(
         b["old"], b["roll"], b["off"], rollout_is="token", rollout_is_batch_normalize=True
     )
     assert c.weight.mean() == pytest.approx(1.0, rel=1e-7)  # verl divides by T + 1e-8
@@ -323,13 +339,13 @@ def test_verl_batch_normalisation_makes_the_mean_weight_one() -> None:
 
 def test_verl_icepop_zeroes_outside_the_band_and_k1_reads_one_value_as_its_reciprocal() -> None:
     old, roll = np.array([-1.0, -1.0, -1.0]), np.array([-1.0, -2.0, 0.5])
-    c = L.verl_rollout_correction(
+    c = LV.verl_rollout_correction(
         old, roll, [0, 1, 2, 3], rollout_is="token", rollout_is_threshold="0.5_2.0"
     )
     np.testing.assert_allclose(c.weight, [1.0, 0.0, 0.0])  # e^1 > 2, e^−1.5 < 0.5
     assert c.metrics["rollout_corr/rollout_is_oob_ratio"] == pytest.approx(2 / 3)
     # token_k1 with "2": keep −log ρ in [log ½, log 2]: ρ = e^1 > 2 rejected, e^−1.5 < ½ too
-    c = L.verl_rollout_correction(
+    c = LV.verl_rollout_correction(
         old, roll, [0, 1, 2, 3], rollout_is=None, rollout_rs="token_k1", rollout_rs_threshold=2.0
     )
     assert c.keep.tolist() == [True, False, False]
@@ -337,7 +353,7 @@ def test_verl_icepop_zeroes_outside_the_band_and_k1_reads_one_value_as_its_recip
 
 
 def test_drop_tokens_removes_rejected_tokens_and_empty_answers() -> None:
-    off, (x,), kept = L.drop_tokens(
+    off, (x,), kept = LR.drop_tokens(
         np.array([True, False, False, True, True]), [0, 2, 3, 5], [1.0, 2.0, 3.0, 4.0, 5.0]
     )
     assert off.tolist() == [0, 1, 3] and x.tolist() == [1.0, 4.0, 5.0] and kept.tolist() == [0, 2]
@@ -378,12 +394,12 @@ def test_ragged_equals_padded_and_padding_never_matters() -> None:
     for fill in (0.0, 7.0, -1e6):
         lp_p, old_p = np.full((N, W), fill), np.full((N, W), -fill)
         lp_p[mask], old_p[mask] = b["lp"], b["old"]
-        s = L.sapo_terms(b["lp"], b["old"], adv, off, log_ratio_clamp=20.0)
+        s = LT.sapo_terms(b["lp"], b["old"], adv, off, log_ratio_clamp=20.0)
         assert s.agg is not None
         assert aggregate(s.term, off, agg=s.agg) == pytest.approx(
             padded_sapo(lp_p, old_p, adv, mask), rel=1e-13
         )
-        g = L.geo_mean_terms(b["lp"], b["old"], adv, off)
+        g = LV.geo_mean_terms(b["lp"], b["old"], adv, off)
         assert g.agg is not None
         assert aggregate(g.term, off, agg=g.agg) == pytest.approx(
             padded_geo_mean(lp_p, old_p, adv, mask), rel=1e-13
@@ -419,16 +435,16 @@ def test_inputs_are_never_written() -> None:
     for v in frozen.values():
         v.setflags(write=False)
     all_losses(frozen)  # a write into a read-only array raises
-    L.verl_rollout_correction(
+    LV.verl_rollout_correction(
         frozen["old"],
         frozen["roll"],
         frozen["off"],
         rollout_rs="token_k2,seq_max_k3",
         rollout_rs_threshold="1,1",
     )
-    L.trl_vllm_is_correction(frozen["old"], frozen["roll"], frozen["off"])
-    L.openrlhf_is_correction(frozen["old"], frozen["roll"], frozen["off"], level="seq")
-    L.verl_bypass_mode(frozen["lp"], frozen["roll"], frozen["adv"], frozen["off"])
+    LT.trl_vllm_is_correction(frozen["old"], frozen["roll"], frozen["off"])
+    LO.openrlhf_is_correction(frozen["old"], frozen["roll"], frozen["off"], level="seq")
+    LV.verl_bypass_mode(frozen["lp"], frozen["roll"], frozen["adv"], frozen["off"])
     for k, v in b.items():
         np.testing.assert_array_equal(frozen[k], v)
 
@@ -437,7 +453,7 @@ def test_inputs_are_never_written() -> None:
 
 
 def answer_sums(
-    fn: Callable[[np.ndarray], L.PolicyTerms], lp: np.ndarray, off: np.ndarray, t: int
+    fn: Callable[[np.ndarray], LR.PolicyTerms], lp: np.ndarray, off: np.ndarray, t: int
 ) -> float:
     """Σ over token t's answer of the terms."""
     i = int(np.searchsorted(off, t, side="right")) - 1
@@ -449,7 +465,7 @@ def test_closed_form_gradients_match_finite_differences(name: str) -> None:
     b = batch(12)
     old, adv, off = b["old"], b["adv"], b["off"]
 
-    def fn(lp: np.ndarray) -> L.PolicyTerms:
+    def fn(lp: np.ndarray) -> LR.PolicyTerms:
         return all_losses({**b, "lp": lp})[name]
 
     g = fn(b["lp"]).grad
@@ -490,11 +506,11 @@ def test_overflowing_ratios_give_finite_or_infinite_terms_never_nan() -> None:
         assert np.isfinite(all_losses(b)[name].term).all(), name
     roll = np.array([-900.0, -1.0, -1.0, -1.0])  # the sampler 899 nats below
     for mode in ("sequence_mask", "token_truncate"):
-        c = L.trl_vllm_is_correction(np.full(4, -1.0), roll, off, mode=mode)
+        c = LT.trl_vllm_is_correction(np.full(4, -1.0), roll, off, mode=mode)
         assert np.isfinite(c.weight).all() and not np.isnan(list(c.metrics.values())).any()
-    c = L.verl_rollout_correction(lp, roll, off, rollout_is="sequence")
+    c = LV.verl_rollout_correction(lp, roll, off, rollout_is="sequence")
     assert np.isfinite(c.weight).all()
-    t = L.apply_correction(L.cispo_terms(lp, old, adv, off, upper=None), np.zeros(4))
+    t = LR.apply_correction(LT.cispo_terms(lp, old, adv, off, upper=None), np.zeros(4))
     np.testing.assert_array_equal(t.term, np.zeros(4))  # inf · 0 is 0, not NaN
 
 
@@ -504,108 +520,110 @@ def test_overflowing_ratios_give_finite_or_infinite_terms_never_nan() -> None:
 @pytest.mark.parametrize(
     ("call", "exc", "name"),
     [
-        (lambda: L.cispo_terms([-1.0, -1.0], [-1.0], [1.0], [0, 2]), InputError, "old_logp"),
+        (lambda: LT.cispo_terms([-1.0, -1.0], [-1.0], [1.0], [0, 2]), InputError, "old_logp"),
         (
-            lambda: L.sapo_terms([-1.0, -1.0], [-1.0, -1.0], [1.0, 2.0, 3.0], [0, 2]),
+            lambda: LT.sapo_terms([-1.0, -1.0], [-1.0, -1.0], [1.0, 2.0, 3.0], [0, 2]),
             InputError,
             "adv",
         ),
-        (lambda: L.gpg_terms([-1.0, -1.0], [1.0], [0, 3]), InputError, "offsets"),
-        (lambda: L.dro_terms([-1.0], [-1.0], [1.0], [0, 0, 1], beta=1.0), InputError, "offsets"),
-        (lambda: L.gpg_terms([[-1.0]], [1.0], [0, 1]), InputError, "logp"),
-        (lambda: L.gpg_terms(np.array(["a"]), [1.0], [0, 1]), InputError, "logp"),
+        (lambda: LV.gpg_terms([-1.0, -1.0], [1.0], [0, 3]), InputError, "offsets"),
+        (lambda: LV.dro_terms([-1.0], [-1.0], [1.0], [0, 0, 1], beta=1.0), InputError, "offsets"),
+        (lambda: LV.gpg_terms([[-1.0]], [1.0], [0, 1]), InputError, "logp"),
+        (lambda: LV.gpg_terms(np.array(["a"]), [1.0], [0, 1]), InputError, "logp"),
         (
-            lambda: L.cispo_terms([-1.0], [-1.0], [1.0], [0, 1], ratio_level="seq"),  # type: ignore[arg-type]
+            lambda: LT.cispo_terms([-1.0], [-1.0], [1.0], [0, 1], ratio_level="seq"),  # type: ignore[arg-type]
             UsageError,
             "ratio_level",
         ),
         (
-            lambda: L.dppo_terms([-1.0], [-1.0], [1.0], [0, 1], divergence="js"),  # type: ignore[arg-type]
+            lambda: LV.dppo_terms([-1.0], [-1.0], [1.0], [0, 1], divergence="js"),  # type: ignore[arg-type]
             UsageError,
             "divergence",
         ),
-        (lambda: L.dro_terms([-1.0], [-1.0], [1.0], [0, 1], beta=0.0), UsageError, "beta"),
-        (lambda: L.sapo_terms([-1.0], [-1.0], [1.0], [0, 1], tau_neg=-1.0), UsageError, "tau_neg"),
+        (lambda: LV.dro_terms([-1.0], [-1.0], [1.0], [0, 1], beta=0.0), UsageError, "beta"),
+        (lambda: LT.sapo_terms([-1.0], [-1.0], [1.0], [0, 1], tau_neg=-1.0), UsageError, "tau_neg"),
         (
-            lambda: L.clip_cov_terms([-1.0], [-1.0], [1.0], [0, 1], selection="order"),
+            lambda: LV.clip_cov_terms([-1.0], [-1.0], [1.0], [0, 1], selection="order"),
             UsageError,
             "order",
         ),
         (
-            lambda: L.clip_cov_terms([-1.0], [-1.0], [1.0], [0, 1], selection="order", order=[3]),
+            lambda: LV.clip_cov_terms([-1.0], [-1.0], [1.0], [0, 1], selection="order", order=[3]),
             InputError,
             "order",
         ),
         (
-            lambda: L.vespo_terms([-1.0], [-1.0], [1.0], [0, 1], is_ratio=[-1.0]),
+            lambda: LT.vespo_terms([-1.0], [-1.0], [1.0], [0, 1], is_ratio=[-1.0]),
             InputError,
             "is_ratio",
         ),
         (
-            lambda: L.trl_vllm_is_correction([-1.0], [-1.0], [0, 1], mode="token"),  # type: ignore[arg-type]
+            lambda: LT.trl_vllm_is_correction([-1.0], [-1.0], [0, 1], mode="token"),  # type: ignore[arg-type]
             UsageError,
             "mode",
         ),
         (
-            lambda: L.trl_vllm_is_correction([-1.0], [-1.0], [0, 1], clip_min=3.0),
+            lambda: LT.trl_vllm_is_correction([-1.0], [-1.0], [0, 1], clip_min=3.0),
             UsageError,
             "clip_min",
         ),
         (
-            lambda: L.verl_rollout_correction([-1.0], [-1.0], [0, 1], rollout_is="seq"),  # type: ignore[arg-type]
+            lambda: LV.verl_rollout_correction([-1.0], [-1.0], [0, 1], rollout_is="seq"),  # type: ignore[arg-type]
             UsageError,
             "rollout_is",
         ),
         (
-            lambda: L.verl_rollout_correction([-1.0], [-1.0], [0, 1], rollout_is_threshold="a_b"),
+            lambda: LV.verl_rollout_correction([-1.0], [-1.0], [0, 1], rollout_is_threshold="a_b"),
             UsageError,
             "rollout_is_threshold",
         ),
         (
-            lambda: L.verl_rollout_correction(
+            lambda: LV.verl_rollout_correction(
                 [-1.0], [-1.0], [0, 1], rollout_rs="token_k4", rollout_rs_threshold=1.0
             ),
             UsageError,
             "rollout_rs",
         ),
         (
-            lambda: L.verl_rollout_correction([-1.0], [-1.0], [0, 1], rollout_rs="token_k2"),
+            lambda: LV.verl_rollout_correction([-1.0], [-1.0], [0, 1], rollout_rs="token_k2"),
             UsageError,
             "rollout_rs_threshold",
         ),
         (
-            lambda: L.verl_rollout_correction(
+            lambda: LV.verl_rollout_correction(
                 [-1.0], [-1.0], [0, 1], rollout_rs="token_k2", rollout_rs_threshold="0.1_2"
             ),
             UsageError,
             "rollout_rs_threshold",
         ),
         (
-            lambda: L.openrlhf_is_correction([-1.0], [-1.0], [0, 1], level="seq", mode="clip"),
+            lambda: LO.openrlhf_is_correction([-1.0], [-1.0], [0, 1], level="seq", mode="clip"),
             UsageError,
             "mode",
         ),
         (
-            lambda: L.openrlhf_is_correction([-1.0], [-1.0], [0, 1], level="token", gating="tv"),
+            lambda: LO.openrlhf_is_correction([-1.0], [-1.0], [0, 1], level="token", gating="tv"),
             UsageError,
             "gating",
         ),
         (
-            lambda: L.verl_bypass_mode([-1.0], [-1.0], [1.0], [0, 1], loss_type="ppo"),  # type: ignore[arg-type]
+            lambda: LV.verl_bypass_mode([-1.0], [-1.0], [1.0], [0, 1], loss_type="ppo"),  # type: ignore[arg-type]
             UsageError,
             "loss_type",
         ),
         (
-            lambda: L.loss_metrics(L.gpg_terms([-1.0], [1.0], [0, 1]), [0, 1], "verl/ppo"),
+            lambda: LR.loss_metrics(
+                LV.gpg_terms([-1.0], [1.0], [0, 1]), [0, 1], metrics_of("verl/ppo")
+            ),
             UsageError,
             "loss",
         ),
         (
-            lambda: L.apply_correction(L.gpg_terms([-1.0], [1.0], [0, 1]), [1.0, 1.0]),
+            lambda: LR.apply_correction(LV.gpg_terms([-1.0], [1.0], [0, 1]), [1.0, 1.0]),
             InputError,
             "weight",
         ),
-        (lambda: L.drop_tokens([1, 0], [0, 2]), InputError, "keep"),
+        (lambda: LR.drop_tokens([1, 0], [0, 2]), InputError, "keep"),
     ],
 )
 def test_contract_errors_name_the_argument(
@@ -633,13 +651,13 @@ def test_every_metric_table_entry_reads_a_quantity_its_loss_returns() -> None:
         "verl/geo_mean": terms["geo_mean"],
         "verl/dro": terms["dro"],
         "verl/cispo": terms["cispo"],
-        "verl/bypass_mode/ppo_clip": L.verl_bypass_mode(lp, roll, adv, off)[0],
-        "verl/bypass_mode/reinforce": L.verl_bypass_mode(lp, roll, adv, off, loss_type="reinforce")[
-            0
-        ],
+        "verl/bypass_mode/ppo_clip": LV.verl_bypass_mode(lp, roll, adv, off)[0],
+        "verl/bypass_mode/reinforce": LV.verl_bypass_mode(
+            lp, roll, adv, off, loss_type="reinforce"
+        )[0],
     }
-    assert set(by_key) == set(L.LOSS_METRICS)
+    assert {k.split("/ppo_clip")[0].split("/reinforce")[0] for k in by_key} == set(ROWS) - {"clip"}
     for key, t in by_key.items():
-        m = L.loss_metrics(t, off, key)
-        assert list(m) == [n for n, _, _ in L.LOSS_METRICS[key]]
+        m = LR.loss_metrics(t, off, metrics_of(key))
+        assert list(m) == [metric.name for metric in metrics_of(key)]
         assert all(math.isfinite(v) for v in m.values()), key

@@ -31,8 +31,8 @@ def test_ratio_distribution_of_ratios_that_all_overflow() -> None:
     """Every Δ above log(float64 max) = 709.78: ρ's min and max are inf, not an
     OverflowError (tests/test_fuzz.py met Δ = 710 on a one-token answer)."""
     from grpo_cli._partials import TokenPartial
-    from grpo_cli._settings import Settings
     from grpo_cli.batch import Batch
+    from grpo_cli.settings import Settings
 
     b = Batch(0, np.array([0, 1]), {"logp": np.array([0.0]), "old_logp": np.array([-710.0])},
               np.array([1]))  # fmt: skip

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from grpo_cli import Settings, resolve_settings
-from grpo_cli._settings import SettingError
+from grpo_cli.errors import SettingError
 
 from .conftest import SAMPLE, Cli
 

@@ -22,6 +22,7 @@ from .trl_runs import STEPS, step_records
 # every configuration whose conventions grpo-cli computes
 EXACT = (
     "defaults", "beta", "iterations", "gspo", "ga2_bnpo", "ga2_dapo", "log2", "entropy", "masks",
+    "opsm",
 )  # fmt: skip
 
 
@@ -78,7 +79,7 @@ def test_the_entropy_mask_is_what_makes_the_loss(cli: Cli, trl_run: Any) -> None
     run = trl_run("masks")
     step = run.directory / "step_000002"
     doc = cli.json("objective", step)
-    assert doc["settings"]["entropy_mask"] is True
+    assert doc["settings"]["masks"] == {"trl/entropy_mask": {"entropy_mask": True}}
     record = step_records(run.log_history)[2]
     assert close(doc["trainer_metrics"]["metrics"]["loss"], record["loss"])
     off = cli.json("objective", step, "--loss-param", "entropy_mask=false")
@@ -86,6 +87,29 @@ def test_the_entropy_mask_is_what_makes_the_loss(cli: Cli, trl_run: Any) -> None
     assert not close(ours["loss"], record["loss"])
     for k in ("entropy", "kl", "clip_ratio/region_mean"):
         assert close(ours[k], record[k]), k
+
+
+def test_the_off_policy_mask_is_what_makes_the_loss(cli: Cli, trl_run: Any) -> None:
+    """off_policy_mask_threshold: meta.json turns DeepSeek-V3.2's sequence mask on; on the
+    second pass over a generation batch (steps 2 and 4) it drops answers, and the loss
+    matches with it (the test above, every step) and not without it; the metrics it does not
+    enter match either way."""
+    run = trl_run("opsm")
+    logged = step_records(run.log_history)
+    differs = 0
+    for step in (2, 4):
+        path = run.directory / f"step_{step:06d}"
+        doc = cli.json("objective", path)
+        assert doc["settings"]["masks"] == {
+            "trl/off_policy_mask": {"off_policy_mask_threshold": 0.002}
+        }
+        assert close(doc["trainer_metrics"]["metrics"]["loss"], logged[step]["loss"])
+        off = cli.json("objective", path, "--loss-param", "off_policy_mask_threshold=off")
+        ours = off["trainer_metrics"]["metrics"]
+        differs += not close(ours["loss"], logged[step]["loss"])
+        for k in ("entropy", "kl", "clip_ratio/region_mean"):
+            assert close(ours[k], logged[step][k]), k
+    assert differs, "the mask dropped no answer: the run does not exercise it"
 
 
 def test_check_and_trend_read_a_run(cli: Cli, trl_run: Any) -> None:
@@ -216,7 +240,7 @@ def test_the_entropy_bonus_by_hand() -> None:
     the call's token-mean entropy / the step's loss calls, for every loss type; the loss
     before it is logged as policy_loss (before the accumulation divisor); without the
     recorded entropy the loss is unknown (None), not the loss without its bonus."""
-    from grpo_cli._settings import Settings
+    from grpo_cli.settings import Settings
     from grpo_cli.trainers import trl
     from grpo_cli.trainers.base import FileInputs
 

@@ -25,9 +25,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from grpo_cli._settings import PRESETS, RELEASE_PRESETS, preset_for, preset_settings
 from grpo_cli.trainers import TRAINERS
 from grpo_cli.trainers.base import parse_version
+from grpo_cli.trainers.presets import PRESETS, RELEASE_PRESETS, preset_for, preset_settings
 from grpo_cli.trainers.trl import logged_loss_decimals
 
 from .conftest import Cli

@@ -68,6 +68,7 @@ DEFAULTS: dict[str, Any] = {
     "reward_weights": None,
     "logging_steps": 1,
     "entropy_coef": 0.0,
+    "off_policy_mask_threshold": None,
 }
 
 
@@ -162,6 +163,11 @@ def call_metrics(mb: dict[str, Any], s: dict[str, Any], world_size: int) -> dict
     if s["delta"] is not None:
         ratio = np.minimum(ratio, s["delta"])
     per_token = -np.minimum(ratio * adv, clipped * adv)
+    if s["off_policy_mask_threshold"] is not None:  # TRL 1.16.0 get_off_policy_mask
+        sampling = mb["rollout_logp"].astype(np.float64) if "rollout_logp" in mb else old
+        drift = np.nan_to_num(sampling - logp, nan=0.0)
+        seq = (drift * m).sum(axis=1, keepdims=True) / np.maximum(m.sum(axis=1, keepdims=True), 1)
+        per_token = per_token * ((adv >= 0) | (seq <= s["off_policy_mask_threshold"]))
     if "entropy_mask" in mb:
         per_token = per_token * mb["entropy_mask"]
     if beta != 0.0:

@@ -88,6 +88,15 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "learning_rate": 0.05,
     },
     "sapo": {"loss_type": "sapo", "num_iterations": 2, "beta": 0.04, "learning_rate": 0.05},
+    # DeepSeek-V3.2's off-policy sequence mask: on the second pass over a generation batch
+    # an answer with A < 0 whose mean old-minus-current log-prob exceeds δ leaves the loss
+    "opsm": {
+        "off_policy_mask_threshold": 0.002,
+        "loss_type": "grpo",
+        "num_iterations": 2,
+        "beta": 0.04,
+        "learning_rate": 0.05,
+    },
     # TRL's entropy bonus (a static entropy_coef): coef × each call's token-mean entropy
     # over the accumulation steps off the loss, whatever the loss type; policy_loss logged
     "entropy": {

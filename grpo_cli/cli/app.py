@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from .. import __version__
 from .._report import advantages_report, kl_report, objective_report
+from .._version import __version__
 from ..errors import GrpoCliError, UsageError
 from ..io import open_source, parse_column_map, write_advantages
 from ..views.json import advantages_json, dumps, kl_json, objective_json

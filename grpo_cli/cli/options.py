@@ -17,23 +17,20 @@ from typing import TYPE_CHECKING, Annotated, Any, overload
 
 import typer
 
-from .._settings import (
-    CORRECTION_PARAMS,
-    CORRECTIONS,
-    LOSS_PARAMS,
-    LOSSES,
+from ..engine.options import DEFAULT_BATCH_TOKENS, DEFAULT_WORKERS, MAX_WORKERS, EngineOptions
+from ..errors import SettingError, UsageError
+from ..io.fields import FIELDS
+from ..losses import CORRECTIONS, LOSSES, MASKS
+from ..losses.registry import Spec
+from ..settings import CORRECTION_NAMES, LOSS_NAMES, Settings, param_specs
+from ..trainers.presets import (
     OFF,
     PRESETS,
-    TRAINERS,
-    SettingError,
-    Settings,
+    TRAINER_NAMES,
     preset_settings,
     resolve_run_settings,
     resolve_settings,
 )
-from ..engine.options import DEFAULT_BATCH_TOKENS, DEFAULT_WORKERS, MAX_WORKERS, EngineOptions
-from ..errors import UsageError
-from ..io.fields import FIELDS
 
 if TYPE_CHECKING:
     from ..io import Source
@@ -256,7 +253,7 @@ TrainerOpt = Annotated[
     typer.Option(
         metavar="[trl|verl|openrlhf]",
         rich_help_panel="Conventions",
-        help=f"Also report the metrics this trainer logs ({', '.join(TRAINERS)}), under its "
+        help=f"Also report the metrics this trainer logs ({', '.join(TRAINER_NAMES)}), under its "
         f"names; the {_trainer_presets()} presets name theirs.",
         show_default=False,
     ),
@@ -325,20 +322,23 @@ LossOpt = Annotated[
         "--loss",
         metavar="NAME",
         rich_help_panel="Loss",
-        help=f"The policy loss: {', '.join(LOSSES)} (clip, the default: the clipped "
-        "surrogate; a bare trl/verl value such as cispo takes the preset's or --trainer's "
+        help=f"The policy loss: {', '.join(LOSS_NAMES)} (clip, the default: the clipped "
+        "surrogate; a bare config value takes the preset's or --trainer's "
         "trainer). A loss that fixes its aggregation sets --agg.",
         show_default=False,
     ),
 ]
+LOSS_PARAMS = param_specs("loss")  # every loss's and mask's parameter, with its rows
+CORRECTION_PARAMS = param_specs("correction")
 LossParamOpt = Annotated[
     list[str] | None,
     typer.Option(
         "--loss-param",
         metavar="KEY=VALUE",
         rich_help_panel="Loss",
-        help=f"A parameter of the loss, under the trainer's config name: {', '.join(LOSS_PARAMS)}. "
-        "Repeatable.",
+        help="A parameter of the loss (or of a trainer's policy-term mask), under the trainer's "
+        f"config name: {', '.join(LOSS_PARAMS)} ('off' for none where a parameter takes it; "
+        "grpo-cli losses lists each loss's). Repeatable.",
         show_default=False,
     ),
 ]
@@ -346,7 +346,7 @@ CorrectionOpt = Annotated[
     str | None,
     typer.Option(
         "--correction",
-        metavar=_choices(CORRECTIONS),
+        metavar=_choices(CORRECTION_NAMES),
         rich_help_panel="Loss",
         help="The sampler–trainer correction applied with rollout_logp: TRL's vLLM IS "
         "correction, verl's rollout IS weights or OpenRLHF's IS correction (default none).",
@@ -364,21 +364,25 @@ CorrectionParamOpt = Annotated[
         show_default=False,
     ),
 ]
-# the parameters that take 'off' (None), a boolean, a number or a name
-_PARAM_OPTIONAL = (
-    "dro_beta", "vllm_is_clip_max", "vllm_is_clip_min", "rollout_is", "rollout_rs",
-    "rollout_rs_threshold",
-)  # fmt: skip
-_PARAM_BOOL = ("rollout_is_batch_normalize", "entropy_mask")
-_PARAM_NAMES = (
-    "vllm_is_mode", "rollout_is", "rollout_rs", "is_correction_level", "is_correction_mode",
-    "is_correction_gating", "bypass_loss_type",
-)  # fmt: skip
 
 
-def _params(flag: str, given: list[str] | None, allowed: tuple[str, ...]) -> dict[str, Any]:
-    """``--loss-param KEY=VALUE`` items as Settings overrides: a number, 'off' (None), a
-    boolean or a name, by the parameter; an unknown key or a bad value is one UsageError."""
+def _spec(name: str) -> Spec:
+    """The spec of a loss's, mask's or correction's parameter (names are the trainers'
+    config names: one name is one parameter, whichever rows have it)."""
+    for rows in (LOSSES.values(), MASKS.values(), CORRECTIONS.values()):
+        for r in rows:
+            specs = r.params.specs()
+            if name in specs:
+                return specs[name]
+    raise KeyError(name)
+
+
+def _params(
+    flag: str, given: list[str] | None, allowed: dict[str, tuple[str, ...]]
+) -> dict[str, Any]:
+    """``--loss-param KEY=VALUE`` items as overrides, each read by its parameter's spec
+    (a number, 'off', a boolean, a name); an unknown key or a bad value is one UsageError.
+    Whether the settings' loss takes it is its row's to say (:func:`resolve_settings`)."""
     out: dict[str, Any] = {}
     for item in given or ():
         key, eq, text = item.partition("=")
@@ -387,27 +391,11 @@ def _params(flag: str, given: list[str] | None, allowed: tuple[str, ...]) -> dic
             raise UsageError(f"{flag}: expected KEY=VALUE, got {item!r}")
         if key not in allowed:
             raise UsageError(f"{flag}: {key!r} is not one of {', '.join(allowed)}")
-        if key in _PARAM_OPTIONAL and text.lower() in ("off", "none"):
-            out[key] = OFF
-        elif key in _PARAM_BOOL:
-            if text.lower() not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
-                raise UsageError(f"{flag} {key}: expected true or false, got {text!r}")
-            out[key] = text.lower() in ("true", "1", "yes", "on")
-        elif key in _PARAM_NAMES:
-            out[key] = text
-        else:
-            try:
-                if "_" in text:  # float() reads "1_2" as 12: verl's "lower_upper" is a band
-                    raise ValueError
-                value = float(text)
-            except ValueError:
-                if key not in ("rollout_is_threshold", "rollout_rs_threshold"):
-                    raise UsageError(f"{flag} {key}: expected a number, got {text!r}") from None
-                out[key] = text  # verl's "lower_upper" band
-                continue
-            if not math.isfinite(value):
-                raise UsageError(f"{flag} {key}: expected a finite number, got {text!r}")
-            out[key] = value
+        try:
+            value = _spec(key).parse(text)
+        except ValueError as exc:
+            raise UsageError(f"{flag} {key}: {exc}, got {text!r}") from None
+        out[key] = OFF if value is None else value
     return out
 
 
@@ -586,8 +574,12 @@ def _settings(
     notes); a :class:`SettingError` becomes a UsageError naming the flag."""
     for name in ("clip_eps_high", "dual_clip", "log_ratio_clamp", "seq_ratio_clamp", "kl_clamp"):
         kw[name] = _optional(name.replace("_", "-"), kw.get(name))
-    kw.update(_params("--loss-param", kw.pop("loss_param", None), LOSS_PARAMS))
-    kw.update(_params("--correction-param", kw.pop("correction_param", None), CORRECTION_PARAMS))
+    from_loss = _params("--loss-param", kw.pop("loss_param", None), LOSS_PARAMS)
+    from_correction = _params(
+        "--correction-param", kw.pop("correction_param", None), CORRECTION_PARAMS
+    )
+    kw.update(from_loss)
+    kw.update(from_correction)
     preset = kw.pop("preset", None)
     trainer = kw.get("trainer")
     named = preset_settings(preset)[0].trainer if preset is not None else None
@@ -605,8 +597,12 @@ def _settings(
             return resolve_settings(preset, **kw)
     except SettingError as exc:  # the library names the field; a user typed the flag
         flag = "--" + exc.field.replace("_", "-")
-        if exc.field in LOSS_PARAMS or exc.field in CORRECTION_PARAMS:
-            flag = f"--{'loss' if exc.field in LOSS_PARAMS else 'correction'}-param {exc.field}"
+        if exc.field in from_correction or (
+            exc.field in CORRECTION_PARAMS and exc.field not in from_loss
+        ):
+            flag = f"--correction-param {exc.field}"
+        elif exc.field in LOSS_PARAMS:
+            flag = f"--loss-param {exc.field}"
         problem = exc.problem.replace("ratio_level", "--ratio-level")
         raise UsageError(f"{flag}: {problem}") from None
 

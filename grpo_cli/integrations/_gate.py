@@ -113,10 +113,10 @@ def check_recorded_step(
     """
     from .._check import run_check
     from .._logged import recorded_metrics
-    from .._settings import resolve_run_settings
     from ..cli.options import engine_options
     from ..errors import InputError
     from ..io import open_source
+    from ..trainers.presets import resolve_run_settings
 
     src = open_source([str(directory)], dict(column_map or {}))
     step = src.recorded

@@ -246,7 +246,7 @@ class RunWriter:
 
 
 def _version() -> str:
-    from .. import __version__
+    from .._version import __version__
 
     return __version__
 

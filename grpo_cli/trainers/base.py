@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from .._partials import TokenPartial
-    from .._settings import Settings
     from ..records import ClipFractions, Distribution, GroupSummary
+    from ..settings import Settings
 
 __all__ = [
     "CallInputs",
@@ -60,7 +60,7 @@ def with_loss_metrics(
     out: dict[str, float | None], m: MetricInputs, replaced: tuple[str, ...]
 ) -> dict[str, float | None]:
     """``out`` with the settings' loss's own logged metrics in place of the clipped
-    surrogate's ``replaced`` ones (a loss other than "clip": ``grpo_cli._losses.LOSS_METRICS``,
+    surrogate's ``replaced`` ones (a loss other than "clip": its registry row's metrics,
     folded by the partials), and the correction's metrics when one is set."""
     s = m.settings
     loss = m.acc.loss_metrics.values()
@@ -94,11 +94,11 @@ class FileInputs:
 
     @classmethod
     def of(cls, acc: TokenPartial, empty: int, info: Mapping[str, Any]) -> FileInputs:
-        """The sums of a file's partial; the entropy over TRL's entropy mask when the
-        settings apply one (its entropy bonus is taken over the same tokens)."""
+        """The sums of a file's partial; the entropy over the tokens of the masks the
+        trainer's entropy bonus takes when the settings apply one (TRL's high-entropy mask)."""
         e = acc.entropy
         total, n = e.total, e.n
-        if acc.settings.entropy_mask:
+        if any(m.entropy_bonus for m, _ in acc.settings.mask_rows):
             total, n = acc.bonus_entropy.total, acc.bonus_entropy.n
         return cls(
             acc.answers, empty, acc.tokens, acc.term.token, acc.term.answer_means, total, n,
@@ -220,7 +220,9 @@ class Trainer:
     """One trainer: ``name`` (the value of ``Settings.trainer``), ``releases`` (its change
     points, oldest first: :class:`Release`), ``presets`` (name → the Settings fields that
     differ from the defaults; the trainer's own name is its newest release's preset),
-    ``reward_kl`` (how it puts the KL into the reward, or None: it cannot).
+    ``reward_kl`` (how it puts the KL into the reward, or None: it cannot),
+    ``kl_agg_follows_config`` (a loss that forces its aggregation leaves the KL's to the
+    config).
 
     ``dependent(values, default)`` calls ``default(field, value)`` for each field that, in
     the trainer's code, follows another choice (only fields the user did not give change);
@@ -234,6 +236,9 @@ class Trainer:
     releases: tuple[Release, ...]
     presets: Mapping[str, Mapping[str, Any]]
     reward_kl: RewardKL | None = None
+    # a loss of its own that forces the policy aggregation leaves the KL loss's to the
+    # config's (verl: ``loss_agg_mode`` still aggregates the KL loss)
+    kl_agg_follows_config: bool = False
     dependent: Dependent = field(default=_no_dependent)
     from_config: FromConfig = field(default=_no_config)
     calls: CallRules | None = None

@@ -36,7 +36,7 @@ def _no_gspo(values: Mapping[str, Any], default: Default) -> None:
     """OpenRLHF 0.6.0–0.8.7: no sequence-level loss (``policy_loss_type`` is 0.8.8's)."""
     del default
     if values["ratio_level"] == "sequence":
-        from .._settings import SettingError
+        from ..errors import SettingError
 
         raise SettingError(
             "ratio_level",

@@ -37,7 +37,7 @@ from .base import (
 )
 
 if TYPE_CHECKING:
-    from .._settings import Settings
+    from ..settings import Settings
 
 CLIP_METRICS = (
     "clip_ratio/low_mean",
@@ -477,7 +477,9 @@ def from_config(c: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     ``beta``, ``epsilon``/``epsilon_high`` the clip range, ``delta`` the dual clip,
     ``importance_sampling_level`` the ratio's level (a clipped sequence counts once in the
     clip metrics), ``scale_rewards``, ``use_bias_correction_kl``, ``max_completion_length``
-    (dr_grpo's L). What it does not compute is said in the notes."""
+    (dr_grpo's L), ``top_entropy_quantile`` < 1 the high-entropy mask,
+    ``off_policy_mask_threshold`` the off-policy sequence mask. What it does not compute is
+    said in the notes."""
     out: dict[str, Any] = {}
     notes: list[str] = []
     loss = c.get("loss_type")
@@ -523,8 +525,8 @@ def from_config(c: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
             out["vllm_is_clip_min"] = None if v is None else float(v)
     if isinstance(c.get("top_entropy_quantile"), int | float) and c["top_entropy_quantile"] < 1:
         out["entropy_mask"] = True  # the policy term on the recorder's entropy_mask tokens
-    if c.get("off_policy_mask_threshold") is not None:
-        notes.append("off_policy_mask_threshold masks off-policy sequences: not applied here")
+    if isinstance(c.get("off_policy_mask_threshold"), int | float):  # DeepSeek-V3.2's OPSM
+        out["off_policy_mask_threshold"] = float(c["off_policy_mask_threshold"])
     if c.get("use_adaptive_entropy"):
         notes.append(
             f"use_adaptive_entropy (entropy_coef {c.get('entropy_coef')} to start): TRL "

@@ -18,9 +18,9 @@ own default is False).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, get_args
+from typing import Any
 
-from .._losses import LossName
+from ..losses import LOSSES
 from .base import Default, MetricInputs, Release, Trainer, with_loss_metrics
 
 NAMES = (
@@ -50,7 +50,7 @@ def _no_gspo(values: Mapping[str, Any], default: Default) -> None:
     """verl 0.3.0–0.5.0: no sequence-level loss (``compute_policy_loss_gspo`` is 0.6.0's)."""
     _kl_rules(values, default)
     if values["ratio_level"] == "sequence":
-        from .._settings import SettingError
+        from ..errors import SettingError
 
         raise SettingError(
             "ratio_level",
@@ -286,7 +286,6 @@ AGGREGATIONS = (
 # kl_loss_type / kl_penalty -> the estimator (verl 0.9.1 ``kl_penalty_forward``)
 KL_ESTIMATORS = {"kl": "k1", "k1": "k1", "mse": "k2", "k2": "k2", "low_var_kl": "k3", "k3": "k3"}
 ACTOR = "actor_rollout_ref.actor."
-LOSSES = get_args(LossName)
 
 
 def from_config(c: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
@@ -419,6 +418,7 @@ TRAINER = Trainer(
     releases=RELEASES,
     presets=PRESETS,
     reward_kl="score",
+    kl_agg_follows_config=True,
     dependent=dependent,
     from_config=from_config,
 )

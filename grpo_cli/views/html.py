@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .. import __version__
+from .._version import __version__
 from ..records import CheckReport, Finding, ObjectiveReport, TrendReport
 from ._format import (
     data_rows,

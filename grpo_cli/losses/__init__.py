@@ -1,0 +1,38 @@
+"""The registry of the trainers' own policy losses, sampler–trainer corrections and
+policy-term masks: one row each, beside its function in its trainer's module
+(:mod:`.trl`, :mod:`.verl`, :mod:`.openrlhf`; the row types in :mod:`.registry`).
+
+A trainer's losses are one line here. ``clip`` is the core's clipped surrogate
+(:func:`grpo_cli._core.token_terms`), the policy term of every trainer's default loss.
+"""
+
+from __future__ import annotations
+
+from ..errors import UsageError
+from . import openrlhf, trl, verl
+from .registry import CorrectionRow, Loss, Mask, Metric
+
+__all__ = ["CLIP", "CORRECTIONS", "LOSSES", "MASKS", "NONE", "logged_metrics"]
+
+CLIP = Loss("clip", None, "the clipped surrogate min(ρA, clip(ρ)A)", clip="core")
+NONE = "none"  # no correction
+
+LOSSES: dict[str, Loss] = {r.name: r for r in (CLIP, *trl.LOSSES, *verl.LOSSES, *openrlhf.LOSSES)}
+CORRECTIONS: dict[str, CorrectionRow] = {
+    r.name: r for r in (*trl.CORRECTIONS, *verl.CORRECTIONS, *openrlhf.CORRECTIONS)
+}
+MASKS: dict[str, Mask] = {r.name: r for r in trl.MASKS}
+
+
+def logged_metrics(name: str, **params: object) -> tuple[Metric, ...]:
+    """The metrics a trainer logs for the loss ``name`` with these parameters (the others
+    its defaults): what :func:`grpo_cli.losses.registry.loss_metrics` computes.
+
+    Example:
+        >>> logged_metrics("clip")
+        ()
+    """
+    row = LOSSES.get(name)
+    if row is None:
+        raise UsageError(f"loss: {name!r} is not one of {', '.join(LOSSES)}")
+    return row.metrics_for(row.params(**params) if params or callable(row.metrics) else None)
