@@ -150,7 +150,8 @@ def main() -> None:
     arrays: dict[str, np.ndarray] = {}
     doc = {"torch": torch.__version__, "object": describe(loaded, "", arrays)}
     (HERE / "expected.json").write_text(json.dumps(doc, indent=1) + "\n")
-    np.savez(HERE / "expected.npz", **{k.lstrip("/"): v for k, v in arrays.items()})
+    named: dict[str, Any] = {k.lstrip("/"): v for k, v in arrays.items()}
+    np.savez(HERE / "expected.npz", **named)
     size = (HERE / "tensors.pt").stat().st_size
     print(f"tensors.pt {size} bytes, {len(arrays)} arrays")
 
