@@ -395,3 +395,77 @@ def test_a_numpy_object_array_is_refused(tmp_path: Path) -> None:
     )
     np.testing.assert_array_equal(got["a"], fine)
     assert got["s"] == np.float32(2.5) and got["s"].dtype == np.float32
+
+
+# ---------------------------------------------------------------------------------------
+# slime's own dumps (conformance/frontier/record.py ran slime's writers)
+
+FRONTIER = Path(__file__).resolve().parent.parent / "conformance" / "frontier" / "fixtures"
+
+
+@pytest.mark.parametrize("rollout", [0, 1])
+def test_a_slime_dump_reads_as_slime_wrote_it(rollout: int) -> None:
+    """slime's train and rollout dumps (written by its ``_build_dump_payload`` +
+    ``torch.save`` and ``save_debug_rollout_data``) against the per-token values the
+    recorder took from slime's tensors before saving them (``slime.json``)."""
+    doc = json.loads((FRONTIER / "slime.json").read_text())
+    rec = next(d for d in doc["dumps"] if d["name"] == f"slime_dump_tis/{rollout}")
+    rows = {r["position"]: r for r in rec["samples"]}
+    train = load(FRONTIER / "slime_dump_tis" / "train_data" / f"{rollout}.pt")
+    assert train["format_version"] == 2 and train["rollout_id"] == rollout
+    positions = [s["rollout_position"] for s in train["samples"]]
+    assert positions == sorted(rows)
+    for s in train["samples"]:
+        row = rows[s["rollout_position"]]
+        assert s["sample_index"] == row["index"]
+        for field, key in (
+            ("rollout_log_probs", "rollout_logp"),
+            ("log_probs", "old_logp"),
+            ("ref_log_probs", "ref_logp"),
+            ("advantages", "advantages"),
+        ):
+            assert s[field].dtype == np.float32
+            np.testing.assert_array_equal(s[field], np.float32(row[key]))
+        np.testing.assert_array_equal(s["loss_masks"], row["loss_mask"])
+        assert (
+            s["rollout_mask_sums"].shape == ()
+            and float(s["rollout_mask_sums"]) == row["rollout_mask_sum"]
+        )
+    shards = train["dp_shards"]
+    assert [sh["partition"] for sh in shards] == rec["schedule"]["partitions"]
+    assert shards[0]["num_microbatches"] == rec["schedule"]["num_microbatches"]
+    dumped = load(FRONTIER / "slime_dump_tis" / "rollout_data" / f"{rollout}.pt")
+    assert [s["index"] for s in dumped["samples"]] == sorted(rows)
+    for s in dumped["samples"]:
+        np.testing.assert_array_equal(
+            np.float32(s["rollout_log_probs"]), np.float32(rows[s["index"]]["rollout_logp"])
+        )
+        assert s["group_index"] == rows[s["index"]]["group_index"] and s["status"] in (
+            "completed",
+            "truncated",
+        )
+
+
+@pytest.mark.skipif(
+    __import__("importlib").util.find_spec("torch") is None, reason="torch not installed"
+)
+def test_slime_dumps_match_torch_load() -> None:
+    import torch
+
+    def same(a: Any, b: Any) -> None:
+        if torch.is_tensor(b):
+            np.testing.assert_array_equal(a, b.numpy())
+            assert a.dtype == b.numpy().dtype
+        elif isinstance(b, dict):
+            assert list(a) == list(b)
+            for k in b:
+                same(a[k], b[k])
+        elif isinstance(b, (list, tuple)):
+            assert len(a) == len(b)
+            for x, y in zip(a, b, strict=True):
+                same(x, y)
+        else:
+            assert a == b and type(a) is type(b)
+
+    for pt in sorted(FRONTIER.glob("slime_dump*/*/*.pt")):
+        same(load(pt), torch.load(pt, weights_only=False))
