@@ -999,6 +999,18 @@ def main() -> int:
 
             shutil.rmtree(run)
         run.mkdir()
+        # configs/trainer.json (entrypoints/rl.py:77-82 dump_resolved_config): REPRODUCED,
+        # only the fields a reader needs
+        (run / "configs").mkdir()
+        (run / "configs" / "trainer.json").write_text(
+            json.dumps(
+                {
+                    "loss": C.DefaultLossConfig().model_dump(mode="json"),
+                    "enable_token_export": True,
+                },
+                indent=2,
+            )
+        )
         pcases = [
             prime_case(P, "default", C.DefaultLossConfig(), batch, out_dir=run),
             prime_case(
@@ -1022,6 +1034,7 @@ def main() -> int:
                 "train.py:301-323": "rl_scale: the global loss-mask count",
                 "the packer": "consecutive samples, padded to seq_len with token 0, env ''",
                 "traces.jsonl": "Episode.to_record's fields a reader needs (see write_traces)",
+                "configs/trainer.json": "its loss section and enable_token_export only",
             },
             "cases": pcases,
         }
