@@ -138,11 +138,12 @@ def block_costs(d: Path) -> dict[str, float]:
     pass 1 on the driver: the quantities the projection scales."""
     import copy
 
-    from grpo_cli._partials import TokenPartial
-    from grpo_cli._report import TOKEN_FIELDS, objective_pass1
+    from grpo_cli.commands.objective import TOKEN_FIELDS
     from grpo_cli.engine.options import EngineOptions
+    from grpo_cli.engine.plan import batches, plan
+    from grpo_cli.fold.pass1 import objective_pass1
+    from grpo_cli.fold.tokens import TokenPartial
     from grpo_cli.io import load_answers, open_source
-    from grpo_cli.plan import batches, plan
     from grpo_cli.trainers.presets import resolve_settings
 
     engine = EngineOptions().resolved()

@@ -43,7 +43,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from oracle import METRIC, REL, SEQ_MEAN, Row, load_openrlhf, make_rollouts
 
-from grpo_cli._core import (
+from grpo_cli.core import (
     Aggregation,
     aggregate,
     aggregation_weights,

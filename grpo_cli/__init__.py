@@ -9,7 +9,10 @@ Example:
     [[1.0, -1.0]]
 """
 
-from ._core import (
+from ._version import __version__
+from .batch import Batch, RawBatch, validate
+from .commands.objective import advantages_report, fold_batch, kl_report, objective_report
+from .core import (
     AGGREGATIONS,
     ClipCounts,
     GroupStats,
@@ -37,22 +40,15 @@ from ._core import (
     token_terms,
     used_log_ratio,
 )
-from ._partials import GroupPartial, GroupTable, TokenPartial, group_table
-from ._report import (
-    Pass1,
-    advantages_report,
-    fold_batch,
-    kl_report,
-    objective_pass1,
-    objective_report,
-)
-from ._version import __version__
-from .batch import Batch, RawBatch, validate
 from .engine.options import EngineOptions, Ran
+from .engine.run import iter_batches
 from .errors import GrpoCliError, InputError, MergeError, SettingError, UsageError
-from .finalize import LoggedInput, objective_record
+from .finalize.objective import objective_record
+from .fold.groups import GroupPartial, GroupTable, group_table
+from .fold.pass1 import Pass1, objective_pass1
+from .fold.tokens import TokenPartial
 from .io import Answers, Source, load_answers, open_source, raw_from_arrow
-from .plan import iter_batches
+from .logged import LoggedInput
 from .records import (
     AdvantagesReport,
     Calls,
@@ -70,7 +66,12 @@ from .trainers.presets import PRESETS, resolve_settings
 from .views.json import advantages_json, check_json, kl_json, objective_json
 
 # check's names: its rules are imported when used, so a --json run never loads them
-_LAZY = {"CheckConfig", "RuleConfig", "load_config", "run_check"}
+_LAZY = {
+    "CheckConfig": "check.base",
+    "RuleConfig": "check.base",
+    "load_config": "check.config",
+    "run_check": "commands.check",
+}
 
 
 def validate_raw(raw: RawBatch, columns: object = None) -> Batch:
@@ -83,9 +84,9 @@ def validate_raw(raw: RawBatch, columns: object = None) -> Batch:
 def __getattr__(name: str) -> object:
     """``check``'s names, imported on first use (a ``--json`` run never loads them)."""
     if name in _LAZY:
-        from . import _check
+        import importlib
 
-        return getattr(_check, name)
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
     raise AttributeError(f"module 'grpo_cli' has no attribute {name!r}")
 
 

@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
-from ._core import FloatArray, segment_count
+from .core import FloatArray, segment_count
 from .errors import InputError
 
 __all__ = [

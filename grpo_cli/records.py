@@ -1,6 +1,6 @@
 """The records the commands return: frozen, plain data. Tables, JSON, CI formats and
 plots are views of them (:mod:`grpo_cli.views`): a view imports records only, and
-nothing is computed in a view. Records are built once, by :mod:`grpo_cli.finalize` (and
+nothing is computed in a view. Records are built once, by :mod:`grpo_cli.finalize.objective` (and
 each command's module for its own), never patched afterwards.
 """
 
@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ._core import GroupStats
-from ._stats import IntCounts
+from .core import GroupStats
+from .core.stats import IntCounts
 from .engine.options import EngineOptions, Ran
 from .settings import Settings
 
@@ -171,7 +171,7 @@ class LossClip:
 
 @dataclass(frozen=True)
 class InputChecks:
-    """What the data-mistake checks saw (:mod:`grpo_cli._mistakes`): the answers of at least
+    """What the data-mistake checks saw (:mod:`grpo_cli.fold.mistakes`): the answers of at least
     two valid tokens, those closing in a run of exact 0.0 in every log-prob field and the
     tokens of those runs, whether the input has a mask; and the correlations of the
     trainer's log-probs with ``rollout_logp`` at the same and the neighbouring positions
@@ -255,7 +255,7 @@ class ObjectiveReport:
     trainer_metrics_whole: dict[str, float] | None = None
     calls: int | None = None  # the loss calls they were computed from
     rollout: RolloutReport | None = None  # sampler vs trainer, when rollout_logp is logged
-    # what the trainer logs for the settings' loss and correction (grpo_cli._loss_fold), by
+    # what the trainer logs for the settings' loss and correction (grpo_cli.fold.loss), by
     # its logged names; empty for the clipped surrogate without a correction
     loss_metrics: dict[str, float] = field(default_factory=dict)
     entropy: Distribution | None = None  # per-token policy entropy, when logged

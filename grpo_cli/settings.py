@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, get_args
 
-from ._core import (
+from .core import (
     AGGREGATIONS,
     AdvantageEstimator,
     Aggregation,

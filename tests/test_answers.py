@@ -12,8 +12,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from grpo_cli._answers import FIELDS, SORT_KEYS, TopAnswers
-from grpo_cli._check import WORST_BY
+from grpo_cli.commands.answers import FIELDS, SORT_KEYS, TopAnswers
+from grpo_cli.commands.check import WORST_BY
 
 from .conftest import Cli
 
@@ -279,8 +279,8 @@ def test_gradient_share_is_the_finite_difference_gradient(
     constants the two aggregations divide by (an answers pass does not know T or L
     before the end), on every backend, over several batches."""
     from grpo_cli import EngineOptions, open_source
-    from grpo_cli._answers import answers_report
-    from grpo_cli._core import aggregate, token_terms
+    from grpo_cli.commands.answers import answers_report
+    from grpo_cli.core import aggregate, token_terms
     from grpo_cli.settings import Settings
 
     if backend == "c" and not _fast_built():
@@ -320,6 +320,6 @@ def test_gradient_share_is_the_finite_difference_gradient(
 
 
 def _fast_built() -> bool:
-    from grpo_cli import _fast
+    from grpo_cli.core import kernel as _fast
 
     return _fast.built()

@@ -12,7 +12,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from grpo_cli._check import RULES, Scan
+from grpo_cli.check.rules import RULES
+from grpo_cli.check.scan import Scan
 from grpo_cli.views.json import CHECK_NULLS
 
 from .conftest import SAMPLE, Cli

@@ -301,7 +301,8 @@ def test_json_runs_start_without_rich() -> None:
         "    app()\n"
         "except SystemExit:\n"
         "    pass\n"
-        "loaded = [m for m in sys.modules if m.split('.')[0] == 'rich' or m == 'grpo_cli._check']\n"
+        "loaded = [m for m in sys.modules if m.split('.')[0] == 'rich'\n"
+        "          or m.startswith(('grpo_cli.commands.check', 'grpo_cli.check'))]\n"
         "print(loaded, file=sys.stderr)\n"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)

@@ -30,7 +30,7 @@ from grpo_cli import (
     segment_sum,
     token_terms,
 )
-from grpo_cli._core import aggregation_weights, clip_counts, ratio_moments
+from grpo_cli.core import aggregation_weights, clip_counts, ratio_moments
 
 from .conftest import reference_objective
 
@@ -414,7 +414,7 @@ def test_ratio_moments_by_hand() -> None:
 def test_segment_count_in_chunks(chunk: int, monkeypatch: pytest.MonkeyPatch) -> None:
     # counted a chunk of flags at a time (reduceat casts its input to int64 whole): every
     # chunking, empty answers anywhere included, gives each answer's own count
-    from grpo_cli import _core
+    from grpo_cli import core as _core
 
     monkeypatch.setattr(_core, "COUNT_CHUNK", chunk)
     rng = np.random.default_rng(chunk)
@@ -446,7 +446,7 @@ def _terms() -> Any:
 
 
 def _offset_calls() -> dict[str, Any]:
-    from grpo_cli._core import (
+    from grpo_cli.core import (
         answer_clip_counts,
         answer_clip_tokens,
         segment_count,
@@ -495,7 +495,7 @@ def test_every_function_taking_offsets_checks_them_first(fn: str, bad: str) -> N
 def test_used_log_ratio_probes_of_the_review() -> None:
     """The review's probes (issue 18): used_log_ratio returned numbers for offsets that do
     not start at 0, decrease, or fall short of the values."""
-    from grpo_cli._core import used_log_ratio
+    from grpo_cli.core import used_log_ratio
 
     d = np.array([0.5, -0.5, 1.0])
     for off in ([1, 3], [0, 2, 1, 3], [0, 2]):
@@ -510,7 +510,7 @@ def test_term_options_and_keywords_agree() -> None:
     import dataclasses
     import typing
 
-    from grpo_cli._core import TermConventions, TermOptions
+    from grpo_cli.core import TermConventions, TermOptions
     from grpo_cli.trainers.presets import resolve_settings
 
     hints = typing.get_type_hints(TermOptions)
@@ -534,7 +534,7 @@ def test_term_options_and_keywords_agree() -> None:
 def test_one_rule_table_for_every_aggregation() -> None:
     """AGGREGATION_RULES covers AGGREGATIONS; each rule's weights (u_i / D) give
     aggregate exactly, by hand: D = N, T, N·L (L alone with lmax), 1."""
-    from grpo_cli._core import AGGREGATION_RULES, aggregation_divisor
+    from grpo_cli.core import AGGREGATION_RULES, aggregation_divisor
 
     assert set(AGGREGATION_RULES) == set(AGGREGATIONS)
     lengths = np.array([1, 3])

@@ -165,7 +165,7 @@ def test_random_answers_folded_in_slices_give_the_same(
     whole = cli(*args)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("grpo_cli.batch.SLICE_TOKENS", 2)
-        mp.setattr("grpo_cli._core.COUNT_CHUNK", 2)
+        mp.setattr("grpo_cli.core.COUNT_CHUNK", 2)
         sliced = cli(*args)
     assert sliced.exit_code == whole.exit_code, (whole.stderr, sliced.stderr)
     if whole.exit_code == 2:

@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from grpo_cli._core import aggregate, grpo_objective, token_terms
-from grpo_cli._partials import TokenPartial
 from grpo_cli.batch import Batch
+from grpo_cli.core import aggregate, grpo_objective, token_terms
+from grpo_cli.fold.tokens import TokenPartial
 from grpo_cli.settings import Settings
 
 from .conftest import Cli
@@ -148,7 +148,7 @@ def test_gspo_preset(cli: Cli) -> None:
 def test_length_advantage_histogram_is_histogram2d() -> None:
     """The plot's (length, advantage) counts: numpy's histogram2d on the same edges, merged
     over two batches."""
-    from grpo_cli._partials import ADV_EDGES, LENGTH_EDGES
+    from grpo_cli.fold.parts import ADV_EDGES, LENGTH_EDGES
 
     rng = np.random.default_rng(5)
     lengths = rng.integers(1, 3000, 300)

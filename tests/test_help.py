@@ -65,9 +65,9 @@ def _params(command: str) -> list[Any]:
 
 
 def test_choices_are_the_values_accepted() -> None:
-    from grpo_cli._answers import SORT_KEYS
-    from grpo_cli._core import AGGREGATIONS, KLEstimator, RatioLevel, Scale
     from grpo_cli.cli.app import CHECK_FORMATS
+    from grpo_cli.commands.answers import SORT_KEYS
+    from grpo_cli.core import AGGREGATIONS, KLEstimator, RatioLevel, Scale
     from grpo_cli.trainers.presets import PRESETS
 
     def metavar(command: str, name: str) -> str:

@@ -21,11 +21,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grpo_cli import EngineOptions, _fast, objective_report, open_source, resolve_settings
-from grpo_cli._core import ClipCounts, clip_counts, ratio_moments, token_terms
-from grpo_cli._partials import TokenPartial
+from grpo_cli import EngineOptions, objective_report, open_source, resolve_settings
 from grpo_cli.batch import Batch
+from grpo_cli.core import ClipCounts, clip_counts, ratio_moments, token_terms
+from grpo_cli.core import kernel as _fast
 from grpo_cli.errors import GrpoCliError, InputError, UsageError
+from grpo_cli.fold.tokens import TokenPartial
 from grpo_cli.settings import Settings
 
 from .conftest import SAMPLE, Cli
@@ -367,7 +368,7 @@ def test_answer_extremes_and_gradient_parts_equal_numpy(
     """Per answer, the kernel's largest |Δ| and KL estimate and their first tokens
     (``np.argmax``), and its sums of the derivatives of :func:`token_gradients` (Σg_p²,
     Σg_k², Σg_p·g_k, nonzero g_p), over answers longer than the kernel's block too."""
-    from grpo_cli._core import segment_sum, token_gradients
+    from grpo_cli.core import segment_sum, token_gradients
 
     rng = np.random.default_rng(seed)
     b = _batch(rng, lengths, dtype, 60.0)

@@ -171,7 +171,7 @@ def test_memory_of_an_answer_does_not_grow_with_its_length(
     import tracemalloc
 
     monkeypatch.setattr("grpo_cli.batch.SLICE_TOKENS", 1 << 14)
-    monkeypatch.setattr("grpo_cli._core.COUNT_CHUNK", 1 << 14)
+    monkeypatch.setattr("grpo_cli.core.COUNT_CHUNK", 1 << 14)
     peaks = []
     for path in long_files:
         tracemalloc.start()

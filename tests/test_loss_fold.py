@@ -1,6 +1,6 @@
 """Every policy loss and correction through the tool: the CLI's objective on a file of many
 tiny batches (ragged parquet row groups, padded npz with a mask) equals the loss's function
-of grpo_cli._losses (proved against each trainer's own by conformance/losses.py) applied to
+of grpo_cli.losses (proved against each trainer's own by conformance/losses.py) applied to
 the whole batch at once and aggregated here by hand; a real TRL GRPOTrainer run with
 loss_type cispo and sapo is reproduced with no flags."""
 
@@ -107,7 +107,7 @@ def _flat(d: dict[str, Any]) -> tuple[dict[str, np.ndarray], np.ndarray]:
     return {f: np.concatenate(d[f]) for f in FIELDS}, off
 
 
-# loss -> (CLI flags, the function of grpo_cli._losses with the trainer's parameters, as
+# loss -> (CLI flags, the function of grpo_cli.losses with the trainer's parameters, as
 # the trainer's config names them: TRL epsilon_high is CISPO's cap, verl clip_ratio_* its
 # bounds and ±20 clamp, ...)
 def _by_hand(name: str, f: dict[str, np.ndarray], a: np.ndarray, off: np.ndarray) -> LR.PolicyTerms:

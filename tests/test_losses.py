@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from grpo_cli import InputError, UsageError
-from grpo_cli._core import aggregate, token_terms
+from grpo_cli.core import aggregate, token_terms
 from grpo_cli.losses import LOSSES as ROWS
 from grpo_cli.losses import logged_metrics
 from grpo_cli.losses import openrlhf as LO

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from grpo_cli import _mistakes
+from grpo_cli.fold import mistakes as _mistakes
 
 from .conftest import Cli
 
@@ -182,7 +182,7 @@ def test_log_probs_shifted_against_the_sampler(cli: Cli, tmp_path: Path) -> None
 def test_check_places_are_the_answers_beyond_the_threshold(cli: Cli) -> None:
     """kl_spike: one answer's KL spikes (84.5); the others' largest KL is ~0.005, far
     below the threshold of 50: only the spike is a place to look."""
-    from grpo_cli._core import kl_from_log_ratio
+    from grpo_cli.core import kl_from_log_ratio
 
     path = Path(__file__).resolve().parents[1] / "sample_data" / "broken" / "kl_spike.parquet"
     t = pq.read_table(path)

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from grpo_cli._partials import RolloutPartial
+from grpo_cli.fold.parts import RolloutPartial
 
 
 def test_rollout_weights_that_underflow_give_no_division_by_zero() -> None:
@@ -30,8 +30,8 @@ def test_rollout_weights_that_underflow_give_no_division_by_zero() -> None:
 def test_ratio_distribution_of_ratios_that_all_overflow() -> None:
     """Every Δ above log(float64 max) = 709.78: ρ's min and max are inf, not an
     OverflowError (tests/test_fuzz.py met Δ = 710 on a one-token answer)."""
-    from grpo_cli._partials import TokenPartial
     from grpo_cli.batch import Batch
+    from grpo_cli.fold.tokens import TokenPartial
     from grpo_cli.settings import Settings
 
     b = Batch(0, np.array([0, 1]), {"logp": np.array([0.0]), "old_logp": np.array([-710.0])},

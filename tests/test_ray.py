@@ -246,7 +246,7 @@ def test_library_fold_equals_local_and_merges_in_block_order(
 ) -> None:
     """Run to run the Ray result is bit for bit the same (a fixed merge order)."""
     from grpo_cli import io as _io
-    from grpo_cli._report import objective_report
+    from grpo_cli.commands.objective import objective_report
     from grpo_cli.trainers.presets import resolve_settings
 
     src = _io.open_source([str(dataset)], group_scope="file")
@@ -452,9 +452,10 @@ def _die(part: object, batch: object) -> None:
 
 def test_a_lost_worker_is_one_error_naming_the_input(in_process_ray: None, dataset: Path) -> None:
     from grpo_cli import io as _io
-    from grpo_cli._partials import TokenPartial
+    from grpo_cli.engine.plan import plan
+    from grpo_cli.engine.run import run
     from grpo_cli.errors import InputError
-    from grpo_cli.plan import plan, run
+    from grpo_cli.fold.tokens import TokenPartial
     from grpo_cli.trainers.presets import resolve_settings
 
     src = _io.open_source([str(dataset)])
@@ -468,7 +469,7 @@ def test_a_lost_worker_is_one_error_naming_the_input(in_process_ray: None, datas
 
 def test_progress_on_the_driver_counts_every_answer(in_process_ray: None, dataset: Path) -> None:
     from grpo_cli import io as _io
-    from grpo_cli._report import kl_report
+    from grpo_cli.commands.objective import kl_report
     from grpo_cli.trainers.presets import resolve_settings
 
     src = _io.open_source([str(dataset)])

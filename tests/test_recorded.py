@@ -225,7 +225,7 @@ def test_the_recorded_loss_by_hand(cli: Cli, tmp_path: Path) -> None:
 def test_a_loss_the_logger_rounded_to_4_decimals_matches(tmp_path: Path) -> None:
     """transformers 4.x logs round(loss, 4): within half its last decimal it matches; an
     unrounded logged loss, or another metric, keeps the relative tolerance."""
-    from grpo_cli._logged import compare_logged
+    from grpo_cli.logged import compare_logged
 
     ours = {"loss": 0.012345678, "kl": 0.0123}
     rounded = compare_logged("f", {"loss": 0.0123, "kl": 0.0124}, 1, ours, tolerance=1e-3)

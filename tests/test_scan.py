@@ -13,7 +13,9 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grpo_cli._check import MAX_EXAMPLES, RULES, CheckConfig, Scan, _scan_batch
+from grpo_cli.check.base import MAX_EXAMPLES, CheckConfig
+from grpo_cli.check.rules import RULES
+from grpo_cli.check.scan import Scan, _scan_batch
 from grpo_cli.io import raw_from_arrow
 
 

@@ -24,15 +24,19 @@ from grpo_cli import (
     resolve_settings,
     validate,
 )
-from grpo_cli._core import token_terms
-from grpo_cli._partials import LOG_RATIO_BINS, GroupPartial, TokenPartial, group_table
-from grpo_cli._report import TOKEN_FIELDS, fold_batch, kl_report, objective_pass1
-from grpo_cli._stats import Histogram, IntCounts, Moments, Sketch, quantiles_from_counts
 from grpo_cli.batch import Batch
+from grpo_cli.commands.objective import TOKEN_FIELDS, fold_batch, kl_report
+from grpo_cli.core import token_terms
+from grpo_cli.core.stats import Histogram, IntCounts, Moments, Sketch, quantiles_from_counts
+from grpo_cli.engine.plan import plan
+from grpo_cli.engine.run import iter_batches
 from grpo_cli.errors import InputError, MergeError
-from grpo_cli.finalize import objective_record
+from grpo_cli.finalize.objective import objective_record
+from grpo_cli.fold.groups import GroupPartial, group_table
+from grpo_cli.fold.parts import LOG_RATIO_BINS
+from grpo_cli.fold.pass1 import objective_pass1
+from grpo_cli.fold.tokens import TokenPartial
 from grpo_cli.io.answers import Answers, encode_groups
-from grpo_cli.plan import iter_batches, plan
 from grpo_cli.records import QUANTILES
 
 from .conftest import SAMPLE, Cli, random_batch, write_npz, write_parquet
@@ -576,7 +580,7 @@ def test_numpy_of_and_arrow_of_round_trip_without_pa_array() -> None:
 
 
 def test_quantiles_linear_is_numpys_bit_for_bit() -> None:
-    from grpo_cli._stats import quantiles_linear
+    from grpo_cli.core.stats import quantiles_linear
     from grpo_cli.records import QUANTILE_LEVELS
 
     rng = np.random.default_rng(5)

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from grpo_cli._trend import step_number
+from grpo_cli.commands.trend import step_number
 from grpo_cli.records import STEP_KEYS
 from grpo_cli.views.tables import sparkline
 
@@ -142,7 +142,7 @@ def test_step_column_equals_one_file_a_step(
     d.mkdir()
     pq.write_table(both.slice(0, half), d / "part-0.parquet", row_group_size=50)
     pq.write_table(both.slice(half), d / "part-1.parquet", row_group_size=50)
-    monkeypatch.setattr("grpo_cli._trend.MAX_OPEN_STEPS", 2)  # two passes over the dataset
+    monkeypatch.setattr("grpo_cli.commands.trend.MAX_OPEN_STEPS", 2)  # two passes over the dataset
     doc = cli.json("trend", d, "--step-column", "step", "--preset", "verl")
     assert [s["step"] for s in doc["steps"]] == [20, 100, 300]
     for a, b in zip(doc["steps"], per_file["steps"], strict=True):

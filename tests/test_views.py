@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from grpo_cli._check import RULES
+from grpo_cli.check.rules import RULES
 from grpo_cli.cli import app
 
 from .conftest import SAMPLE

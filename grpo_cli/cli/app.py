@@ -11,7 +11,6 @@ import ctypes
 import errno
 import gc
 import math
-import os
 import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -22,8 +21,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from .._report import advantages_report, kl_report, objective_report
 from .._version import __version__
+from ..commands.objective import advantages_report, kl_report, objective_report
+from ..env import engine_options, github_step_summary
 from ..errors import GrpoCliError, UsageError
 from ..io import open_source, parse_column_map, write_advantages
 from ..views.json import advantages_json, dumps, kl_json, objective_json
@@ -44,16 +44,15 @@ from .options import (
     RayAddressOpt,
     WorkersOpt,
     conventions,
-    engine_options,
     plain_coercion,
 )
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from ..finalize import LoggedInput
     from ..io import Source
     from ..io.run import RecordedRun
+    from ..logged import LoggedInput
 
 try:  # typer >= 0.24 vendors click
     from typer._click.exceptions import ClickException, NoArgsIsHelpError
@@ -287,7 +286,7 @@ def _steps_bar(enabled: bool) -> Iterator[Callable[[int, int], None] | None]:
 
 def _plot_thresholds() -> dict[str, tuple[float | None, float | None]]:
     """check's default thresholds (warn, fail) by the metric the figures plot."""
-    from .._check import RULES
+    from ..check.rules import RULES
 
     rules = {
         "kl_max": "kl-max",
@@ -304,8 +303,7 @@ def _logged(
 ) -> LoggedInput | None:
     """What ``--logged`` names: the step's metrics as the trainer logged them; for a
     recorded step without ``--logged``, its record in the run's ``metrics.jsonl``."""
-    from .._logged import load_logged, recorded_metrics
-    from ..finalize import LoggedInput
+    from ..logged import LoggedInput, load_logged, recorded_metrics
 
     if not (math.isfinite(tolerance) and tolerance >= 0):
         raise UsageError(f"--logged-tolerance: must be a finite number >= 0, got {tolerance}")
@@ -493,7 +491,7 @@ def objective(
         if json_out:
             _emit_json(objective_json(report))
         else:
-            from .._explain import explain_findings
+            from ..commands.explain import explain_findings
             from ..views.tables import render_objective
 
             findings = explain_findings(report)
@@ -587,7 +585,10 @@ def check(
     ray_address: RayAddressOpt = None,
 ) -> None:
     """Gate a rollout log in CI: integrity and training-health rules; exit 1 when one fails."""
-    from .._check import load_config, read_baseline, run_check, write_outputs
+    from ..check.baseline import read_baseline
+    from ..check.config import load_config
+    from ..commands.check import run_check
+    from .outputs import write_outputs
 
     with _errors():
         if output_format not in CHECK_FORMATS:
@@ -616,7 +617,7 @@ def check(
             _write_html(files, src, settings, engine_options(workers, engine, ray_address),
                         html_path, check=report)  # fmt: skip
         fmt = "table" if output_format == "html" else output_format
-        out = write_outputs(report, fmt, report_path, os.environ.get("GITHUB_STEP_SUMMARY"))
+        out = write_outputs(report, fmt, report_path, github_step_summary())
         if out is None:
             from ..views.tables import render_check
 
@@ -639,7 +640,7 @@ def _write_html(
     progress: Callable[[int], None] | None = None,
 ) -> None:
     """Build the report to share and write it to ``path`` (one HTML file); say where."""
-    from .._share import share_report
+    from ..commands.share import share_report
     from ..views.html import render_html
 
     share = share_report(specs, src, settings, engine=engine, top=top, check=check,
@@ -738,8 +739,8 @@ def trend(
     ray_address: RayAddressOpt = None,
 ) -> None:
     """Health metrics step by step (one file a step, in step order) and rules over them."""
-    from .._check import rule_flags
-    from .._trend import TREND_RULES, trend_report
+    from ..check.config import rule_flags
+    from ..commands.trend import TREND_RULES, trend_report
 
     with _errors():
         settings, notes = conventions.for_run(_recorded_run(files))
@@ -808,7 +809,7 @@ def answers(
 ) -> None:
     """The answers to blame, worst first: each one's file, row, group, reward, advantage,
     length, KL, largest log-ratio and share of clipped tokens."""
-    from .._answers import answers_report
+    from ..commands.answers import answers_report
 
     with _errors():
         src = open_source(files, parse_column_map(column), group_scope=group_scope)
@@ -854,7 +855,7 @@ def explain(
 ) -> None:
     """The numbers read as findings, most severe first, each with its evidence and what to
     do. Informational: exit 0 whatever it finds."""
-    from .._explain import explain_findings
+    from ..commands.explain import explain_findings
 
     with _errors():
         src = open_source(files, parse_column_map(column), group_scope=group_scope)
@@ -921,7 +922,7 @@ def sample(
     with _errors():
         if rewards_only and out.suffix.lower() != ".npz":
             raise UsageError("--rewards-only writes .npz files only")
-        from .._sample import SampleSpec, write_sample  # only this command needs it
+        from ..commands.sample import SampleSpec, write_sample
 
         spec = SampleSpec(
             extras=extras,
@@ -942,7 +943,7 @@ def sample(
 
 def _version(value: bool) -> None:
     if value:
-        from .._fast import kernel_name
+        from ..core.kernel import kernel_name
 
         with _errors():  # a bad GRPO_CLI_KERNEL is a one-line error here too
             kernel = kernel_name(engine_options().backend)

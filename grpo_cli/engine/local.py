@@ -4,7 +4,7 @@ Generic over what is folded: any partial with ``merge``, any batch with ``start`
 dataset row of its first answer) and ``n``. ``objective`` and ``kl`` fold validated
 :class:`~grpo_cli.batch.Batch` es into token partials; ``check`` folds raw batches into an
 integrity scan plus a token partial, over the same streams cut at the same rows, so the
-two commands add the same numbers in the same order. The plan (:mod:`grpo_cli.plan`)
+two commands add the same numbers in the same order. The plan (:mod:`grpo_cli.engine.run`)
 says which streams there are.
 """
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .. import _fast
+from ..core import kernel as _fast
 from ..errors import UsageError
 
 __all__ = ["DEFAULT_WORKERS", "MAX_WORKERS", "EngineOptions", "Ran"]

@@ -1,6 +1,6 @@
 """The Ray engine: the same per-batch fold as the local engine, run by Ray tasks.
 
-The plan (:mod:`grpo_cli.plan`) cuts the input into *blocks*: runs of consecutive units
+The plan (:mod:`grpo_cli.engine.run`) cuts the input into *blocks*: runs of consecutive units
 (row groups) of one file, of about ``BLOCK_BATCHES`` batches' worth of tokens (an npz is
 one block). One Ray task per block streams its units in batches of ``batch_tokens``
 (memory bounded by a batch, as locally) and folds them with the very ``fold`` the local
@@ -54,7 +54,7 @@ from .options import EngineOptions, Ran
 
 if TYPE_CHECKING:
     from ..io.source import Source
-    from ..plan import Block, Plan
+    from .plan import Block, Plan
 
 __all__ = [
     "RayColumns",
@@ -250,7 +250,7 @@ def _fold_block(
     """One task: fold the block's batches into a new partial. Bad data is returned, not
     raised, as (dataset row where it starts, error), so the driver reports the first in
     row order."""
-    from ..plan import batches
+    from .plan import batches
 
     new, fold = task
     part = new()

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
-    from .._check import CheckConfig
-    from ..finalize import LoggedInput
+    from ..check.base import CheckConfig
+    from ..logged import LoggedInput
     from ..records import CheckReport, Result
 
 __all__ = [
@@ -82,7 +82,7 @@ def check_config(check: bool | str | os.PathLike[str] | None) -> CheckConfig | N
     """
     if check is None or check is False:
         return None
-    from .._check import load_config
+    from ..check.config import load_config
 
     if check is True:
         return load_config(None)
@@ -111,11 +111,11 @@ def check_recorded_step(
     Raises:
         grpo_cli.errors.InputError: ``directory`` is not a recorded step, or check refuses it.
     """
-    from .._check import run_check
-    from .._logged import recorded_metrics
-    from ..cli.options import engine_options
+    from ..commands.check import run_check
+    from ..env import engine_options
     from ..errors import InputError
     from ..io import open_source
+    from ..logged import recorded_metrics
     from ..trainers.presets import resolve_run_settings
 
     src = open_source([str(directory)], dict(column_map or {}))
@@ -136,7 +136,10 @@ def logged_result(report: CheckReport, config: CheckConfig, logged: LoggedInput)
     rule's own function on the report's objective, as :func:`run_check` calls it."""
     from typing import cast
 
-    from .._check import RULES, Facts, _required, _skip
+    from ..check.base import _skip
+    from ..check.rules import RULES
+    from ..check.scan import Facts
+    from ..commands.check import _required
 
     facts = Facts(
         src=cast(Any, None),
@@ -160,8 +163,7 @@ def logged_result(report: CheckReport, config: CheckConfig, logged: LoggedInput)
 def logged_input(path: Path, record: Mapping[str, Any]) -> LoggedInput:
     """A step's logged record (what the recorder writes to ``metrics.jsonl``) as
     ``recorded_metrics`` reads it back: through JSON, numbers only, prefixes dropped."""
-    from .._logged import _name
-    from ..finalize import LoggedInput
+    from ..logged import LoggedInput, _name
     from ._writer import _plain
 
     rec = json.loads(json.dumps(_plain(dict(record))))
@@ -370,7 +372,8 @@ def _with(report: CheckReport, result: Result) -> CheckReport:
 
 def _skip_result(why: str, config: CheckConfig) -> Result:
     """``logged-metrics`` not judged, and why (failing when the configuration requires it)."""
-    from .._check import _required, _skip
+    from ..check.base import _skip
+    from ..commands.check import _required
 
     result = _skip(LOGGED_RULE, why)
     return _required(result) if LOGGED_RULE in config.require else result

@@ -7,7 +7,7 @@ wrong. Padding is dropped when a batch is validated, so it never reaches a resul
 
 :func:`open_source` resolves the input and its reader (:mod:`grpo_cli.io.readers`, one
 per format); :func:`load_answers` is pass 1 (group, reward, advantage: small columns);
-the plan (:mod:`grpo_cli.plan`) streams the token columns.
+the plan (:mod:`grpo_cli.engine.run`) streams the token columns.
 """
 
 from .answers import Answers, load_answers

@@ -14,8 +14,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from numpy.typing import NDArray
 
-from .._core import segment_count, segment_sum
 from ..batch import RawBatch, mask_values
+from ..core import segment_count, segment_sum
 from ..errors import InputError
 from .arrow import arrow_of, null_rows, numpy_of
 from .fields import ANSWER_FIELDS, FLAG_FIELDS, PER_TOKEN, TOKEN_VALUES

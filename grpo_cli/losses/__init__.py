@@ -3,7 +3,7 @@ policy-term masks: one row each, beside its function in its trainer's module
 (:mod:`.trl`, :mod:`.verl`, :mod:`.openrlhf`; the row types in :mod:`.registry`).
 
 A trainer's losses are one line here. ``clip`` is the core's clipped surrogate
-(:func:`grpo_cli._core.token_terms`), the policy term of every trainer's default loss.
+(:func:`grpo_cli.core.token_terms`), the policy term of every trainer's default loss.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .._core import RatioLevel, segment_mean
+from ..core import RatioLevel, segment_mean
 from ..errors import SettingError, UsageError
 from .registry import (
     F64,

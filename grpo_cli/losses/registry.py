@@ -11,7 +11,7 @@ views look a loss up instead of branching on its name (as verl's ``POLICY_LOSS_R
 registers a loss beside its function, and pyarrow.compute a function with its options
 class).
 
-Layout and shape letters are the core's (:mod:`grpo_cli._core`): token fields are flat
+Layout and shape letters are the core's (:mod:`grpo_cli.core`): token fields are flat
 ``(T,)`` arrays, ``offsets`` is ``(N+1,)``, answer ``i`` owns ``[offsets[i], offsets[i+1])``;
 an advantage is ``(N,)`` (one per answer) or ``(T,)`` (one per token, as verl passes them).
 
@@ -23,7 +23,7 @@ Conventions shared by every loss function:
 - ``grad[t] = ∂(Σ_{t'∈i} term[t'])/∂logp[t]`` for ``t`` in answer ``i``, the trainer's
   detached factors held constant (for a token-local term, ``∂term[t]/∂logp[t]``). Every
   aggregation weights an answer's tokens equally, so ``∂J/∂logp[t] = w_i · grad[t]``
-  (:func:`grpo_cli._core.aggregation_weights`), as the core's ``token_gradients``.
+  (:func:`grpo_cli.core.aggregation_weights`), as the core's ``token_gradients``.
 - ``flags`` and ``values``: per-token quantities the trainer's logged metrics read;
   :func:`loss_metrics` turns them into the metrics by their logged names.
 - Arithmetic in float64 whatever the input dtype; ratios in log space; a product with an
@@ -47,7 +47,7 @@ from typing import Any, ClassVar, Literal, NamedTuple
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from .._core import (
+from ..core import (
     Aggregation,
     RatioLevel,
     check_offsets,

@@ -17,7 +17,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .._core import (
+from ..core import (
     RatioLevel,
     segment_mean,
     segment_sum,
@@ -228,7 +228,7 @@ def luspo_terms(
 
     ``J = (1/N) Σ_i Σ_{t∈i} term_t`` (``agg = "seq-mean-token-sum"``) with ``term`` the
     core's clipped surrogate (and ``−β·KL``): GSPO's ``seq-mean-token-mean`` times
-    ``|o_i|`` per answer. ``grad`` is the core's (:func:`grpo_cli._core.token_gradients`).
+    ``|o_i|`` per answer. ``grad`` is the core's (:func:`grpo_cli.core.token_gradients`).
 
     See LUSPO (arXiv:2602.05261); GSPO (Zheng et al. 2025, arXiv:2507.18071). Mirrors TRL
     1.16.0 ``GRPOTrainer._compute_loss`` (``loss_type="luspo"``: ``(per_token_loss ·

@@ -18,13 +18,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .._core import (
-    clipped_surrogate,
-    segment_count,
-    segment_sum,
-    token_gradients,
-    token_terms,
-)
+from ..core import clipped_surrogate, segment_count, segment_sum, token_gradients, token_terms
 from ..errors import InputError, SettingError, UsageError
 from .registry import (
     F64,

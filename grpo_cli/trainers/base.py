@@ -13,10 +13,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
-    from .._partials import TokenPartial
     from ..records import ClipFractions, Distribution, GroupSummary
     from ..settings import Settings
 
@@ -25,6 +24,7 @@ __all__ = [
     "CallRules",
     "Default",
     "FileInputs",
+    "Folded",
     "FromConfig",
     "MetricInputs",
     "Release",
@@ -42,6 +42,36 @@ __all__ = [
 RewardKL = Literal["score", "returns"]
 
 
+class Folded(Protocol):
+    """What a trainer's metrics read of a folded pass (the fold's
+    :class:`~grpo_cli.fold.tokens.TokenPartial` is one): its settings and counts, its
+    parts' sums by name, the aggregations of its terms, the loss's own metrics. A trainer
+    module knows these quantities, not the fold's classes (the fold sits above it)."""
+
+    settings: Settings
+    entropy: Any
+    bonus_entropy: Any
+    kl: Any
+    kl_values: Any
+    term: Any
+    reward_kl: Any
+    old_ref: Any
+    clip: Any
+    clip_shares: Any
+    log_ratios: Any
+    unclipped_min: Any
+    loss_metrics: Any
+
+    @property
+    def answers(self) -> int: ...
+    @property
+    def tokens(self) -> int: ...
+    @property
+    def rows(self) -> int: ...
+    def aggregate(self, key: str, agg: str) -> float: ...
+    def objective(self, agg: str) -> float: ...
+
+
 @dataclass(frozen=True)
 class MetricInputs:
     """What a trainer's logged metrics are computed from: the folded partial, the
@@ -49,7 +79,7 @@ class MetricInputs:
     rewards and group ids) and the rewards' distribution."""
 
     settings: Settings
-    acc: TokenPartial
+    acc: Folded
     policy_term: float
     clip: ClipFractions
     groups: GroupSummary | None
@@ -93,7 +123,7 @@ class FileInputs:
     info: Mapping[str, Any]
 
     @classmethod
-    def of(cls, acc: TokenPartial, empty: int, info: Mapping[str, Any]) -> FileInputs:
+    def of(cls, acc: Folded, empty: int, info: Mapping[str, Any]) -> FileInputs:
         """The sums of a file's partial; the entropy over the tokens of the masks the
         trainer's entropy bonus takes when the settings apply one (TRL's high-entropy mask)."""
         e = acc.entropy
@@ -111,7 +141,7 @@ class CallInputs:
     """One loss call of a recorded step: its files' partial merged over ranks (``acc``)
     and the answers without a valid token (left out of it, counted by the trainer)."""
 
-    acc: TokenPartial
+    acc: Folded
     empty: int
 
 

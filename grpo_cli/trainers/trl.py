@@ -416,7 +416,7 @@ RELEASES = (
 )
 
 # Each preset: the Settings fields GRPOConfig's defaults set (README "Presets"). "trl" is
-# the newest release's; "trl@X" (grpo_cli._settings) any release's.
+# the newest release's; "trl@X" (grpo_cli.settings) any release's.
 PRESETS = {
     # GRPOConfig defaults: sample std, eps 1e-4, loss_type "dapo" (token-mean), beta 0.0,
     # no clamps, use_bias_correction_kl=True.

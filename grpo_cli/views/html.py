@@ -1,7 +1,7 @@
 """The report to share: one self-contained HTML file (inline CSS and SVG, no script, no
 network), as pytest-html and coverage.py's htmlcov are: it opens from a CI artifact.
 
-:func:`render_html` renders a :class:`grpo_cli._share.ShareReport`: the one-screen
+:func:`render_html` renders a :class:`grpo_cli.commands.share.ShareReport`: the one-screen
 summary, ``explain``'s findings, ``check``'s verdict, the distributions (log ρ in fine
 equal bins around the clip band, the per-token KL's CCDF), the trend over the steps, the
 worst answers with their text, and their tokens coloured by KL or |log ρ| (a CSS toggle).

@@ -231,7 +231,7 @@ def trend_json(r: TrendReport, *, checked: bool) -> dict[str, Any]:
 
 def answers_json(r: AnswersReport) -> dict[str, Any]:
     """``answers --json``: the ranked answers, worst first (keys
-    :data:`grpo_cli._answers.FIELDS`)."""
+    :data:`grpo_cli.commands.answers.FIELDS`)."""
     return {
         "schema_version": SCHEMA_VERSION,
         "command": "answers",

@@ -57,24 +57,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from numpy.typing import NDArray
 
-from ..._core import segment_count
 from ...batch import BatchError, RawBatch, mask_values
+from ...core import segment_count
 from ...errors import InputError
 from ..arrow import arrow_of, numpy_of
 from ..fields import ANSWER_FIELDS, PER_TOKEN, TOKEN_VALUES
 from ..lists import answer_table, flag_array, is_list, list_array, raw_record_batch
 from ..paths import InputPath
 from .base import AnswerColumns, ReadColumns, Unit
-from .jsonl import (
-    PASS1_BYTES,
-    SUFFIXES,
-    chunk_bytes,
-    chunks,
-    head,
-    json_type,
-    line_types,
-    parse,
-)
+from .jsonl import PASS1_BYTES, SUFFIXES, chunk_bytes, chunks, head, json_type, line_types, parse
 from .jsonl import _size as file_size
 
 if TYPE_CHECKING:

@@ -16,15 +16,15 @@ from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
-from ._check import RuleConfig, _judge, _skip
-from ._report import objective_report
-from .engine.options import EngineOptions, Ran
-from .errors import InputError, UsageError
-from .io import InputPath, open_source
-from .io.run import find_run, recorded_step
-from .io.source import expand_input
-from .records import ObjectiveReport, Result, StepRow, TrendReport
-from .settings import Settings
+from ..check.base import RuleConfig, _judge, _skip
+from ..engine.options import EngineOptions, Ran
+from ..errors import InputError, UsageError
+from ..io import InputPath, open_source
+from ..io.run import find_run, recorded_step
+from ..io.source import expand_input
+from ..records import ObjectiveReport, Result, StepRow, TrendReport
+from ..settings import Settings
+from .objective import objective_report
 
 __all__ = ["TREND_RULES", "step_number", "trend_report"]
 
@@ -161,7 +161,7 @@ def _trend(
     if on_step is not None:
         on_step(0, total)
     if engine.name == "ray":  # one task a step, all at once: each step folds in a worker
-        from .engine.ray import map_calls
+        from ..engine.ray import map_calls
 
         inner = replace(engine, name="local", workers=1, prefetch=False)
         calls = [partial(_step_report, p, column_map, settings, inner) for _, p in numbered]

@@ -2,7 +2,7 @@
 
 ``setup.py`` builds it when a C compiler is at hand; without it, or with the engine's
 backend ``numpy`` (:class:`grpo_cli.engine.options.EngineOptions`), grpo-cli computes the same
-statistics with numpy (:meth:`grpo_cli._partials.TokenPartial.update`): ~40 ns per token
+statistics with numpy (:meth:`grpo_cli.fold.tokens.TokenPartial.update`): ~40 ns per token
 where the kernel needs ~7, about 1.9x slower end to end. Nothing here reads the
 environment: the CLI maps ``GRPO_CLI_KERNEL`` to the backend (CI sets ``c``, so a missing
 kernel fails there instead of silently testing numpy).
@@ -11,7 +11,7 @@ The kernel folds one record batch in one pass over its token columns; see
 :func:`fold`: the objective's sums, counts and histograms, and on request each answer's
 gradient sums (``objective --gradient``, ``explain``) and extremes (``answers``). A ctypes
 call releases the GIL, so worker threads run it in parallel. What it returns is fresh
-arrays; the caller merges them (histogram counts: :meth:`grpo_cli._stats.Histogram.add_counts`).
+arrays; the caller merges them (histogram counts: :meth:`grpo_cli.core.stats.Histogram.add_counts`).
 """
 
 from __future__ import annotations
@@ -27,15 +27,9 @@ from typing import Any, NamedTuple, Unpack
 import numpy as np
 from numpy.typing import NDArray
 
-from ._core import (
-    TermConventions,
-    TermOptions,
-    check_offsets,
-    require_reference,
-    term_options,
-)
-from ._stats import BinCounts, bin_index
-from .errors import GrpoCliError, InputError
+from ..errors import GrpoCliError, InputError
+from . import TermConventions, TermOptions, check_offsets, require_reference, term_options
+from .stats import BinCounts, bin_index
 
 F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
@@ -171,12 +165,12 @@ def supports(ratio_level: str, beta: float, kl_bias_correction: bool) -> bool:
 
 
 def supports_options(o: TermOptions) -> bool:
-    """:func:`supports` of a :class:`~grpo_cli._core.TermOptions`."""
+    """:func:`supports` of a :class:`~grpo_cli.core.TermOptions`."""
     return supports(o.ratio_level, o.beta, o.kl_bias_correction)
 
 
 class GradientParts(NamedTuple):
-    """Per answer, the sums of :func:`grpo_cli._core.token_gradients`' derivatives over its
+    """Per answer, the sums of :func:`grpo_cli.core.token_gradients`' derivatives over its
     tokens: ``Σ g_p²``, ``Σ g_k²`` and ``Σ g_p·g_k`` (the KL's None when not asked), and
     its tokens of nonzero ``g_p``."""
 
@@ -207,7 +201,7 @@ class Folded:
     high: I64  # (n,) tokens with ρ > 1 + ε_high and A > 0, per answer
     totals: Totals
     # the occupied bins' counts of Δ and of d = ref_logp − logp on ``bins`` (None: not
-    # asked), binned as :class:`grpo_cli._stats.Histogram` bins: merged with add_counts
+    # asked), binned as :class:`grpo_cli.core.stats.Histogram` bins: merged with add_counts
     d_counts: BinCounts | None = None
     x_counts: BinCounts | None = None
     gradient: GradientParts | None = None
@@ -237,7 +231,7 @@ def fold(
 ) -> Folded:
     """One pass over a batch: per-answer sums, clip counts, ratio and KL moments.
 
-    Arguments and conventions as :func:`grpo_cli._core.token_terms` takes them (the ratio
+    Arguments and conventions as :func:`grpo_cli.core.token_terms` takes them (the ratio
     per token only, no KL bias correction: :func:`supports` says). ``bins``: the layout
     ``(lo, hi, nbins)`` of the two histograms to count Δ and ``d = ref_logp − logp`` into
     (None: no histogram); ``gradient``: each answer's gradient sums (:class:`GradientParts`;
@@ -245,7 +239,7 @@ def fold(
     takes the scalar path even on an AVX2 machine (the tests compare both with numpy).
 
     Raises:
-        InputError: ``offsets`` breaks the contract of :func:`grpo_cli._core.check_offsets`,
+        InputError: ``offsets`` breaks the contract of :func:`grpo_cli.core.check_offsets`,
             or the arrays' shapes disagree with it.
     """
     lib = _library()

@@ -1,6 +1,6 @@
 """The settings' policy loss, sampler–trainer correction and policy-term masks over one
 batch, and their logged metrics as a mergeable part of
-:class:`grpo_cli._partials.TokenPartial`.
+:class:`grpo_cli.fold.tokens.TokenPartial`.
 
 Everything here goes through the loss registry (:mod:`grpo_cli.losses`): the settings name
 a row, the row says how its function is called, how the correction applies, what its
@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from ._core import aggregation_rule, answer_clip_counts, token_terms
-from .errors import InputError
-from .losses import CORRECTIONS, NONE
-from .losses.registry import (
+from ..core import aggregation_rule, answer_clip_counts, token_terms
+from ..errors import InputError
+from ..losses import CORRECTIONS, NONE
+from ..losses.registry import (
     VERL_MEAN_EPS,
     Correction,
     CorrectionRow,
@@ -35,7 +35,7 @@ from .losses.registry import (
     kept_stretch,
     metric_sums,
 )
-from .settings import Settings
+from ..settings import Settings
 
 __all__ = [
     "WEIGHT_FIELD",
@@ -240,7 +240,7 @@ def answer_view(
 ) -> AnswerView:
     """The clipped tokens and the policy gradient of each answer of a batch of whole
     answers under the settings' loss, correction and masks, as the fold takes them
-    (:class:`grpo_cli._partials.TokenPartial`): ``clip`` is the clipped surrogate's own
+    (:class:`grpo_cli.fold.tokens.TokenPartial`): ``clip`` is the clipped surrogate's own
     (its per-answer clipped tokens and per-token gradient), used when the loss is "clip".
     A token a rejection removes is neither clipped nor has a gradient; under an
     answer-mean aggregation an answer's gradient is scaled by its length over its kept
@@ -500,7 +500,7 @@ class LossMetrics:
 
     def notes(self) -> list[str]:
         """What the reader should know of how these were folded."""
-        from .losses import LOSSES
+        from ..losses import LOSSES
 
         out: list[str] = []
         k = self.batches

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from . import _fast, _partials
-from ._core import (
+from ..batch import Batch, Part, parts
+from ..core import (
     SequenceMeans,
     aggregation_rule,
     answer_clip_counts,
@@ -26,17 +26,20 @@ from ._core import (
     token_gradients,
     token_terms,
 )
-from ._loss_fold import answer_view, rejects
-from ._partials import AnswerCounts, divisor_of
-from ._report import TOKEN_FIELDS, Pass1, objective_pass1
-from .batch import Batch, Part, parts
-from .engine.options import EngineOptions
-from .errors import UsageError
-from .finalize import check_folded
-from .io import Source
-from .plan import Pipeline, plan, run
-from .records import AnswersReport
-from .settings import Settings
+from ..core import kernel as _fast
+from ..engine.options import EngineOptions
+from ..engine.plan import plan
+from ..engine.run import Pipeline, run
+from ..errors import UsageError
+from ..finalize.objective import check_folded
+from ..fold import tokens as _partials
+from ..fold.loss import answer_view, rejects
+from ..fold.parts import AnswerCounts, divisor_of
+from ..fold.pass1 import Pass1, objective_pass1
+from ..io import Source
+from ..records import AnswersReport
+from ..settings import Settings
+from .objective import TOKEN_FIELDS
 
 __all__ = [
     "SORT_KEYS",
@@ -125,7 +128,7 @@ class GradientWeights:
 
     ``∂J/∂logp_t = c_p·(u_p·g_p − β·r·u_k·g_k)`` with ``u = 1/|o_i|`` for an aggregation
     that averages within answers (``up``, ``uk``), else 1, and ``r = c_k/c_p = D_p/D_k``
-    the ratio of the two aggregations' divisors (:data:`grpo_cli._core.AGGREGATION_RULES`):
+    the ratio of the two aggregations' divisors (:data:`grpo_cli.core.AGGREGATION_RULES`):
     1 when they are of one kind, else a ratio of the counts N, T, L. So an answer's part is
     ``u_p² Σg_p² − 2βr·u_p·u_k Σg_p·g_k + β²r²·u_k² Σg_k²``: sums over its tokens, which
     add over the slices of a long answer. ``beta`` is 0 when the loss has no KL term."""
@@ -267,7 +270,7 @@ def answer_stats(
     """:class:`AnswerStats` of the answers of ``b`` (whole answers, or a slice of one:
     ``lengths`` its whole length, ``seq_mean`` and ``means`` the answer's means the
     sequence-level ratio and gradient take). ``compiled``: from one pass of the kernel
-    (:func:`grpo_cli._fast.fold`) when the settings and a per-answer advantage allow it,
+    (:func:`grpo_cli.core.kernel.fold`) when the settings and a per-answer advantage allow it,
     else numpy, composed of the core's definitions (:func:`token_terms`,
     :func:`answer_clip_counts`, :func:`token_gradients`)."""
     o = settings.term_options()
@@ -532,7 +535,7 @@ def answers_fold(
     engine: EngineOptions,
     grad: GradientWeights | None = None,
 ) -> tuple[Callable[[], AnswersPartial], Callable[[AnswersPartial, Batch], None]]:
-    """``new`` and ``fold`` of one pass over the token batches (:func:`grpo_cli.plan.run`):
+    """``new`` and ``fold`` of one pass over the token batches (:func:`grpo_cli.engine.run.run`):
     the ``top`` answers by each of ``keys`` (values of :data:`SORT_KEYS`), with their
     gradient parts when ``grad`` is given."""
     compiled = engine.backend == "c"

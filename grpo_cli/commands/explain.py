@@ -1,7 +1,7 @@
 """``grpo-cli explain``: the objective's record read as findings, most severe first.
 
 A view: every finding is computed from an :class:`ObjectiveReport` (with its gradient),
-using ``check``'s default thresholds where a rule exists (:data:`grpo_cli._check.RULES`).
+using ``check``'s default thresholds where a rule exists (:data:`grpo_cli.check.rules.RULES`).
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import math
 
 import numpy as np
 
-from ._check import RULES
-from .records import EXTREME, Finding, ObjectiveReport
+from ..check.rules import RULES
+from ..records import EXTREME, Finding, ObjectiveReport
 
 __all__ = ["SEVERITIES", "explain_findings"]
 

@@ -22,19 +22,20 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from ._loss_fold import LossMetrics, correction_of
-from ._partials import TokenPartial
-from .batch import RawBatch, drop_empty, validate
-from .engine.options import DEFAULT_BATCH_TOKENS, EngineOptions, Ran
-from .io import TOKEN_VALUES, Source
-from .plan import plan, run
-from .records import Calls
-from .settings import Settings
-from .trainers import trainer_of
-from .trainers.base import CallInputs, FileInputs
+from ..batch import RawBatch, drop_empty, validate
+from ..engine.options import DEFAULT_BATCH_TOKENS, EngineOptions, Ran
+from ..engine.plan import plan
+from ..engine.run import run
+from ..io import TOKEN_VALUES, Source
+from ..records import Calls
+from ..settings import Settings
+from ..trainers import trainer_of
+from ..trainers.base import CallInputs, FileInputs
+from .loss import LossMetrics, correction_of
+from .tokens import TokenPartial
 
 if TYPE_CHECKING:
-    from ._report import Pass1
+    from .pass1 import Pass1
 
 __all__ = [
     "Calls",
@@ -163,9 +164,9 @@ def generation_rows(
     iteration 0, over every step of the run that holds one of its chunks), for the
     metrics a trainer logs once per generation; with a sampler–trainer correction in
     ``settings``, ``corrections``: each rank's correction metrics over its share of the
-    generation (:func:`grpo_cli._loss_fold.correction_of` of every file, merged by rank;
+    generation (:func:`grpo_cli.fold.loss.correction_of` of every file, merged by rank;
     a file's metrics in ``known``, by path, are taken as they are)."""
-    from .io import open_source
+    from ..io import open_source
 
     assert src.recorded is not None
     out: dict[int, dict[str, Any]] = {}

@@ -17,8 +17,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .errors import UsageError
-from .io import TOKEN_VALUES
+from ..errors import UsageError
+from ..io import TOKEN_VALUES
 
 __all__ = ["SampleSpec", "generate_chunks", "write_sample"]
 

@@ -1,9 +1,9 @@
 """Data mistakes a batch can show and a valid file can still carry: padding counted as
 tokens, and log-probs aligned one position off the sampler's.
 
-Two mergeable parts of :class:`grpo_cli._partials.TokenPartial` (each ``update`` with a
+Two mergeable parts of :class:`grpo_cli.fold.tokens.TokenPartial` (each ``update`` with a
 batch of valid tokens, ``merge`` with another part's, ``report`` a record): the objective
-warns from them (:func:`grpo_cli.finalize.data_mistakes`) and ``check`` has a rule on each
+warns from them (:func:`grpo_cli.finalize.objective.data_mistakes`) and ``check`` has a rule on each
 (``unmasked-padding``, ``logp-alignment``).
 
 - :class:`ClosingZeros`: answers whose valid tokens close with a run of exact 0.0 in every
@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from .batch import Batch
-from .io.fields import LOGP_FIELDS  # the log-prob fields
+from ..batch import Batch
+from ..io.fields import LOGP_FIELDS
 
 __all__ = ["ALIGNMENT_EVERY", "CLOSING_RUN", "LOGP_FIELDS", "AlignmentSums", "ClosingZeros"]
 

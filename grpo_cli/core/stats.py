@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
-from .errors import MergeError
+from ..errors import MergeError
 
 F64 = NDArray[np.float64]
 

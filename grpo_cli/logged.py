@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,8 +21,11 @@ from .errors import InputError
 from .records import LoggedComparison, LoggedReport
 
 if TYPE_CHECKING:
-    from .finalize import LoggedInput
     from .io.run import RecordedStep
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    pass
 
 __all__ = ["ABS_FLOOR", "compare_logged", "load_logged", "recorded_metrics"]
 
@@ -117,7 +121,6 @@ def _eval(record: dict[str, Any]) -> bool:
 def recorded_metrics(step: RecordedStep, tolerance: float) -> LoggedInput | None:
     """What the trainer logged at a recorded step (its run's ``metrics.jsonl``): None, with
     no comparison, when the run logged nothing at that step (``logging_steps`` > 1)."""
-    from .finalize import LoggedInput
 
     path = step.run.metrics_path
     if not path.is_file():
@@ -165,3 +168,15 @@ def compare_logged(
         out.append(LoggedComparison(name, value, mine, diff, rel, verdict))
     out.sort(key=lambda c: (c.recomputed is None, c.metric))
     return LoggedReport(file, step, tolerance, out)
+
+
+@dataclass(frozen=True)
+class LoggedInput:
+    """What the trainer logged for the step (``--logged``): the file, its metrics under
+    the trainer's names, the step they are of, and the relative tolerance."""
+
+    file: str
+    metrics: dict[str, float]
+    step: int | None
+    tolerance: float
+    notes: tuple[str, ...] = ()

@@ -15,16 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .engine.options import EngineOptions
-from .records import (
-    AnswerText,
-    CheckReport,
-    ShareReport,
-)
-from .settings import Settings
+from ..engine.options import EngineOptions
+from ..records import AnswerText, CheckReport, ShareReport
+from ..settings import Settings
 
 if TYPE_CHECKING:
-    from .io import Source
+    from ..io import Source
 
 __all__ = [
     "PROMPT_COLUMNS",
@@ -71,7 +67,7 @@ def answer_texts(
     """The text and token strings of ``rows`` (``answers``' rows) where the input has
     them: parquet files on this machine, the columns :data:`TEXT_COLUMNS`,
     :data:`PROMPT_COLUMNS` and :data:`TOKEN_COLUMNS`."""
-    from ._core import kl_from_log_ratio
+    from ..core import kl_from_log_ratio
 
     text_col, prompt_col = _present(src, TEXT_COLUMNS), _present(src, PROMPT_COLUMNS)
     token_col = _present(src, TOKEN_COLUMNS)
@@ -131,7 +127,7 @@ def answer_texts(
 def _several_steps(specs: Sequence[str], src: Source) -> bool:
     """Whether the input is several training steps: files named by their step, or a
     recorded run's directory."""
-    from .io.run import find_run
+    from ..io.run import find_run
 
     if any("://" not in s and Path(s).is_dir() and find_run(Path(s)) for s in specs):
         return True
@@ -151,11 +147,12 @@ def share_report(
 ) -> ShareReport:
     """Every record the report shows, for ``src`` (``specs``: how it was named, for the
     trend); ``check``: a check report already made (``check --report-html``)."""
-    from ._answers import answers_report
-    from ._check import load_config, run_check
-    from ._explain import explain_findings
-    from ._report import objective_report
-    from ._trend import trend_report
+    from ..check.config import load_config
+    from .answers import answers_report
+    from .check import run_check
+    from .explain import explain_findings
+    from .objective import objective_report
+    from .trend import trend_report
 
     notes: list[str] = []
     if check is None:

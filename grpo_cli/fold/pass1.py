@@ -1,21 +1,18 @@
-"""The objective's, the KL's and the advantages' passes: pass 1 (each answer's advantage),
-the fold of the token batches on the plan, and the record (:mod:`grpo_cli.finalize`).
-
-The seam: :func:`objective_pass1`, :func:`fold_batch` (one batch to one partial, pure),
-``TokenPartial.merge``, :func:`grpo_cli.finalize.objective_record`.
-"""
+"""Pass 1 of every pass over the tokens: each answer's advantage (the file's, or from
+rewards and the group table), the KL a trainer puts into the reward, and the notes so far
+(:class:`Pass1`, :func:`objective_pass1`)."""
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.typing import NDArray
 
-from ._core import (
+from ..batch import Batch
+from ..core import (
     GroupStats,
     advantages_by_group,
     advantages_from_stats,
@@ -23,44 +20,24 @@ from ._core import (
     group_stats,
     kl_from_log_ratio,
 )
-from ._partials import GroupTable, TokenPartial, answer_sums, group_table, suffix_sums
-from .batch import Batch, RawBatch, drop_empty, validate
-from .calls import Counted, Folded, fold_calls, logged_calls, logging_window
-from .engine.options import EngineOptions, Ran
-from .errors import InputError
-from .finalize import (
-    LoggedInput,
-    group_summary_of,
-    kl_record,
-    objective_record,
-    singleton_warning,
-    values_distribution,
-)
-from .io import TOKEN_VALUES, Answers, Source, load_answers, numpy_of
-from .io.lists import batch_token_advantages
-from .io.readers import ReadColumns
-from .plan import Pipeline, plan, run
-from .records import AdvantagesReport, Calls, Distribution, KLReport, ObjectiveReport
-from .settings import Settings
-from .trainers import RewardKL, trainer_of
-
-__all__ = [
-    "TOKEN_FIELDS",
-    "Pass1",
-    "advantages_report",
-    "columns_reader",
-    "fold_batch",
-    "kl_report",
-    "objective_pass1",
-    "objective_report",
-    "ran_by",
-]
+from ..engine.options import EngineOptions, Ran
+from ..engine.plan import plan
+from ..engine.run import columns_reader, ran_by, run
+from ..errors import InputError
+from ..io import Answers, Source, load_answers, numpy_of
+from ..io.lists import batch_token_advantages
+from ..records import Distribution
+from ..settings import Settings
+from ..trainers import RewardKL, trainer_of
+from .groups import GroupTable, group_table
+from .parts import answer_sums, suffix_sums
+from .summaries import values_distribution
+from .tokens import TokenPartial
 
 F64 = NDArray[np.float64]
-I64 = NDArray[np.int64]
-Progress = Callable[[int], None]
 
-TOKEN_FIELDS = TOKEN_VALUES
+
+I64 = NDArray[np.int64]
 
 
 # ------------------------------------------------------------------------ advantages
@@ -73,80 +50,6 @@ def _advantages(answers: Answers, settings: Settings, label: str) -> tuple[F64, 
         answers.reward, answers.codes, n_groups=P, **settings.advantage_kwargs()
     )
     return adv, stats
-
-
-def advantages_report(
-    src: Source, settings: Settings, *, engine: EngineOptions | None = None
-) -> AdvantagesReport:
-    """Group-relative advantages of every answer of ``src`` (rewards and groups only)."""
-    read = columns_reader(engine)
-    answers = load_answers(src, need_rewards=True, read=read)
-    adv, stats = _advantages(answers, settings, src.label)
-    assert answers.codes is not None and answers.labels is not None and answers.reward is not None
-    diff = None
-    notes = [*src.notes, *answers.notes, *singleton_warning(group_summary_of(stats))]
-    if answers.advantage is not None:
-        gap = np.abs(difference(answers.advantage, adv))
-        diff = float(np.max(gap)) if adv.size else 0.0
-        if not math.isfinite(diff):
-            notes.append(
-                "the logged advantages differ from the recomputed ones by more than float64 "
-                "holds: logged_advantages_max_abs_diff is null"
-            )
-    return AdvantagesReport(
-        source=src.label,
-        settings=settings,
-        summary=group_summary_of(stats),
-        labels=answers.labels,
-        codes=answers.codes,
-        stats=stats,
-        advantages=adv,
-        shape=answers.shape,
-        reward=values_distribution(answers.reward),
-        advantage=values_distribution(adv),
-        logged_max_abs_diff=diff,
-        engine=(engine or EngineOptions()).resolved(),
-        ran=ran_by(read),
-        warnings=notes,
-    )
-
-
-def columns_reader(engine: EngineOptions | None) -> ReadColumns | None:
-    """How pass 1 reads the answer columns: here (None), or in Ray tasks (whose
-    :class:`~grpo_cli.engine.options.Ran` the reader keeps)."""
-    if engine is None or engine.name != "ray":
-        return None
-    from .engine.ray import RayColumns
-
-    return RayColumns(engine)
-
-
-def ran_by(read: ReadColumns | None) -> Ran:
-    """What pass 1's reading did (on Ray: its tasks)."""
-    return getattr(read, "ran", Ran())
-
-
-# ----------------------------------------------------------------------- KL command
-def kl_report(
-    src: Source,
-    settings: Settings,
-    *,
-    engine: EngineOptions | None = None,
-    progress: Progress | None = None,
-    exact_cap: int | None = None,
-) -> KLReport:
-    """Per-token KL estimate statistics of ``src`` (needs ``logp`` and ``ref_logp``)."""
-    engine = (engine or EngineOptions()).resolved()
-    for f in ("logp", "ref_logp"):
-        if not src.has(f):
-            raise src.missing(f, " (the KL needs logp and ref_logp)")
-    acc, ran = run(
-        plan(src, ["logp", "ref_logp"], engine),
-        lambda: TokenPartial(settings, backend=engine.backend, exact_cap=exact_cap),
-        TokenPartial.update_kl,
-        progress=progress,
-    )
-    return kl_record(src, settings, acc, engine=engine, ran=ran)
 
 
 @dataclass(frozen=True)
@@ -366,147 +269,3 @@ def _residual(answers: Answers, codes: I64, table: GroupTable) -> tuple[int, flo
     if not n:
         return None
     return n, float(np.max(np.abs(answers.advantage[bad])))
-
-
-def fold_batch(
-    batch: Batch,
-    advantages: F64 | Pass1,
-    settings: Settings,
-    *,
-    backend: str = "numpy",
-    exact_cap: int | None = None,
-    label: str = "batch",
-) -> TokenPartial:
-    """The per-batch step, the library's extension point: one batch of answers to one
-    mergeable partial of the objective's statistics. Pure given its inputs: no files,
-    threads or environment. ``advantages`` is ``(batch.n,)``, or pass 1 (:class:`Pass1`),
-    from which the batch computes its own from the group ids and rewards it carries.
-
-    ``fold_batch(a).merge(fold_batch(b))`` equals folding ``a`` and ``b`` together (to
-    the order of float additions), wherever and in whatever order they are folded;
-    :func:`objective_record` turns the merged partial into the report.
-    """
-    p = TokenPartial(settings, backend=backend, exact_cap=exact_cap)
-    adv = advantages.advantages(batch, label) if isinstance(advantages, Pass1) else advantages
-    p.update(batch, adv)
-    return p
-
-
-def objective_report(
-    src: Source,
-    settings: Settings,
-    *,
-    engine: EngineOptions | None = None,
-    progress: Progress | None = None,
-    exact_cap: int | None = None,
-    recompute_advantages: bool = False,
-    gradient: bool = False,
-    logged: LoggedInput | None = None,
-) -> ObjectiveReport:
-    """The GRPO objective of ``src`` and its diagnostics, streamed batch by batch:
-    :func:`objective_pass1`, one fold of :class:`TokenPartial` s over the token batches,
-    :func:`objective_record`."""
-    engine = (engine or EngineOptions()).resolved()
-
-    def new() -> TokenPartial:
-        return TokenPartial(
-            settings, backend=engine.backend, exact_cap=exact_cap, gradient=gradient
-        )
-
-    if logs_per_call(src, settings):
-        return _recorded_calls(
-            src, settings, new, engine=engine, progress=progress, logged=logged,
-            recompute_advantages=recompute_advantages,
-        )  # fmt: skip
-    if src.recorded is not None:  # answers the trainer masked whole: left out, counted
-        p1 = objective_pass1(
-            src, settings, recompute_advantages=recompute_advantages, engine=engine
-        )
-        fold_tokens = p1.fold(src.label)
-
-        def fold(part: Counted, raw: RawBatch) -> None:
-            kept, empty = drop_empty(raw)
-            part.empty += empty
-            if kept.n:
-                fold_tokens(part.tokens, validate(kept))
-
-        counted, ran = run(
-            plan(src, TOKEN_FIELDS, engine), lambda: Counted(new()), fold, validated=False,
-            progress=progress,
-        )  # fmt: skip
-        return objective_record(
-            src, settings, counted.tokens, p1, engine=engine, ran=p1.ran.then(ran),
-            logged=logged, empty=counted.empty,
-        )  # fmt: skip
-    # row-group streams start decoding now, while pass 1 reads the answer columns
-    with Pipeline(plan(src, TOKEN_FIELDS, engine)) as pipe:
-        p1 = objective_pass1(
-            src, settings, recompute_advantages=recompute_advantages, engine=engine
-        )
-        acc, ran = pipe.run(new, p1.fold(src.label), progress)
-    return objective_record(
-        src, settings, acc, p1, engine=engine, ran=p1.ran.then(ran), logged=logged
-    )
-
-
-def recorded_calls(
-    src: Source,
-    settings: Settings,
-    p1: Pass1,
-    new: Callable[[], TokenPartial],
-    *,
-    engine: EngineOptions,
-    whole: TokenPartial | None = None,
-    progress: Progress | None = None,
-) -> tuple[Calls, int, Ran]:
-    """A recorded step of a trainer that logs per loss call (TRL): each call of the
-    logging window's steps folded on its own and combined as the trainer logs the step;
-    this step's files merged into ``whole`` when given. Returns the logged record, this
-    step's answers without a valid token, and what the engine did."""
-    from .io import open_source
-
-    assert src.recorded is not None
-    config = src.recorded.run.config
-    folded = Folded()
-    steps = logging_window(src, config)
-    for step in steps[:-1]:  # the window's earlier steps: their calls only
-        other = open_source([str(src.recorded.run.root / f"step_{step:06d}")])
-        p1o = objective_pass1(other, settings, engine=engine)
-        fold_calls(
-            other, settings, p1o, new, fields=TOKEN_FIELDS, engine=engine, config=config,
-            out=folded,
-        )  # fmt: skip
-    empty, ran = fold_calls(
-        src, settings, p1, new, fields=TOKEN_FIELDS, engine=engine, config=config,
-        out=folded, whole=whole, progress=progress,
-    )  # fmt: skip
-    return logged_calls(src, settings, folded, steps), empty, ran
-
-
-def logs_per_call(src: Source, settings: Settings) -> bool:
-    """Whether the input is a recorded step of a trainer that logs per loss call."""
-    t = trainer_of(settings.trainer)
-    return src.recorded is not None and t is not None and t.calls is not None
-
-
-def _recorded_calls(
-    src: Source,
-    settings: Settings,
-    new: Callable[[], TokenPartial],
-    *,
-    engine: EngineOptions,
-    progress: Progress | None,
-    logged: LoggedInput | None,
-    recompute_advantages: bool,
-) -> ObjectiveReport:
-    """The objective of a recorded step logged per loss call: the trainer's metrics from
-    the calls, every other number from the step's tokens as one batch."""
-    p1 = objective_pass1(src, settings, recompute_advantages=recompute_advantages, engine=engine)
-    whole = new()
-    calls, empty, ran = recorded_calls(
-        src, settings, p1, new, engine=engine, whole=whole, progress=progress
-    )
-    return objective_record(
-        src, settings, whole, p1, engine=engine, ran=p1.ran.then(ran), logged=logged,
-        calls=calls, empty=empty,
-    )  # fmt: skip

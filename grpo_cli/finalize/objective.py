@@ -1,27 +1,23 @@
-"""Partials to records: every record a fold gives is built here, once, by one
-constructor (no record is patched afterwards)."""
+"""Partials to records: every record of the objective and the KL is built here, once, from
+the merged partial and pass 1, with its warnings."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-from numpy.typing import NDArray
 
-from ._core import AGGREGATIONS, EXP_MAX, GroupStats
-from ._logged import compare_logged
-from ._mistakes import CLOSING_RUN, LOGP_FIELDS, shifted
-from ._partials import ADV_EDGES, LENGTH_EDGES, TokenPartial, length_weights
-from ._stats import Histogram, IntCounts, Moments, Sketch, quantiles_linear
-from .engine.options import EngineOptions, Ran
-from .errors import InputError, UsageError
-from .io import Source
-from .records import (
-    QUANTILE_LEVELS,
-    QUANTILES,
+from ..core import AGGREGATIONS, EXP_MAX
+from ..core.stats import Histogram
+from ..engine.options import EngineOptions, Ran
+from ..errors import InputError, UsageError
+from ..fold.mistakes import CLOSING_RUN, LOGP_FIELDS, shifted
+from ..fold.parts import ADV_EDGES, LENGTH_EDGES
+from ..fold.tokens import TokenPartial, length_weights
+from ..io import Source
+from ..logged import compare_logged
+from ..records import (
     Calls,
     ClipFractions,
     Distribution,
@@ -31,84 +27,21 @@ from .records import (
     LossClip,
     ObjectiveReport,
 )
-from .settings import Settings
-from .trainers import MetricInputs, trainer_of
+from ..settings import Settings
+from ..trainers import MetricInputs, trainer_of
 
 if TYPE_CHECKING:
-    from ._report import Pass1
-
-__all__ = [
-    "LoggedInput",
-    "distribution",
-    "group_summary_of",
-    "int_distribution",
-    "kl_record",
-    "nonfinite_kl_warnings",
-    "objective_record",
-    "trainer_metrics",
-    "values_distribution",
-]
-
-F64 = NDArray[np.float64]
-I64 = NDArray[np.int64]
-
-
-# ------------------------------------------------------------------- distributions
-def distribution(
-    m: Moments, s: Sketch | None, f: Callable[[F64], F64] | None = None
-) -> Distribution:
-    qs: dict[str, float] = {}
-    if s is not None and s.n:
-        vals = s.quantiles(QUANTILE_LEVELS, f)
-        assert vals is not None
-        qs = {k: float(v) for k, v in zip(QUANTILES, vals, strict=True)}
-    return Distribution(
-        count=m.n,
-        mean=m.mean,
-        std=m.std,
-        min=m.min,
-        max=m.max,
-        quantiles=qs,
-        exact=True if s is None else s.is_exact,
-    )
-
-
-def int_distribution(c: IntCounts) -> Distribution:
-    if c.n == 0:
-        return Distribution(0, None, None, None, None, {})
-    mean, std, lo, hi = c.moments()
-    vals = c.quantiles(QUANTILE_LEVELS)
-    assert vals is not None
-    return Distribution(
-        count=c.n,
-        mean=mean,
-        std=std,
-        min=float(lo),
-        max=float(hi),
-        quantiles={k: float(v) for k, v in zip(QUANTILES, vals, strict=True)},
-    )
-
-
-def values_distribution(x: F64) -> Distribution:
-    m = Moments().update(x)
-    qs: dict[str, float] = {}
-    if x.size:
-        levels = quantiles_linear(x, QUANTILE_LEVELS)
-        qs = {k: float(v) for k, v in zip(QUANTILES, levels, strict=True)}
-    return Distribution(count=m.n, mean=m.mean, std=m.std, min=m.min, max=m.max, quantiles=qs)
-
-
-def group_summary_of(stats: GroupStats) -> GroupSummary:
-    zero = stats.min == stats.max
-    return GroupSummary(
-        groups=int(stats.count.shape[0]),
-        answers=int(stats.count.sum()),
-        zero_variance_groups=int(zero.sum()),
-        zero_variance_answers=int(stats.count[zero].sum()),
-        singleton_groups=int((stats.count == 1).sum()),
-        min_size=int(stats.count.min()) if stats.count.size else 0,
-        max_size=int(stats.count.max()) if stats.count.size else 0,
-    )
+    from ..fold.pass1 import Pass1
+from ..fold.summaries import (
+    F64,
+    I64,
+    distribution,
+    group_summary_of,
+    int_distribution,
+    singleton_warning,
+    values_distribution,
+)
+from ..logged import LoggedInput
 
 
 # ------------------------------------------------------------------------- the KL
@@ -175,20 +108,6 @@ def trainer_metrics(
     return {k: v for k, v in out.items() if v is not None}
 
 
-SINGLETONS = (
-    "every group has one answer ({n} groups of one): the group ids look like answer ids. "
-    "A group of one has advantage 0 (GRPO), so the policy term is 0: give the prompt's id "
-    "as the group (--column group=NAME)"
-)
-
-
-def singleton_warning(groups: GroupSummary | None) -> list[str]:
-    """When every group is a singleton (answer ids given as group ids)."""
-    if groups is None or groups.groups < 2 or groups.singleton_groups != groups.groups:
-        return []
-    return [SINGLETONS.format(n=groups.groups)]
-
-
 def data_mistakes(src: Source, acc: TokenPartial, groups: GroupSummary | None) -> list[str]:
     """Warnings on inputs that are valid but almost surely not what was meant: answer ids
     as group ids, every answer as long as the longest (truncated, or padding counted for
@@ -217,7 +136,7 @@ def data_mistakes(src: Source, acc: TokenPartial, groups: GroupSummary | None) -
 def loss_clip(settings: Settings, metrics: dict[str, float]) -> LossClip | None:
     """What the settings' loss clips by its own metrics (None: the clipped surrogate's
     clip counts, which some trainers' own losses log too: their row's ``clip`` "core")."""
-    from ._loss_fold import loss_clip_share
+    from ..fold.loss import loss_clip_share
 
     if settings.loss_row.clip_for(settings.loss_params) == "core":
         return None
@@ -297,18 +216,6 @@ def check_folded(src: Source, settings: Settings, rows: int, answers: int, width
             f"--max-len {settings.max_len} is shorter than the widest row "
             f"({width} tokens, masked ones included){hint}"
         )
-
-
-@dataclass(frozen=True)
-class LoggedInput:
-    """What the trainer logged for the step (``--logged``): the file, its metrics under
-    the trainer's names, the step they are of, and the relative tolerance."""
-
-    file: str
-    metrics: dict[str, float]
-    step: int | None
-    tolerance: float
-    notes: tuple[str, ...] = ()
 
 
 def objective_record(

@@ -1,0 +1,2 @@
+"""The commands: thin plans composing reading, the fold, the records and the check (each
+returns a record; the CLI renders it)."""

@@ -1,0 +1,1 @@
+"""Partials to records: one constructor each, with their warnings."""
