@@ -57,6 +57,7 @@ from grpo_cli.losses import openrlhf as LO
 from grpo_cli.losses import registry as LR
 from grpo_cli.losses import trl as LT
 from grpo_cli.losses import verl as LV
+from grpo_cli.losses import verl_rollout as LVR
 
 
 def metrics_of(key: str) -> tuple[LR.Metric, ...]:
@@ -998,7 +999,7 @@ def check_rollout_correction(s: Suite, b: Batch) -> None:
         batch, metrics = compute_rollout_correction_and_add_to_batch(
             batch, RolloutCorrectionConfig(**rc)
         )
-        corr = LV.verl_rollout_correction(b.old_f, b.roll_f, b.off, **rc)
+        corr = LVR.verl_rollout_correction(b.old_f, b.roll_f, b.off, **rc)
         label = ", ".join(f"{k}={v}" for k, v in rc.items())
         ours = f"verl_rollout_correction({label})"
         config = f"rollout_correction: {label}"
@@ -1054,7 +1055,7 @@ def check_rollout_correction(s: Suite, b: Batch) -> None:
             assert lp_t.grad is not None
             grad_theirs = lp_t.grad.numpy()[new_mask.numpy()]
             if name == "vanilla":
-                t = LV._vanilla(lp, old, np.repeat(adv, lengths), off, 0.2, 0.2, 3.0)
+                t = LVR._vanilla(lp, old, np.repeat(adv, lengths), off, 0.2, 0.2, 3.0)
                 t = LR.apply_correction(t, w)
                 key, fn = "verl/bypass_mode/ppo_clip", "core clipped surrogate"
             elif name == "cispo":
@@ -1342,7 +1343,7 @@ def check_bypass(s: Suite, b: Batch) -> None:
             )
             loss.backward()
             assert lp_t.grad is not None
-            t, corr = LV.verl_bypass_mode(b.lp_f, b.roll_f, b.adv, b.off, **rc)
+            t, corr = LVR.verl_bypass_mode(b.lp_f, b.roll_f, b.adv, b.off, **rc)
             assert t.grad is not None
             off, (term, grad), kept = LR.drop_tokens(corr.keep, b.off, t.term, t.grad)
             keep_pad = np.zeros(b.mask.shape, bool)

@@ -23,6 +23,7 @@ from grpo_cli.losses import openrlhf as LO
 from grpo_cli.losses import registry as LR
 from grpo_cli.losses import trl as LT
 from grpo_cli.losses import verl as LV
+from grpo_cli.losses import verl_rollout as LVR
 from grpo_cli.settings import CORRECTION_NAMES, Settings
 from grpo_cli.settings import LOSS_NAMES as LOSSES
 from grpo_cli.trainers import openrlhf, trl, verl
@@ -158,7 +159,7 @@ def test_every_loss_has_its_flags_and_metrics() -> None:
     """The registry is the one list: every loss but clip is tested here, and verl's bypass
     mode logs by its loss_type (each of them has its metrics)."""
     assert set(NON_CLIP) == set(FLAGS) == set(ROWS) - {"clip", "verl/bypass_mode"}
-    for kind in get_args(LV.BypassLoss):
+    for kind in get_args(LVR.BypassLoss):
         assert metrics_of(f"verl/bypass_mode/{kind}")
 
 
@@ -247,9 +248,9 @@ CORRECTIONS = {
                  lambda o, r, off: LT.trl_vllm_is_correction(o, r, off, clip_max=1.5)),
     "verl-rollout": (["--correction-param", "rollout_is=token",
                       "--correction-param", "rollout_is_threshold=1.2"],
-                     lambda o, r, off: LV.verl_rollout_correction(
+                     lambda o, r, off: LVR.verl_rollout_correction(
                          o, r, off, rollout_is="token", rollout_is_threshold=1.2)),
-    "verl-rollout/sequence": ([], lambda o, r, off: LV.verl_rollout_correction(o, r, off)),
+    "verl-rollout/sequence": ([], lambda o, r, off: LVR.verl_rollout_correction(o, r, off)),
     "openrlhf-is/seq": (["--correction-param", "is_correction_level=seq",
                          "--correction-param", "is_correction_high=1.04",
                          "--correction-param", "is_correction_low=0.96"],
@@ -337,7 +338,7 @@ def test_rejection_sampling_removes_the_rejected_tokens_from_every_part(
     d["entropy"] = [np.abs(o) for o in d["old_logp"]]
     f, off = _flat(d)
     rc = REJECTIONS[name]
-    corr = LV.verl_rollout_correction(f["old_logp"], f["rollout_logp"], off, **rc)
+    corr = LVR.verl_rollout_correction(f["old_logp"], f["rollout_logp"], off, **rc)
     off2, (lp, old, ref, w), kept = LR.drop_tokens(
         corr.keep, off, f["logp"], f["old_logp"], f["ref_logp"], corr.weight
     )
@@ -384,7 +385,7 @@ def test_rejection_sampling_with_verl_s_own_loss_and_its_gradient(
     d = _data(seed=11)
     f, off = _flat(d)
     rc = REJECTIONS["token_k1+is"]
-    corr = LV.verl_rollout_correction(f["old_logp"], f["rollout_logp"], off, **rc)
+    corr = LVR.verl_rollout_correction(f["old_logp"], f["rollout_logp"], off, **rc)
     off2, (lp, old, ref, w), kept = LR.drop_tokens(
         corr.keep, off, f["logp"], f["old_logp"], f["ref_logp"], corr.weight
     )
@@ -436,7 +437,7 @@ def test_bypass_mode_as_verl_s_actor_aggregates_it(
     a = _advantages(d)
     rc = dict(BYPASS[name])
     kind = rc.pop("bypass_loss_type")
-    t, corr = LV.verl_bypass_mode(f["logp"], f["rollout_logp"], a, off, loss_type=kind, **rc)
+    t, corr = LVR.verl_bypass_mode(f["logp"], f["rollout_logp"], a, off, loss_type=kind, **rc)
     keep, lengths, n = corr.keep, np.diff(off), len(a)
     kept = np.add.reduceat(keep.astype(float), off[:-1])
     if "rollout_rs" in rc:
@@ -485,7 +486,7 @@ def test_bypass_mode_settings_and_config() -> None:
     with pytest.raises(SettingError, match=r"^correction: verl-rollout: verl/bypass_mode"):
         Settings(trainer="verl", loss="verl/bypass_mode", correction="verl-rollout")
     with pytest.raises(SettingError, match=r"^bypass_loss_type: "):
-        Settings(loss="verl/bypass_mode", loss_params=LV.BypassParams(bypass_loss_type="nope"))
+        Settings(loss="verl/bypass_mode", loss_params=LVR.BypassParams(bypass_loss_type="nope"))
     rc = "algorithm.rollout_correction."
     out, notes = verl.from_config({
         rc + "bypass_mode": True, rc + "loss_type": "reinforce", rc + "rollout_is": "token",
@@ -623,7 +624,7 @@ def test_answers_rank_by_the_loss_s_own_clip_and_gradient(
         flags = ["--loss", "verl/cispo"]
     elif case == "rejection":
         rc = REJECTIONS["token_k1+is"]
-        corr = LV.verl_rollout_correction(f["old_logp"], f["rollout_logp"], off, **rc)
+        corr = LVR.verl_rollout_correction(f["old_logp"], f["rollout_logp"], off, **rc)
         keep = corr.keep
         rho = np.exp(f["logp"] - f["old_logp"])
         at = np.repeat(a, lens)
@@ -637,7 +638,7 @@ def test_answers_rank_by_the_loss_s_own_clip_and_gradient(
         rc = dict(BYPASS["ppo_clip+token_k1"])
         del rc["bypass_loss_type"]
         rc["rollout_rs_threshold"] = "0.7_1.4"  # wider than the clip: kept tokens clip
-        t, corr = LV.verl_bypass_mode(f["logp"], f["rollout_logp"], a, off, **rc)
+        t, corr = LVR.verl_bypass_mode(f["logp"], f["rollout_logp"], a, off, **rc)
         assert t.grad is not None
         keep = corr.keep
         clip = np.add.reduceat((t.flags["region"] & keep).astype(float), off[:-1]) / lens
@@ -677,10 +678,10 @@ def test_rejection_settings_are_checked(cli: Cli, tmp_path: Path) -> None:
         )
     with pytest.raises(SettingError, match=r"^rollout_rs_threshold: required"):
         Settings(
-            correction="verl-rollout", correction_params=LV.RolloutParams(rollout_rs="token_k1")
+            correction="verl-rollout", correction_params=LVR.RolloutParams(rollout_rs="token_k1")
         )
     with pytest.raises(SettingError, match=r"^rollout_rs_threshold: needs rollout_rs"):
-        LV.RolloutParams(rollout_rs_threshold=2.0)
+        LVR.RolloutParams(rollout_rs_threshold=2.0)
     p = str(_parquet(tmp_path / "b.parquet", _data(), rows=100))
     cli.error(["objective", p, "--correction", "verl-rollout", "--correction-param",
                "rollout_rs=seq_sum_k2", "--correction-param", "rollout_rs_threshold=1_2"],

@@ -20,6 +20,7 @@ from grpo_cli.losses import openrlhf as LO
 from grpo_cli.losses import registry as LR
 from grpo_cli.losses import trl as LT
 from grpo_cli.losses import verl as LV
+from grpo_cli.losses import verl_rollout as LVR
 
 
 def metrics_of(key: str) -> tuple[LR.Metric, ...]:
@@ -194,7 +195,7 @@ def test_dro_by_hand() -> None:
 
 def test_bypass_reinforce_is_the_is_weighted_policy_gradient() -> None:
     lp, roll = np.array([-1.0, -1.0, -2.0]), np.array([-1.5, -1.0, -2.2])
-    t, c = LV.verl_bypass_mode(
+    t, c = LVR.verl_bypass_mode(
         lp,
         roll,
         [1.0, -1.0],
@@ -233,7 +234,7 @@ def test_gpg_is_the_plain_policy_gradient_and_cispo_dppo_reduce_to_it_on_policy(
     for t in (
         LT.cispo_terms(lp, lp, adv, off, lower=0.8, upper=1.2),  # ρ = 1: no bound binds
         LV.dppo_terms(lp, lp, adv, off),  # p = q: every token valid, min(1, c) = 1
-        LV.verl_bypass_mode(lp, lp, adv, off, loss_type="reinforce")[0],  # w = 1
+        LVR.verl_bypass_mode(lp, lp, adv, off, loss_type="reinforce")[0],  # w = 1
     ):
         np.testing.assert_allclose(t.term, g.term, rtol=1e-15)
         assert t.grad is not None and g.grad is not None
@@ -286,9 +287,9 @@ def test_corrections_change_nothing_when_the_sampler_agrees() -> None:
         {"rollout_is": "token"},
         {"rollout_is": "sequence", "rollout_is_threshold": "0.5_2"},
         {"rollout_is": "token", "rollout_is_batch_normalize": True},
-        {"rollout_rs": ",".join(LV.RS_OPTIONS), "rollout_rs_threshold": 1.5},
+        {"rollout_rs": ",".join(LVR.RS_OPTIONS), "rollout_rs_threshold": 1.5},
     ):
-        c = LV.verl_rollout_correction(old, old, off, **rc)
+        c = LVR.verl_rollout_correction(old, old, off, **rc)
         # batch normalisation divides by verl's mean over T + 1e-8: 1 + 1e-8/T
         np.testing.assert_allclose(c.weight, np.ones(T), rtol=1e-9)
         assert c.keep.all()
@@ -315,7 +316,7 @@ def test_a_cap_that_never_binds_gives_the_plain_importance_weight() -> None:
     rho = np.exp(old - roll)
     c = LT.trl_vllm_is_correction(old, roll, off, mode="token_truncate", clip_max=1e300)
     np.testing.assert_array_equal(c.weight, rho)
-    c = LV.verl_rollout_correction(old, roll, off, rollout_is="token", rollout_is_threshold=1e300)
+    c = LVR.verl_rollout_correction(old, roll, off, rollout_is="token", rollout_is_threshold=1e300)
     np.testing.assert_array_equal(c.weight, rho)
     c = LO.openrlhf_is_correction(old, roll, off, level="token", threshold=(0.0, 1e300))
     np.testing.assert_array_equal(c.weight, rho)
@@ -330,7 +331,7 @@ def test_a_cap_that_never_binds_gives_the_plain_importance_weight() -> None:
 
 def test_verl_batch_normalisation_makes_the_mean_weight_one() -> None:
     b = batch(7)
-    c = LV.verl_rollout_correction(
+    c = LVR.verl_rollout_correction(
         b["old"], b["roll"], b["off"], rollout_is="token", rollout_is_batch_normalize=True
     )
     assert c.weight.mean() == pytest.approx(1.0, rel=1e-7)  # verl divides by T + 1e-8
@@ -339,13 +340,13 @@ def test_verl_batch_normalisation_makes_the_mean_weight_one() -> None:
 
 def test_verl_icepop_zeroes_outside_the_band_and_k1_reads_one_value_as_its_reciprocal() -> None:
     old, roll = np.array([-1.0, -1.0, -1.0]), np.array([-1.0, -2.0, 0.5])
-    c = LV.verl_rollout_correction(
+    c = LVR.verl_rollout_correction(
         old, roll, [0, 1, 2, 3], rollout_is="token", rollout_is_threshold="0.5_2.0"
     )
     np.testing.assert_allclose(c.weight, [1.0, 0.0, 0.0])  # e^1 > 2, e^−1.5 < 0.5
     assert c.metrics["rollout_corr/rollout_is_oob_ratio"] == pytest.approx(2 / 3)
     # token_k1 with "2": keep −log ρ in [log ½, log 2]: ρ = e^1 > 2 rejected, e^−1.5 < ½ too
-    c = LV.verl_rollout_correction(
+    c = LVR.verl_rollout_correction(
         old, roll, [0, 1, 2, 3], rollout_is=None, rollout_rs="token_k1", rollout_rs_threshold=2.0
     )
     assert c.keep.tolist() == [True, False, False]
@@ -435,7 +436,7 @@ def test_inputs_are_never_written() -> None:
     for v in frozen.values():
         v.setflags(write=False)
     all_losses(frozen)  # a write into a read-only array raises
-    LV.verl_rollout_correction(
+    LVR.verl_rollout_correction(
         frozen["old"],
         frozen["roll"],
         frozen["off"],
@@ -444,7 +445,7 @@ def test_inputs_are_never_written() -> None:
     )
     LT.trl_vllm_is_correction(frozen["old"], frozen["roll"], frozen["off"])
     LO.openrlhf_is_correction(frozen["old"], frozen["roll"], frozen["off"], level="seq")
-    LV.verl_bypass_mode(frozen["lp"], frozen["roll"], frozen["adv"], frozen["off"])
+    LVR.verl_bypass_mode(frozen["lp"], frozen["roll"], frozen["adv"], frozen["off"])
     for k, v in b.items():
         np.testing.assert_array_equal(frozen[k], v)
 
@@ -508,7 +509,7 @@ def test_overflowing_ratios_give_finite_or_infinite_terms_never_nan() -> None:
     for mode in ("sequence_mask", "token_truncate"):
         c = LT.trl_vllm_is_correction(np.full(4, -1.0), roll, off, mode=mode)
         assert np.isfinite(c.weight).all() and not np.isnan(list(c.metrics.values())).any()
-    c = LV.verl_rollout_correction(lp, roll, off, rollout_is="sequence")
+    c = LVR.verl_rollout_correction(lp, roll, off, rollout_is="sequence")
     assert np.isfinite(c.weight).all()
     t = LR.apply_correction(LT.cispo_terms(lp, old, adv, off, upper=None), np.zeros(4))
     np.testing.assert_array_equal(t.term, np.zeros(4))  # inf · 0 is 0, not NaN
@@ -568,29 +569,29 @@ def test_overflowing_ratios_give_finite_or_infinite_terms_never_nan() -> None:
             "clip_min",
         ),
         (
-            lambda: LV.verl_rollout_correction([-1.0], [-1.0], [0, 1], rollout_is="seq"),  # type: ignore[arg-type]
+            lambda: LVR.verl_rollout_correction([-1.0], [-1.0], [0, 1], rollout_is="seq"),  # type: ignore[arg-type]
             UsageError,
             "rollout_is",
         ),
         (
-            lambda: LV.verl_rollout_correction([-1.0], [-1.0], [0, 1], rollout_is_threshold="a_b"),
+            lambda: LVR.verl_rollout_correction([-1.0], [-1.0], [0, 1], rollout_is_threshold="a_b"),
             UsageError,
             "rollout_is_threshold",
         ),
         (
-            lambda: LV.verl_rollout_correction(
+            lambda: LVR.verl_rollout_correction(
                 [-1.0], [-1.0], [0, 1], rollout_rs="token_k4", rollout_rs_threshold=1.0
             ),
             UsageError,
             "rollout_rs",
         ),
         (
-            lambda: LV.verl_rollout_correction([-1.0], [-1.0], [0, 1], rollout_rs="token_k2"),
+            lambda: LVR.verl_rollout_correction([-1.0], [-1.0], [0, 1], rollout_rs="token_k2"),
             UsageError,
             "rollout_rs_threshold",
         ),
         (
-            lambda: LV.verl_rollout_correction(
+            lambda: LVR.verl_rollout_correction(
                 [-1.0], [-1.0], [0, 1], rollout_rs="token_k2", rollout_rs_threshold="0.1_2"
             ),
             UsageError,
@@ -607,7 +608,7 @@ def test_overflowing_ratios_give_finite_or_infinite_terms_never_nan() -> None:
             "gating",
         ),
         (
-            lambda: LV.verl_bypass_mode([-1.0], [-1.0], [1.0], [0, 1], loss_type="ppo"),  # type: ignore[arg-type]
+            lambda: LVR.verl_bypass_mode([-1.0], [-1.0], [1.0], [0, 1], loss_type="ppo"),  # type: ignore[arg-type]
             UsageError,
             "loss_type",
         ),
@@ -651,8 +652,8 @@ def test_every_metric_table_entry_reads_a_quantity_its_loss_returns() -> None:
         "verl/geo_mean": terms["geo_mean"],
         "verl/dro": terms["dro"],
         "verl/cispo": terms["cispo"],
-        "verl/bypass_mode/ppo_clip": LV.verl_bypass_mode(lp, roll, adv, off)[0],
-        "verl/bypass_mode/reinforce": LV.verl_bypass_mode(
+        "verl/bypass_mode/ppo_clip": LVR.verl_bypass_mode(lp, roll, adv, off)[0],
+        "verl/bypass_mode/reinforce": LVR.verl_bypass_mode(
             lp, roll, adv, off, loss_type="reinforce"
         )[0],
     }

@@ -1,27 +1,30 @@
 """The registry of the trainers' own policy losses, sampler–trainer corrections and
-policy-term masks: one row each, beside its function in its trainer's module
-(:mod:`.trl`, :mod:`.verl`, :mod:`.openrlhf`; the row types in :mod:`.registry`).
+policy-term masks: one row each, beside its function in its trainer's loss module
+(:mod:`.trl`, :mod:`.verl` and :mod:`.verl_rollout`, :mod:`.openrlhf`; the row types in
+:mod:`.registry`). A loss module defines ``LOSSES``, ``CORRECTIONS`` and ``MASKS`` (each a
+tuple of rows, maybe empty).
 
-A trainer's losses are one line here. ``clip`` is the core's clipped surrogate
-(:func:`grpo_cli.core.token_terms`), the policy term of every trainer's default loss.
+A trainer's loss module is one entry of :data:`MODULES`. ``clip`` is the core's clipped
+surrogate (:func:`grpo_cli.core.token_terms`), the policy term of every trainer's default
+loss.
 """
 
 from __future__ import annotations
 
 from ..errors import UsageError
-from . import openrlhf, trl, verl
+from . import openrlhf, trl, verl, verl_rollout
 from .registry import CorrectionRow, Loss, Mask, Metric
 
-__all__ = ["CLIP", "CORRECTIONS", "LOSSES", "MASKS", "NONE", "logged_metrics"]
+__all__ = ["CLIP", "CORRECTIONS", "LOSSES", "MASKS", "MODULES", "NONE", "logged_metrics"]
 
 CLIP = Loss("clip", None, "the clipped surrogate min(ρA, clip(ρ)A)", clip="core")
 NONE = "none"  # no correction
 
-LOSSES: dict[str, Loss] = {r.name: r for r in (CLIP, *trl.LOSSES, *verl.LOSSES, *openrlhf.LOSSES)}
-CORRECTIONS: dict[str, CorrectionRow] = {
-    r.name: r for r in (*trl.CORRECTIONS, *verl.CORRECTIONS, *openrlhf.CORRECTIONS)
-}
-MASKS: dict[str, Mask] = {r.name: r for r in trl.MASKS}
+MODULES = (trl, verl, verl_rollout, openrlhf)
+
+LOSSES: dict[str, Loss] = {r.name: r for r in (CLIP, *(x for m in MODULES for x in m.LOSSES))}
+CORRECTIONS: dict[str, CorrectionRow] = {r.name: r for m in MODULES for r in m.CORRECTIONS}
+MASKS: dict[str, Mask] = {r.name: r for m in MODULES for r in m.MASKS}
 
 
 def logged_metrics(name: str, **params: object) -> tuple[Metric, ...]:

@@ -23,6 +23,8 @@ from .registry import (
     I64,
     Correction,
     CorrectionRow,
+    Loss,
+    Mask,
     Params,
     Spec,
     _choice,
@@ -177,7 +179,7 @@ def _excludes(p: Params, level: RatioLevel, loss: str) -> tuple[str, str] | None
     return None
 
 
-LOSSES = ()
+LOSSES: tuple[Loss, ...] = ()
 CORRECTIONS = (
     CorrectionRow(
         "openrlhf-is", "openrlhf", _is, "OpenRLHF's IS correction",
@@ -186,3 +188,4 @@ CORRECTIONS = (
         metric_kind=_kind, excludes=_excludes,
     ),
 )  # fmt: skip
+MASKS: tuple[Mask, ...] = ()
