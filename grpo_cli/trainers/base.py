@@ -91,6 +91,7 @@ class FileInputs:
     entropy_sum: float  # over the tokens the entropy bonus takes
     entropy_tokens: int
     info: Mapping[str, Any]
+    acc: TokenPartial | None = None  # the file's whole partial (a trainer's own sums)
 
     @classmethod
     def of(cls, acc: TokenPartial, empty: int, info: Mapping[str, Any]) -> FileInputs:
@@ -102,7 +103,7 @@ class FileInputs:
             total, n = acc.bonus_entropy.total, acc.bonus_entropy.n
         return cls(
             acc.answers, empty, acc.tokens, acc.term.token, acc.term.answer_means, total, n,
-            info,
+            info, acc,
         )  # fmt: skip
 
 
