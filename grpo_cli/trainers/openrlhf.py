@@ -338,7 +338,9 @@ def from_config(c: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
         out["ratio_level"] = "sequence"
     elif kind not in (None, "ppo"):
         notes.append(f"actor.policy_loss_type {kind!r}: grpo-cli computes ppo and gspo")
-    if c.get("actor.loss_agg_mode") in AGGREGATIONS:
+    # PolicyLoss with policy_loss_type "gspo" aggregates per sample whatever
+    # loss_agg_mode says (models/loss.py: token_level_loss = False): the dependent rule
+    if c.get("actor.loss_agg_mode") in AGGREGATIONS and kind != "gspo":
         out["agg"] = c["actor.loss_agg_mode"]
     clip = c.get("reward.clip_range")
     if isinstance(clip, list | tuple) and len(clip) == 2 and -clip[0] == clip[1] > 0:
