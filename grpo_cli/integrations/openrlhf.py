@@ -440,15 +440,17 @@ class _ActorRecorder:
         # each appended sample's rollout position (Experience.index), by its tokens: the
         # replay buffer's split drops index (experience.py split_experience_batch)
         self.positions: dict[tuple[int, ...], int] = {}
-        self.ambiguous = 0  # samples whose tokens two positions share
+        self.ambiguous = 0  # samples whose tokens two prompts' groups share
         self.append: Callable[..., Any] | None = None  # the replay buffer's own append
 
     def appended(self, experience: Any) -> None:
         """Remember the positions of an experience the replay buffer is given."""
         if experience.index is None:
             return
+        n = self.trainer.args.rollout.n_samples_per_prompt
         for i, key in zip(experience.index, _sample_keys(experience), strict=True):
-            if self.positions.setdefault(key, int(i)) != int(i):
+            # the same answer twice in one group is one group either way
+            if self.positions.setdefault(key, int(i)) // n != int(i) // n:
                 self.ambiguous += 1
 
     def _writer(self) -> RunWriter:
@@ -474,8 +476,8 @@ class _ActorRecorder:
         args = self.trainer.args
         if self.ambiguous:
             raise ValueError(
-                f"{self.ambiguous} sample(s) of the step have the tokens of another "
-                "prompt's sample: their groups cannot be told apart"
+                f"{self.ambiguous} sample(s) of the step have the tokens of a sample of "
+                "another prompt's group: their groups cannot be told apart"
             )
         keys = _sample_keys(experience)
         missing = sum(k not in self.positions for k in keys)
