@@ -53,13 +53,17 @@ N = 4  # answers per prompt (rollout.n)
 
 
 def setup_environment() -> None:
-    """The variables verl reads at import and worker creation (module docstring); call it
-    before importing verl."""
+    """The variables verl reads at import (module docstring); call it before importing
+    verl."""
     os.environ.setdefault("VERL_USE_EXTERNAL_MODULES", "tests.real.verl_cpu")
     os.environ["VERL_PLATFORM"] = "cpu"
     os.environ["VERL_ENGINE_DEVICE"] = "cuda"
     os.environ.setdefault("VERL_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def distributed_environment() -> None:
+    """What a Ray worker group sets for its one worker and ``Worker.__init__`` reads."""
     for key, value in (("WORLD_SIZE", "1"), ("RANK", "0"), ("LOCAL_RANK", "0"),
                        ("LOCAL_WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):  # fmt: skip
         os.environ.setdefault(key, value)
@@ -168,6 +172,7 @@ def make_trainer(cfg: Any) -> Any:
 
     from ..trl_runs import tokenizer
 
+    distributed_environment()
     init_process_group()
     patch_pinned_memory()
     actor = ActorRolloutRefWorker(config=cfg.actor_rollout_ref, role="actor")
