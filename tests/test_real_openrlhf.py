@@ -170,3 +170,20 @@ def test_the_kl_in_the_reward_is_refused_by_name(cli: Cli, tmp_path: Path) -> No
     rec.install(trainer, tmp_path / "run")
     seam.train(trainer, 1)
     cli.error(["objective", str(tmp_path / "run" / "step_000001")], "'ref_logp' is missing")
+
+
+def test_recording_a_policy_actor_class_installs_on_its_trainer(tmp_path: Path) -> None:
+    """``recording(PolicyModelActor, dir)``: the class installs on the ``ActorPPOTrainer``
+    its ``init_model_from_pretrained`` makes (here a class of that shape, without Ray)."""
+    from grpo_cli.integrations import openrlhf as rec
+
+    class PolicyActor:
+        def init_model_from_pretrained(self, args: Any) -> str:
+            self.trainer = seam.make_trainer(args)
+            return "made"
+
+    actor = rec.recording(PolicyActor, tmp_path / "run")()
+    assert actor.init_model_from_pretrained(seam.flat_args(**KL)) == "made"
+    seam.train(actor.trainer, 1)
+    step = tmp_path / "run" / "step_000001"
+    assert (step / "_DONE").exists() and len(list(step.glob("rank000-mb*.parquet"))) == 2
