@@ -153,6 +153,10 @@ def test_the_files_are_the_loss_calls(verl_run: Any) -> None:
     assert sum(i["answers"] for i in infos) == 2 * seam.PROMPTS * seam.N
     cols = pq.read_table(files[-1]).column_names
     assert {"logp", "old_logp", "ref_logp", "advantage", "reward", "group", "mask"} <= set(cols)
+    # each epoch's pass over a group is its own group of n (not one group of 2n)
+    assert [i["epoch"] for i in infos] == [0, 0, 0, 0, 1, 1, 1, 1]
+    groups = [g for p in files for g in pq.read_table(p)["group"].to_pylist()]
+    assert sorted(groups.count(g) for g in set(groups)) == [seam.N] * (2 * seam.PROMPTS)
     assert (step / "_DONE").exists()
 
 

@@ -491,8 +491,13 @@ class LossRecorder:
         config: Mapping[str, Any],
         tokenizer: Any = None,
         token_dtype: Any = None,
+        epoch_answers: int | None = None,
     ) -> None:
         self.loss_fn = loss_fn
+        # a rank's answers per epoch, given with several epochs: each epoch's pass over a
+        # group is its own group in the files (epoch k's uid "e{k}-uid"), so that a step
+        # of E epochs holds E copies of a group of n, not one group of E·n
+        self.epoch_answers = epoch_answers
         self.directory = os.fspath(directory)
         self.step = step
         self.config = dict(config)
@@ -524,6 +529,10 @@ class LossRecorder:
         padded = data.select(*keys).to_padded_tensor()
         fields: dict[str, Any] = {k: padded[k] for k in keys}
         fields["uid"] = _unwrap(data.get("uid")) if "uid" in data.keys() else None
+        epoch = None
+        if self.epoch_answers and fields["uid"] is not None:
+            epoch = self.answers // self.epoch_answers
+            fields["uid"] = [f"e{epoch}-{u}" for u in fields["uid"]]
         logp = no_padding_2_padding(model_output["log_probs"], data).detach()
         entropy = model_output.get("entropy", None)
         if entropy is not None:
@@ -545,6 +554,8 @@ class LossRecorder:
         info["batch_num_tokens"] = None if tokens is None else int(tokens)
         info["global_batch_size"] = global_batch
         info["dp_size"] = dp
+        if epoch is not None:
+            info["epoch"] = epoch
         info["scope"] = (
             "one call of verl's actor loss (ppo_loss): one micro-batch of one mini-batch on "
             "one data-parallel rank, with the current log-probs the loss was given"
@@ -620,7 +631,7 @@ class _Recorder:
             )
         return self.writer
 
-    def set_loss(self, step: int | None) -> None:
+    def set_loss(self, step: int | None, epoch_answers: int | None = None) -> None:
         """The workers' loss for the coming update: recording ``step`` (a
         :class:`LossRecorder`), or verl's own when ``step`` is None and a recorder is on."""
         assert self.loss_fn is not None
@@ -639,6 +650,7 @@ class _Recorder:
             config=writer.meta["config"],
             tokenizer=self.tokenizer,
             token_dtype=self.token_dtype,
+            epoch_answers=epoch_answers,
         )
         group.set_loss_fn(recorder)
         self.wrapped = True
@@ -646,7 +658,8 @@ class _Recorder:
     def before(self, batch: Any, step: int) -> None:
         if self.loss_fn is not None:
             self.expected = len(batch)  # answers per epoch: the files must hold them all
-            self.set_loss(step)
+            per_rank = len(batch) // self.world_size
+            self.set_loss(step, per_rank if self._epochs() > 1 else None)
             return
         table, info = batch_table(
             batch, step, tokenizer=self.tokenizer, token_dtype=self.token_dtype
@@ -659,13 +672,16 @@ class _Recorder:
         )
         self._writer().write_micro_batch(step, 0, table, info)
 
+    def _epochs(self) -> int:
+        epochs = _select(getattr(self.trainer, "config", {}), f"{_ACTOR}.ppo_epochs")
+        return epochs if isinstance(epochs, int) and epochs >= 1 else 1
+
     def _check_files(self, step: int) -> None:
         """Every answer of every epoch is in the workers' files (a worker whose recording
         failed wrote fewer): else no ``_DONE``, and recording stops."""
         import pyarrow.parquet as pq
 
-        epochs = _select(getattr(self.trainer, "config", {}), f"{_ACTOR}.ppo_epochs")
-        epochs = epochs if isinstance(epochs, int) and epochs >= 1 else 1
+        epochs = self._epochs()
         got = 0
         for path in sorted(self._writer().step_dir(step).glob("rank*-mb*.parquet")):
             md = pq.read_schema(path).metadata or {}
