@@ -138,10 +138,10 @@ def test_the_files_are_the_training_steps(openrlhf_run: Any) -> None:
     infos = [json.loads(pq.read_schema(p).metadata[b"grpo_cli"]) for p in files]
     assert sum(i["answers"] for i in infos) == 2 * seam.PROMPTS * seam.N
     assert all(i["dp_size"] == 1.0 and i["global_batch_size"] == 8.0 for i in infos)
-    groups = [
-        g for p in files[:2] for g in pq.read_table(p, columns=["group"])["group"].to_pylist()
-    ]
-    assert sorted(groups.count(g) for g in set(groups)) == [seam.N] * seam.PROMPTS  # an epoch
+    assert [i["epoch"] for i in infos] == [0, 0, 1, 1]
+    # each epoch's pass over a group is its own group of n
+    groups = [g for p in files for g in pq.read_table(p)["group"].to_pylist()]
+    assert sorted(groups.count(g) for g in set(groups)) == [seam.N] * (2 * seam.PROMPTS)
     cols = pq.read_table(files[0]).column_names
     assert {"logp", "old_logp", "ref_logp", "advantage", "reward", "group", "mask"} <= set(cols)
     assert (step / "_DONE").exists()

@@ -437,6 +437,7 @@ class _ActorRecorder:
         self.writer: RunWriter | None = None
         self.step: int | None = None  # the step being recorded, set by ppo_train
         self.calls = 0
+        self.answers = 0  # answers recorded in the step on this rank: the epoch
         # each appended sample's rollout position (Experience.index), by its tokens: the
         # replay buffer's split drops index (experience.py split_experience_batch)
         self.positions: dict[tuple[int, ...], int] = {}
@@ -488,6 +489,14 @@ class _ActorRecorder:
             )
         experience = copy.copy(experience)  # the trainer's own is not changed
         experience.index = [self.positions[k] for k in keys]
+        epochs = int(getattr(args.train, "max_epochs", 1) or 1)
+        epoch = None
+        if epochs > 1:  # each epoch's pass over a group is its own group (verl's the same)
+            per_epoch = len(self.trainer.replay_buffer)
+            epoch = self.answers // per_epoch if per_epoch else 0
+            offset = epoch * args.rollout.batch_size * args.rollout.n_samples_per_prompt
+            experience.index = [i + offset for i in experience.index]
+        self.answers += len(keys)
         table, info = experiences_table(
             [experience],
             step,
@@ -499,6 +508,8 @@ class _ActorRecorder:
         for key in ("batch_num_tokens", "global_batch_size", "dp_size"):
             value = (batch_info or {}).get(key)
             info[key] = None if value is None else float(value)
+        if epoch is not None:
+            info["epoch"] = epoch
         info["scope"] = (
             "one ActorPPOTrainer.training_step: one micro-batch on one rank, with the "
             "current log-probs PolicyLoss was given"
@@ -546,7 +557,7 @@ def _install_actor(
         step = rec.next_step
         rec.next_step += 1
         rec.step = step if rec.guard.active and step % rec.every_steps == 0 else None
-        rec.calls = 0
+        rec.calls = rec.answers = 0
         try:
             status = rec.ppo_train(*args, **kwargs)
         finally:
