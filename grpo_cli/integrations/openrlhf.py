@@ -30,6 +30,19 @@ per-sample reward after the length penalties, which the group normalisation star
 with the KL in the reward (OpenRLHF's default) the advantages vary over an answer's
 tokens and are written per token.
 
+Where the current log-probs are (OpenRLHF 0.11.2): ``PPOTrainer`` (the driver, a Ray actor)
+hands the experiences to the policy actors (``PolicyModelActor``, ``trainer/ray/
+ppo_actor.py``), whose ``ActorPPOTrainer.ppo_train`` runs ``training_step`` once per
+micro-batch; the current policy's log-probs exist only there (``Actor.forward``, then
+``PolicyLoss``). So a step recorded on ``PPOTrainer`` has no ``logp`` (``grpo-cli objective``
+refuses it without ``-c logp=old_logp``), and :func:`install` also takes the
+``ActorPPOTrainer`` (``PolicyModelActor.trainer``; :func:`recording` of ``PolicyModelActor``
+installs on it after ``init_model_from_pretrained``): then each ``training_step`` writes its
+micro-batch experience with the log-probs ``PolicyLoss`` was given, as
+``rank{r:03d}-mb{k:03d}.parquet`` with the loss normalisers (``loss_batch_info``) in its
+metadata, one step per ``ppo_train`` call; after ``ppo_train`` returns, its status (what
+``PPOTrainer`` logs of the actor) is one line of ``metrics.jsonl`` and the rank's ``_DONE``.
+
 The gate (``install(..., check=True)``): after the step's ``_DONE``, the step is checked
 as ``grpo-cli check DIR -c logp=old_logp`` checks it (the actor before the update stands
 for the current policy: ratio 1, the clip and ratio rules trivially met; KL to the
@@ -403,6 +416,206 @@ class _Recorder:
             self.stopped = True
 
 
+class _ActorRecorder:
+    """What :func:`install` puts on an ``ActorPPOTrainer`` (module docstring)."""
+
+    def __init__(
+        self,
+        trainer: Any,
+        directory: str | os.PathLike[str],
+        every_steps: int,
+        first_step: int,
+        tokenizer: Any,
+        token_dtype: Any,
+        originals: tuple[Callable[..., Any], Callable[..., Any]],
+    ) -> None:
+        self.trainer, self.directory = trainer, directory
+        self.every_steps, self.tokenizer, self.token_dtype = every_steps, tokenizer, token_dtype
+        self.ppo_train, self.training_step = originals
+        self.next_step = first_step
+        self.guard = Guard(TRAINER)
+        self.writer: RunWriter | None = None
+        self.step: int | None = None  # the step being recorded, set by ppo_train
+        self.calls = 0
+        self.answers = 0  # answers recorded in the step on this rank: the epoch
+        # each appended sample's rollout position (Experience.index), by its tokens: the
+        # replay buffer's split drops index (experience.py split_experience_batch)
+        self.positions: dict[tuple[int, ...], int] = {}
+        self.ambiguous = 0  # samples whose tokens two prompts' groups share
+        self.append: Callable[..., Any] | None = None  # the replay buffer's own append
+
+    def appended(self, experience: Any) -> None:
+        """Remember the positions of an experience the replay buffer is given."""
+        if experience.index is None:
+            return
+        n = self.trainer.args.rollout.n_samples_per_prompt
+        for i, key in zip(experience.index, _sample_keys(experience), strict=True):
+            # the same answer twice in one group is one group either way
+            if self.positions.setdefault(key, int(i)) // n != int(i) // n:
+                self.ambiguous += 1
+
+    def _writer(self) -> RunWriter:
+        if self.writer is None:
+            import torch.distributed as dist
+
+            rank, world = 0, 1
+            if dist.is_available() and dist.is_initialized():
+                rank, world = dist.get_rank(), dist.get_world_size()
+            self.writer = RunWriter(
+                self.directory,
+                trainer=TRAINER,
+                trainer_version=_version(),
+                config=config_items(self.trainer.args),
+                rank=rank,
+                world_size=world,
+            )
+        return self.writer
+
+    def record(self, experience: Any, log_probs: Any, batch_info: Any, step: int) -> None:
+        import copy
+
+        args = self.trainer.args
+        if self.ambiguous:
+            raise ValueError(
+                f"{self.ambiguous} sample(s) of the step have the tokens of a sample of "
+                "another prompt's group: their groups cannot be told apart"
+            )
+        keys = _sample_keys(experience)
+        missing = sum(k not in self.positions for k in keys)
+        if missing:
+            raise ValueError(
+                f"{missing} sample(s) of a training micro-batch were not seen by the replay "
+                "buffer's append (install before the experiences are appended)"
+            )
+        experience = copy.copy(experience)  # the trainer's own is not changed
+        experience.index = [self.positions[k] for k in keys]
+        epochs = int(getattr(args.train, "max_epochs", 1) or 1)
+        epoch = None
+        if epochs > 1:  # each epoch's pass over a group is its own group (verl's the same)
+            per_epoch = len(self.trainer.replay_buffer)
+            epoch = self.answers // per_epoch if per_epoch else 0
+            offset = epoch * args.rollout.batch_size * args.rollout.n_samples_per_prompt
+            experience.index = [i + offset for i in experience.index]
+        self.answers += len(keys)
+        table, info = experiences_table(
+            [experience],
+            step,
+            n_samples_per_prompt=args.rollout.n_samples_per_prompt,
+            log_probs=[log_probs],
+            tokenizer=self.tokenizer,
+            token_dtype=self.token_dtype,
+        )
+        for key in ("batch_num_tokens", "global_batch_size", "dp_size"):
+            value = (batch_info or {}).get(key)
+            info[key] = None if value is None else float(value)
+        if epoch is not None:
+            info["epoch"] = epoch
+        info["scope"] = (
+            "one ActorPPOTrainer.training_step: one micro-batch on one rank, with the "
+            "current log-probs PolicyLoss was given"
+        )
+        self._writer().write_micro_batch(step, self.calls, table, info)
+        self.calls += 1
+
+    def finish(self, status: Any, step: int) -> None:
+        if isinstance(status, dict):
+            logged = {k: v for k, v in status.items() if _jsonable(v)}
+            self._writer().append_metrics({"step": step, **logged})
+        self._writer().finish_step(step)
+
+
+def _sample_keys(experience: Any) -> list[tuple[int, ...]]:
+    """Each sample's tokens (its sequence under its attention mask): the same in the batch
+    appended and in the training micro-batch collated from it."""
+    seq, att = experience.sequences, experience.attention_mask
+    return [tuple(s[a.bool()].tolist()) for s, a in zip(seq, att, strict=True)]
+
+
+def _install_actor(
+    trainer: Any,
+    directory: str | os.PathLike[str],
+    *,
+    every_steps: int,
+    first_step: int,
+    tokenizer: Any,
+    token_dtype: Any,
+) -> Any:
+    """:func:`install` on an ``ActorPPOTrainer``: ``ppo_train`` counts the steps (one call a
+    step, the first ``first_step``) and ``training_step`` records its micro-batch."""
+    previous = getattr(trainer, "_grpo_cli_recorder", None)
+    if isinstance(previous, _ActorRecorder):
+        originals = (previous.ppo_train, previous.training_step)
+    else:
+        originals = (trainer.ppo_train, trainer.training_step)
+    if tokenizer is None:
+        tokenizer = getattr(trainer, "tokenizer", None)
+    rec = _ActorRecorder(
+        trainer, directory, every_steps, first_step, tokenizer, token_dtype, originals
+    )
+
+    def ppo_train(*args: Any, **kwargs: Any) -> Any:
+        step = rec.next_step
+        rec.next_step += 1
+        rec.step = step if rec.guard.active and step % rec.every_steps == 0 else None
+        rec.calls = rec.answers = 0
+        try:
+            status = rec.ppo_train(*args, **kwargs)
+        finally:
+            recorded, rec.step = rec.step, None
+            rec.positions, rec.ambiguous = {}, 0  # the buffer is cleared after ppo_train
+        if recorded is not None and rec.guard.active:
+            rec.guard.run(lambda: rec.finish(status, recorded))
+        return status
+
+    def training_step(experience: Any, *args: Any, **kwargs: Any) -> Any:
+        step = rec.step
+        if step is None or not rec.guard.active:
+            return rec.training_step(experience, *args, **kwargs)
+        loss_fn = trainer.actor_loss_fn
+        seen: dict[str, Any] = {}
+
+        def policy_loss(log_probs: Any, *a: Any, **k: Any) -> Any:
+            seen["log_probs"] = log_probs.detach()  # what PolicyLoss is given
+            seen["batch_info"] = {x: k.get(x) for x in ("batch_num_tokens",
+                                  "global_batch_size", "dp_size")}  # fmt: skip
+            return loss_fn(log_probs, *a, **k)
+
+        trainer.actor_loss_fn = policy_loss
+        try:
+            result = rec.training_step(experience, *args, **kwargs)
+        finally:
+            trainer.actor_loss_fn = loss_fn
+        if "log_probs" in seen:
+            rec.guard.run(
+                lambda: rec.record(experience, seen["log_probs"], seen["batch_info"], step)
+            )
+        return result
+
+    buffer = trainer.replay_buffer
+    append = getattr(previous, "append", None) or buffer.append
+    rec.append = append
+
+    def appended(experience: Any, *args: Any, **kwargs: Any) -> Any:
+        if rec.guard.active:
+            rec.guard.run(lambda: rec.appended(experience))
+        return append(experience, *args, **kwargs)
+
+    appended.__wrapped__ = append  # type: ignore[attr-defined]
+    buffer.append = appended
+    ppo_train.__wrapped__ = originals[0]  # type: ignore[attr-defined]
+    training_step.__wrapped__ = originals[1]  # type: ignore[attr-defined]
+    trainer.ppo_train = ppo_train
+    trainer.training_step = training_step
+    trainer._grpo_cli_recorder = rec
+    return trainer
+
+
+def _is_actor_trainer(trainer: Any) -> bool:
+    return all(
+        callable(getattr(trainer, name, None)) for name in ("ppo_train", "training_step")
+    ) and hasattr(trainer, "actor_loss_fn")
+
+
 def install(
     trainer: Any,
     directory: str | os.PathLike[str],
@@ -413,8 +626,10 @@ def install(
     check: bool | str | os.PathLike[str] = False,
     stop_on_fail: bool = False,
     on_check: Callable[[int, CheckReport], object] | None = None,
+    first_step: int = 1,
 ) -> Any:
-    """Make an OpenRLHF ``PPOTrainer`` (a ``BasePPOTrainer``) record every
+    """Make an OpenRLHF ``PPOTrainer`` (a ``BasePPOTrainer``), or the policy actors'
+    ``ActorPPOTrainer``, record every
     ``every_steps``-th step under ``directory``; returns ``trainer``.
 
     Wraps two attributes of the instance (OpenRLHF 0.11.2, ``trainer/ppo_trainer.py``):
@@ -436,11 +651,28 @@ def install(
 
     ``PPOTrainer`` runs as a Ray actor; :func:`recording` gives the actor class that
     calls this at the end of its ``__init__``.
+
+    On an ``ActorPPOTrainer`` (``PolicyModelActor.trainer``, where the current log-probs
+    are: module docstring) it wraps ``ppo_train`` (one call per step, the first one step
+    ``first_step``) and ``training_step``: each micro-batch is written with the log-probs
+    its ``PolicyLoss`` was given, the status ``ppo_train`` returns is one line of
+    ``metrics.jsonl`` (rank 0), and each rank writes its ``_DONE``. ``check`` is not taken
+    there (the driver's ``PPOTrainer`` gates).
     """
     if every_steps < 1:
         raise ValueError(f"every_steps: expected an integer >= 1, got {every_steps}")
     if stop_on_fail and not check:
         raise ValueError("stop_on_fail: needs check=True or a check config file")
+    if _is_actor_trainer(trainer):
+        if check:
+            raise ValueError(
+                "check: install it on the driver's PPOTrainer (an ActorPPOTrainer records "
+                "its micro-batches only)"
+            )
+        return _install_actor(
+            trainer, directory, every_steps=every_steps, first_step=first_step,
+            tokenizer=tokenizer, token_dtype=token_dtype,
+        )  # fmt: skip
     config = check_config(check)
     maker: Any = getattr(trainer, "experience_maker", None)
     if not callable(getattr(trainer, "train_step", None)) or not callable(
@@ -523,8 +755,9 @@ def install(
 def recording(trainer_class: Any, directory: str | os.PathLike[str], **options: Any) -> Any:
     """``trainer_class`` (OpenRLHF's ``PPOTrainer``, a Ray actor class, or a plain
     ``BasePPOTrainer`` subclass) as a class whose instances :func:`install` themselves
-    at the end of ``__init__``; a Ray actor class again when given one. ``options``
-    go to :func:`install`.
+    at the end of ``__init__``; ``PolicyModelActor`` as one that installs on its
+    ``ActorPPOTrainer`` at the end of ``init_model_from_pretrained``; a Ray actor class
+    again when given one. ``options`` go to :func:`install`.
 
     In ``openrlhf/cli/train_ppo_ray.py``::
 
@@ -536,7 +769,19 @@ def recording(trainer_class: Any, directory: str | os.PathLike[str], **options: 
         base.__init__(self, *a, **k)
         install(self, directory, **options)
 
-    cls = type(base.__name__, (base,), {"__init__": __init__, "__module__": base.__module__})
+    def init_model_from_pretrained(self: Any, *a: Any, **k: Any) -> Any:
+        out = base.init_model_from_pretrained(self, *a, **k)
+        install(self.trainer, directory, **options)
+        return out
+
+    body: dict[str, Any] = {"__module__": base.__module__}
+    if callable(getattr(base, "init_model_from_pretrained", None)) and not callable(
+        getattr(base, "train_step", None)
+    ):  # PolicyModelActor: its ActorPPOTrainer is made in init_model_from_pretrained
+        body["init_model_from_pretrained"] = init_model_from_pretrained
+    else:
+        body["__init__"] = __init__
+    cls = type(base.__name__, (base,), body)
     if base is trainer_class:
         return cls
     import ray

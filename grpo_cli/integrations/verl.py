@@ -33,17 +33,28 @@ file's ``reward_source``. verl's advantages are ``(N, L)``: they are written per
 when constant over each answer's valid tokens (GRPO, RLOO, ...: the score times the
 mask), else as per-token lists.
 
-What :func:`install` hooks: ``RayPPOTrainer._update_actor(batch)`` (verl 0.9.1,
-``ray_trainer.py`` line 1327, called by ``fit`` at line 1690), wrapped on the instance.
-There the batch holds every field above except the current ``log_probs`` and
-``entropys``: verl computes those inside the actor workers' loss
-(``workers/utils/losses.py``, ``ppo_loss``) and ``fit`` drops the old-policy entropy
-before the update. So a recorded step is the whole batch the update was given (all
-data-parallel ranks, every mini-batch and epoch), one file, and ``logp`` is absent.
+What :func:`install` hooks (verl 0.9.1): ``RayPPOTrainer._update_actor(batch)``
+(``ray_trainer.py`` line 1327, called by ``fit`` at line 1690), wrapped on the instance, and
+the actor's loss function inside the actor workers. The batch ``_update_actor`` is given
+holds every field above except the current ``log_probs`` and ``entropys``: verl computes
+those inside the workers' loss (``workers/utils/losses.py``, ``ppo_loss``, called once per
+micro-batch by the FSDP engine, ``workers/engine/fsdp/transformer_impl.py``), so a step
+recorded from the batch alone has no ``logp`` and ``grpo-cli objective`` refuses it. Before
+each update, :func:`install` gives the workers their loss again, wrapped
+(``actor_rollout_wg.set_loss_fn``, a registered ONE_TO_ALL call, as ``init_model`` sets
+it): :class:`LossRecorder` calls verl's ``ppo_loss`` unchanged, then writes its micro-batch
+— the answers' fields above and the current log-probs and entropies the loss was given —
+as ``rank{dp_rank:03d}-mb{k:03d}.parquet``, the k-th loss call of the step on that rank,
+with the micro-batch's mini-batch and verl's loss normalisers (``batch_num_tokens``,
+``global_batch_size``, ``dp_size``) in its metadata. After the update returns the step's
+``_DONE`` markers (one per data-parallel rank) and the actor's metrics are written by the
+driver. A trainer whose workers cannot take a loss function (no ``set_loss_fn``, or
+distillation on) is recorded from the batch, as one file without ``logp``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Mapping
 from importlib.metadata import PackageNotFoundError
@@ -445,9 +456,144 @@ def write_batch(
     return guard.run(write)
 
 
+# ------------------------------------------------------- inside the actor workers
+# the fields of a micro-batch the recorded file takes (besides the current log-probs)
+_LOSS_FIELDS = (
+    "response_mask",
+    "old_log_probs",
+    "advantages",
+    "ref_log_prob",
+    "rollout_log_probs",
+    "token_level_scores",
+    "token_level_rewards",
+)
+
+
+class LossRecorder:
+    """verl's actor loss with each call's micro-batch recorded (module docstring).
+
+    ``loss_fn`` is the loss the workers had (``partial(ppo_loss, config=ActorConfig)``);
+    a call returns exactly what it returns. Then, unless ``step`` is None, the
+    micro-batch the engine gave it (a no-padding ``TensorDict``) and the current
+    ``log_probs`` / ``entropy`` of ``model_output`` are written, padded to the response
+    width as ``ppo_loss`` pads them (``no_padding_2_padding``), as the ``k``-th file of
+    the step on this data-parallel rank. Picklable: it travels to Ray workers.
+    Recording never raises into the loss: a failure is one ``RuntimeWarning`` in the
+    worker and this recorder writes nothing more.
+    """
+
+    def __init__(
+        self,
+        loss_fn: Callable[..., Any],
+        directory: str | os.PathLike[str],
+        step: int | None,
+        *,
+        config: Mapping[str, Any],
+        tokenizer: Any = None,
+        token_dtype: Any = None,
+        epoch_answers: int | None = None,
+    ) -> None:
+        self.loss_fn = loss_fn
+        # a rank's answers per epoch, given with several epochs: each epoch's pass over a
+        # group is its own group in the files (epoch k's uid "e{k}-uid"), so that a step
+        # of E epochs holds E copies of a group of n, not one group of E·n
+        self.epoch_answers = epoch_answers
+        self.directory = os.fspath(directory)
+        self.step = step
+        self.config = dict(config)
+        self.tokenizer = tokenizer
+        self.token_dtype = token_dtype
+        self.calls = 0
+        self.answers = 0  # answers seen on this rank: which mini-batch a call is in
+        self.guard = Guard(TRAINER)
+
+    def __call__(self, model_output: Any, data: Any, dp_group: Any = None) -> Any:
+        out = self.loss_fn(model_output=model_output, data=data, dp_group=dp_group)
+        if self.step is not None and self.guard.active:
+            self.guard.run(lambda: self._record(model_output, data))
+        return out
+
+    def _record(self, model_output: Any, data: Any) -> None:
+        import torch.distributed as dist
+        from verl.utils import tensordict_utils as tu
+        from verl.workers.utils.padding import no_padding_2_padding
+
+        assert self.step is not None
+        rank, world = 0, 1
+        if dist.is_available() and dist.is_initialized():
+            rank, world = dist.get_rank(), dist.get_world_size()
+        dp = int(tu.get_non_tensor_data(data=data, key="dp_size", default=world) or 1)
+        global_batch = tu.get_non_tensor_data(data=data, key="global_batch_size", default=None)
+        tokens = tu.get_non_tensor_data(data=data, key="batch_num_tokens", default=None)
+        keys = [k for k in _LOSS_FIELDS if k in data.keys()]
+        padded = data.select(*keys).to_padded_tensor()
+        fields: dict[str, Any] = {k: padded[k] for k in keys}
+        fields["uid"] = _unwrap(data.get("uid")) if "uid" in data.keys() else None
+        epoch = None
+        if self.epoch_answers and fields["uid"] is not None:
+            epoch = self.answers // self.epoch_answers
+            fields["uid"] = [f"e{epoch}-{u}" for u in fields["uid"]]
+        logp = no_padding_2_padding(model_output["log_probs"], data).detach()
+        entropy = model_output.get("entropy", None)
+        if entropy is not None:
+            entropy = no_padding_2_padding(entropy, data).detach()
+        if self.tokenizer is not None and "responses" in data.keys():
+            responses = data["responses"]
+            rows = responses.unbind() if responses.is_nested else list(responses)
+            mask = fields["response_mask"].bool()
+            fields["completion"] = self.tokenizer.batch_decode(
+                [r[: int(m.sum())].tolist() for r, m in zip(rows, mask, strict=True)],
+                skip_special_tokens=True,
+            )
+        table, info = batch_table(
+            fields, self.step, log_probs=logp, entropys=entropy, token_dtype=self.token_dtype
+        )
+        n = int(info["answers"])
+        per_rank = int(global_batch) // dp if isinstance(global_batch, int) and dp else 0
+        info["mini_batch"] = self.answers // per_rank if per_rank > 0 else 0
+        info["batch_num_tokens"] = None if tokens is None else int(tokens)
+        info["global_batch_size"] = global_batch
+        info["dp_size"] = dp
+        if epoch is not None:
+            info["epoch"] = epoch
+        info["scope"] = (
+            "one call of verl's actor loss (ppo_loss): one micro-batch of one mini-batch on "
+            "one data-parallel rank, with the current log-probs the loss was given"
+        )
+        writer = RunWriter(
+            self.directory,
+            trainer=TRAINER,
+            trainer_version=_trainer_version(),
+            config=self.config,
+            rank=rank,
+            world_size=world,
+        )
+        writer._meta_written = True  # the driver writes meta.json (install)
+        writer.write_micro_batch(self.step, self.calls, table, info)
+        self.calls += 1
+        self.answers += n
+
+
+def actor_loss(config: Any) -> Callable[..., Any] | None:
+    """The loss verl 0.9.1's actor workers build in ``ActorRolloutRefWorker.init_model``
+    (``workers/engine_workers.py``): ``partial(ppo_loss, config=ActorConfig)`` from
+    ``actor_rollout_ref.actor``; None with distillation on (its loss is another)."""
+    from functools import partial
+
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.workers.utils.losses import ppo_loss
+
+    distillation = config.get("distillation") if hasattr(config, "get") else None
+    if distillation is not None and distillation.get("enabled", False):
+        return None
+    actor_config = omega_conf_to_dataclass(config.actor_rollout_ref.actor)
+    return partial(ppo_loss, config=actor_config)
+
+
 # --------------------------------------------------------------------------- install
 class _Recorder:
-    """What :func:`install` puts on a trainer: the writer, its guard and the options."""
+    """What :func:`install` puts on a trainer: the writer, its guard and the options;
+    ``loss_fn`` the workers' loss to wrap (None: the step is recorded from the batch)."""
 
     def __init__(
         self,
@@ -457,6 +603,7 @@ class _Recorder:
         tokenizer: Any,
         token_dtype: Any,
         original: Callable[[Any], Any],
+        loss_fn: Callable[..., Any] | None = None,
     ) -> None:
         self.every_steps = every_steps
         self.tokenizer = tokenizer
@@ -467,6 +614,11 @@ class _Recorder:
         self.trainer = trainer
         self.directory = directory
         self.gate: Gate | None = None
+        self.loss_fn = loss_fn
+        self.wrapped = False  # the workers hold a LossRecorder
+        group = getattr(trainer, "actor_rollout_wg", None)
+        size = getattr(group, "world_size", 1) if loss_fn is not None else 1
+        self.world_size = size if isinstance(size, int) and size >= 1 else 1
 
     def _writer(self) -> RunWriter:
         if self.writer is None:
@@ -475,10 +627,40 @@ class _Recorder:
                 trainer=TRAINER,
                 trainer_version=_trainer_version(),
                 config=config_items(getattr(self.trainer, "config", None) or {}),
+                world_size=self.world_size,
             )
         return self.writer
 
+    def set_loss(self, step: int | None, epoch_answers: int | None = None) -> None:
+        """The workers' loss for the coming update: recording ``step`` (a
+        :class:`LossRecorder`), or verl's own when ``step`` is None and a recorder is on."""
+        assert self.loss_fn is not None
+        group = self.trainer.actor_rollout_wg
+        if step is None:
+            if self.wrapped:
+                group.set_loss_fn(self.loss_fn)
+                self.wrapped = False
+            return
+        writer = self._writer()
+        writer.write_meta()
+        recorder = LossRecorder(
+            self.loss_fn,
+            self.directory,
+            step,
+            config=writer.meta["config"],
+            tokenizer=self.tokenizer,
+            token_dtype=self.token_dtype,
+            epoch_answers=epoch_answers,
+        )
+        group.set_loss_fn(recorder)
+        self.wrapped = True
+
     def before(self, batch: Any, step: int) -> None:
+        if self.loss_fn is not None:
+            self.expected = len(batch)  # answers per epoch: the files must hold them all
+            per_rank = len(batch) // self.world_size
+            self.set_loss(step, per_rank if self._epochs() > 1 else None)
+            return
         table, info = batch_table(
             batch, step, tokenizer=self.tokenizer, token_dtype=self.token_dtype
         )
@@ -490,14 +672,42 @@ class _Recorder:
         )
         self._writer().write_micro_batch(step, 0, table, info)
 
+    def _epochs(self) -> int:
+        epochs = _select(getattr(self.trainer, "config", {}), f"{_ACTOR}.ppo_epochs")
+        return epochs if isinstance(epochs, int) and epochs >= 1 else 1
+
+    def _check_files(self, step: int) -> None:
+        """Every answer of every epoch is in the workers' files (a worker whose recording
+        failed wrote fewer): else no ``_DONE``, and recording stops."""
+        import pyarrow.parquet as pq
+
+        epochs = self._epochs()
+        got = 0
+        for path in sorted(self._writer().step_dir(step).glob("rank*-mb*.parquet")):
+            md = pq.read_schema(path).metadata or {}
+            got += int(json.loads(md[b"grpo_cli"])["answers"])
+        if got != self.expected * epochs:
+            raise RuntimeError(
+                f"step {step}: the actor workers' files hold {got} answers, the update had "
+                f"{self.expected} × {epochs} epoch(s) (a worker's recording failed: its "
+                "warning is in that worker's log)"
+            )
+
     def after(self, output: Any, step: int) -> None:
+        if self.loss_fn is not None:
+            self._check_files(step)
         metrics = getattr(output, "meta_info", {}).get("metrics")
         if metrics:
             from verl.utils.metric import reduce_metrics  # what fit() logs them through
 
             reduced = reduce_metrics(dict(metrics))  # a copy: reduce_metrics writes into it
             self._writer().append_metrics({"step": step, **reduced})
-        self._writer().finish_step(step)
+        for rank in range(self.world_size):  # the update has returned: every rank is done
+            marker = RunWriter(
+                self.directory, trainer=TRAINER, trainer_version=None, config={},
+                rank=rank, world_size=self.world_size,
+            )  # fmt: skip
+            marker.finish_step(step)
 
     def gate_step(self, gate: Gate, output: Any, step: int) -> None:
         """Check the step; its numbers into the update's metrics; a stop as verl's last step
@@ -510,6 +720,34 @@ class _Recorder:
             total = getattr(self.trainer, "total_training_steps", None)
             last = step + 1 if not isinstance(total, int) else min(total, step + 1)
             self.trainer.total_training_steps = last
+
+
+def _loss_of(trainer: Any) -> Callable[..., Any] | None:
+    """The workers' loss :func:`install` wraps, or None (module docstring)."""
+    group = getattr(trainer, "actor_rollout_wg", None)
+    config = getattr(trainer, "config", None)
+    if group is None or not callable(getattr(group, "set_loss_fn", None)) or config is None:
+        return None
+    try:
+        return actor_loss(config)
+    except Exception:  # not verl 0.9.1's config or worker: record the batch
+        return None
+
+
+def _restore(recorder: _Recorder) -> None:
+    """The workers' loss back to verl's own; a failure is a warning, never the run's."""
+    try:
+        recorder.set_loss(None)
+    except Exception as exc:
+        import warnings
+
+        warnings.warn(
+            f"grpo-cli: giving the verl actor workers their own loss back failed "
+            f"({type(exc).__name__}: {exc})",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        recorder.wrapped = False
 
 
 def install(
@@ -526,15 +764,19 @@ def install(
     """Make a verl ``RayPPOTrainer`` record every ``every_steps``-th step under ``directory``.
 
     Wraps the instance's ``_update_actor`` (verl 0.9.1 ``ray_trainer.py``, called once per
-    step by ``fit``): before it runs, the batch it is given is written as
-    ``step_{global_steps:06d}/rank000-mb000.parquet`` (``meta.json`` from
-    ``trainer.config`` at the first one); after it returns, the actor's metrics, reduced
-    with verl's ``reduce_metrics`` as ``fit`` reduces them, are one line of
-    ``metrics.jsonl`` and the step's ``_DONE`` is written. Answers are decoded with
-    ``tokenizer`` (default: ``trainer.tokenizer``). The update itself is untouched: its
-    batch is read, never changed, and its output is returned as it is. A recording
-    failure is one ``RuntimeWarning`` and recording stops; training goes on. Returns
-    ``trainer``. Installing again replaces the previous recorder.
+    step by ``fit``) and, through ``actor_rollout_wg.set_loss_fn``, the actor workers' loss
+    (module docstring): each loss call of a recorded step writes its micro-batch with the
+    current log-probs as ``step_{global_steps:06d}/rank{r:03d}-mb{k:03d}.parquet``
+    (``meta.json`` from ``trainer.config`` at the first step); after the update returns,
+    the actor's metrics, reduced with verl's ``reduce_metrics`` as ``fit`` reduces them,
+    are one line of ``metrics.jsonl`` and the step's ``_DONE`` markers are written, once
+    the files are checked to hold every answer of every epoch. Without a loss to wrap, the
+    batch ``_update_actor`` is given is written instead, as ``rank000-mb000.parquet``
+    (no ``logp``). Answers are decoded with ``tokenizer`` (default: ``trainer.tokenizer``).
+    The update itself is untouched: its batch is read, never changed, verl's own loss
+    computes the step, and its output is returned as it is. A recording failure is one
+    ``RuntimeWarning`` and recording stops (the workers get verl's loss back); training
+    goes on. Returns ``trainer``. Installing again replaces the previous recorder.
 
     ``check`` (``True`` or a check config file) checks every recorded step after its
     ``_DONE``, logs the gate's numbers with the actor's metrics, and with
@@ -564,10 +806,14 @@ def install(
     previous = getattr(trainer, "_grpo_cli_recorder", None)
     if isinstance(previous, _Recorder):
         update = previous.original
+        if previous.wrapped:
+            _restore(previous)
     if tokenizer is None:
         tokenizer = getattr(trainer, "tokenizer", None)
-    recorder = _Recorder(trainer, directory, every_steps, tokenizer, token_dtype, update)
+    loss_fn = _loss_of(trainer)
+    recorder = _Recorder(trainer, directory, every_steps, tokenizer, token_dtype, update, loss_fn)
     if config is not None:
+        no_logp = loss_fn is None  # recorded from the batch: no current log-probs
         recorder.gate = Gate(
             config,
             trainer=TRAINER,
@@ -575,8 +821,8 @@ def install(
             on_check=on_check,
             how_stopped="verl's fit() ends after the next step (trainer.total_training_steps "
             "lowered: verl decides is_last_step before a step generates)",
-            column_map=NO_LOGP_COLUMNS,
-            no_logged=NO_LOGP,
+            column_map=NO_LOGP_COLUMNS if no_logp else None,
+            no_logged=NO_LOGP if no_logp else None,
         )
 
     def _update_actor(batch: Any) -> Any:
@@ -586,7 +832,11 @@ def install(
         record = recorder.guard.active and step % recorder.every_steps == 0
         if record:
             recorder.guard.run(lambda: recorder.before(batch, step))
+        elif recorder.wrapped:
+            _restore(recorder)
         output = recorder.original(batch)
+        if recorder.wrapped and not recorder.guard.active:
+            _restore(recorder)  # recording failed: verl's own loss again
         if record and recorder.guard.active:
             recorder.guard.run(lambda: recorder.after(output, step))
             gate = recorder.gate

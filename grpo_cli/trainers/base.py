@@ -68,6 +68,8 @@ class Folded(Protocol):
     def tokens(self) -> int: ...
     @property
     def rows(self) -> int: ...
+    @property
+    def max_width(self) -> int: ...
     def aggregate(self, key: str, agg: str) -> float: ...
     def objective(self, agg: str) -> float: ...
 
@@ -121,6 +123,7 @@ class FileInputs:
     entropy_sum: float  # over the tokens the entropy bonus takes
     entropy_tokens: int
     info: Mapping[str, Any]
+    acc: Folded | None = None  # the file's whole partial (a trainer's own sums)
 
     @classmethod
     def of(cls, acc: Folded, empty: int, info: Mapping[str, Any]) -> FileInputs:
@@ -132,7 +135,7 @@ class FileInputs:
             total, n = acc.bonus_entropy.total, acc.bonus_entropy.n
         return cls(
             acc.answers, empty, acc.tokens, acc.term.token, acc.term.answer_means, total, n,
-            info,
+            info, acc,
         )  # fmt: skip
 
 

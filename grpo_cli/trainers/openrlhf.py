@@ -18,9 +18,22 @@ summed from each token to the end (``get_cumulative_returns``). ``--algo.kl.use_
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .base import Default, MetricInputs, Release, Trainer, with_loss_metrics
+from .base import (
+    CallInputs,
+    CallRules,
+    Default,
+    FileInputs,
+    Folded,
+    MetricInputs,
+    Release,
+    Trainer,
+    with_loss_metrics,
+)
+
+if TYPE_CHECKING:
+    from ..settings import Settings
 
 METRICS = ("policy_loss", "ppo_clip_ratio", "ppo_kl", "kl", "logprobs_diff")
 
@@ -325,7 +338,9 @@ def from_config(c: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
         out["ratio_level"] = "sequence"
     elif kind not in (None, "ppo"):
         notes.append(f"actor.policy_loss_type {kind!r}: grpo-cli computes ppo and gspo")
-    if c.get("actor.loss_agg_mode") in AGGREGATIONS:
+    # PolicyLoss with policy_loss_type "gspo" aggregates per sample whatever
+    # loss_agg_mode says (models/loss.py: token_level_loss = False): the dependent rule
+    if c.get("actor.loss_agg_mode") in AGGREGATIONS and kind != "gspo":
         out["agg"] = c["actor.loss_agg_mode"]
     clip = c.get("reward.clip_range")
     if isinstance(clip, list | tuple) and len(clip) == 2 and -clip[0] == clip[1] > 0:
@@ -354,6 +369,102 @@ def from_config(c: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     return out, notes
 
 
+# ------------------------------------------- a step of several loss calls, as logged
+# OpenRLHF 0.11.2 (trainer/ray/ppo_actor.py ActorPPOTrainer.ppo_train): each
+# training_step (one micro-batch on one rank) gives its metrics, a 0-D tensor weighted
+# by the micro-batch's action tokens ("token"), a per-sample one by its samples
+# ("sample"); ppo_train all-reduces value × weight and the weights over the ranks, divides,
+# and logs the mean over all micro-batches (every epoch's) weighted the same way: the
+# weighted mean over every rank's micro-batch. A call's losses are normalised by its
+# optimizer step's tokens (loss_batch_info, utils/loss_utils.py).
+_TOKENS, _SAMPLES = "_tokens", "_samples"
+
+
+def _loss_share(acc: Folded, key: str, agg: str, info: Mapping[str, Any]) -> float:
+    """One micro-batch's loss as ``aggregate_loss`` gives it with ``loss_batch_info``: its
+    sum over the optimizer step's ``batch_num_tokens`` (token-mean) or ``global_batch_size``
+    (per-sample means), times ``dp_size``; without them the micro-batch's own mean."""
+    tokens, answers = info.get("batch_num_tokens"), info.get("global_batch_size")
+    if not isinstance(tokens, int | float) or not isinstance(answers, int | float):
+        return acc.aggregate(key, agg)
+    dp = float(info.get("dp_size") or 1)
+    sums = getattr(acc, key)
+    if agg == "token-mean":
+        return sums.token / max(float(tokens), 1e-30) * dp
+    return sums.answer_means / max(float(answers), 1e-30) * dp
+
+
+def file_metrics(s: Settings, f: FileInputs, config: Mapping[str, Any]) -> dict[str, float]:
+    """One ``training_step``'s metrics on one rank, each times its weight (the micro-batch's
+    action tokens or samples, summed by :func:`combine`): ``policy_loss`` and, with the KL
+    loss, ``kl`` (normalised by the optimizer step, :func:`_loss_share`), ``ppo_clip_ratio``
+    and ``ppo_kl`` (token means), ``logprobs_diff`` (the token mean of ``logp − ref_logp``);
+    with the KL in the reward, ``kl`` and ``logprobs_diff`` are the experiences' per-sample
+    values (old vs ref)."""
+    del config
+    acc = f.acc
+    if acc is None:
+        return {}
+    t, n = float(acc.tokens), float(acc.answers + f.empty)
+    lr = acc.log_ratios
+    out = {
+        _TOKENS: t,
+        _SAMPLES: n,
+        "policy_loss": -_loss_share(acc, "policy", s.agg, f.info) * t,
+        "ppo_clip_ratio": float(acc.clip.region),
+        "ppo_kl": -lr.delta,
+    }
+    if s.kl_mode == "reward":
+        out["kl"] = acc.reward_kl.answer_means if s.beta != 0.0 else 0.0
+        out["logprobs_diff"] = acc.old_ref.answer_means if s.beta != 0.0 else 0.0
+    elif s.beta != 0.0:
+        out["kl"] = _loss_share(acc, "kl", s.kl_aggregation, f.info) * t
+        out["logprobs_diff"] = -lr.ref
+    return out
+
+
+_PER_SAMPLE = ("kl", "logprobs_diff")  # with the KL in the reward
+
+
+def combine(
+    calls: list[dict[str, float | None]],
+    losses: list[list[float | None]],
+    steps: int,
+    generations: list[dict[str, float | None]],
+) -> dict[str, float | None]:
+    """``ppo_train``'s status: each metric's weighted sum over the calls over the sum of
+    the weights (module comment above :data:`_TOKENS`)."""
+    del losses, steps, generations
+    tokens = sum(c.get(_TOKENS) or 0.0 for c in calls)
+    samples = sum(c.get(_SAMPLES) or 0.0 for c in calls)
+    in_reward = bool(calls and calls[0].get("_kl_in_reward"))
+    out: dict[str, float | None] = {}
+    for name in dict.fromkeys(k for c in calls for k in c if not k.startswith("_")):
+        total = sum(v for c in calls if (v := c.get(name)) is not None)
+        weight = samples if in_reward and name in _PER_SAMPLE else tokens
+        out[name] = total / weight if weight else None
+    return out
+
+
+def call_metrics(s: Settings, c: CallInputs, config: Mapping[str, Any]) -> dict[str, float | None]:
+    """Whether the KL is the reward's (its per-sample ``kl`` is weighted by samples)."""
+    del c, config
+    return {"_kl_in_reward": 1.0 if s.kl_mode == "reward" else 0.0}
+
+
+def _file_loss(s: Settings, f: FileInputs, config: Mapping[str, Any]) -> float | None:
+    del s, f, config
+    return None
+
+
+def _generation_metrics(s: Settings, rows: Mapping[str, Any]) -> dict[str, float | None]:
+    del s, rows
+    return {}
+
+
+CALLS = CallRules(call_metrics, _file_loss, _generation_metrics, combine, file_metrics)
+
+
 TRAINER = Trainer(
     name="openrlhf",
     releases=RELEASES,
@@ -361,4 +472,5 @@ TRAINER = Trainer(
     reward_kl="returns",
     dependent=dependent,
     from_config=from_config,
+    calls=CALLS,
 )

@@ -18,10 +18,23 @@ own default is False).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..losses import LOSSES
-from .base import Default, MetricInputs, Release, Trainer, with_loss_metrics
+from .base import (
+    CallInputs,
+    CallRules,
+    Default,
+    FileInputs,
+    Folded,
+    MetricInputs,
+    Release,
+    Trainer,
+    with_loss_metrics,
+)
+
+if TYPE_CHECKING:
+    from ..settings import Settings
 
 NAMES = (
     "actor/pg_loss",
@@ -413,6 +426,120 @@ LOSS_KEYS = {
 }
 
 
+# ------------------------------------------- a step of several loss calls, as logged
+# verl 0.9.1 (workers/utils/losses.py ppo_loss, workers/engine_workers.py train_mini_batch,
+# utils/metric/utils.py Metric, reduce_metrics): each call of the actor loss (one
+# micro-batch on one data-parallel rank) gives its metrics; within a mini-batch a metric
+# is averaged over the ranks, then summed over the micro-batches (the losses, normalised
+# by the whole mini-batch: AggregationType.SUM) or averaged over them (the policy loss's
+# own metrics: MEAN); the step logs the mean over its mini-batches (every epoch's).
+_SUMMED = ("actor/pg_loss", "actor/kl_loss", "actor/loss")
+_MINI_BATCH = "_mini_batch"  # which mini-batch a call is in (from its files' metadata)
+
+
+def _contribution(acc: Folded, key: str, agg: str, info: Mapping[str, Any]) -> float:
+    """One micro-batch's share of a loss verl aggregates over the mini-batch
+    (``core_algos.agg_loss`` with the global batch info ``ppo_loss`` passes): Σ over the
+    micro-batch divided by the mini-batch's tokens (``batch_num_tokens``) or answers
+    (``global_batch_size``) and multiplied by ``dp_size``; a file without them (a batch
+    recorded whole) is its own mini-batch."""
+    tokens, answers = info.get("batch_num_tokens"), info.get("global_batch_size")
+    if not isinstance(tokens, int) or not isinstance(answers, int):
+        return acc.aggregate(key, agg)
+    dp = int(info.get("dp_size", 1) or 1)
+    sums = getattr(acc, key)
+    if agg == "token-mean":
+        return sums.token / max(tokens, 1) * dp
+    if agg == "token-sum":
+        return sums.token * dp
+    if agg == "seq-mean-token-mean":
+        return sums.answer_means / max(answers, 1) * dp
+    value = sums.token / max(answers, 1) * dp  # seq-mean-token-sum(-norm)
+    if agg == "seq-mean-token-sum-norm":
+        value /= acc.settings.max_len if acc.settings.max_len is not None else acc.max_width
+    return value
+
+
+def file_metrics(s: Settings, f: FileInputs, config: Mapping[str, Any]) -> dict[str, float]:
+    """What one call of verl 0.9.1's ``ppo_loss`` logs on one rank (its ``Metric``s):
+    ``actor/pg_loss`` and ``actor/kl_loss`` as shares of the mini-batch's aggregate
+    (:func:`_contribution`), ``actor/loss`` (their sum with ``kl_loss_coef``, as the
+    engine sums its micro-batches' losses), and the policy loss's own metrics over the
+    micro-batch: ``pg_clipfrac``, ``pg_clipfrac_lower`` (token shares), ``ppo_kl`` (the token
+    mean of ``old_logp − logp``, clamped to ±20 by the vanilla loss)."""
+    del config
+    acc = f.acc
+    if acc is None:
+        return {}
+    gspo = s.ratio_level == "sequence"
+    t = max(acc.tokens, 1)
+    pg = -_contribution(acc, "policy", s.agg, f.info)
+    out: dict[str, float] = {"actor/pg_loss": pg}
+    loss = pg
+    if s.beta != 0.0 and s.kl_mode == "loss":
+        kl = _contribution(acc, "kl", s.kl_aggregation, f.info)
+        out["actor/kl_loss"] = kl
+        loss += s.beta * kl
+    out["actor/loss"] = loss
+    if s.loss == "clip":
+        out["actor/pg_clipfrac"] = acc.clip.region / t
+        out["actor/pg_clipfrac_lower"] = 0.0 if gspo else acc.clip.dual / t
+        lr = acc.log_ratios
+        out["actor/ppo_kl"] = -(lr.delta if gspo else lr.delta20) / t
+    else:  # another loss logs its own metrics (compute_policy_loss_<mode>)
+        out.update({k: v for k, v in acc.loss_metrics.values().items() if v is not None})
+    out[_MINI_BATCH] = float(f.info.get("mini_batch", 0))
+    return out
+
+
+def call_metrics(s: Settings, c: CallInputs, config: Mapping[str, Any]) -> dict[str, float | None]:
+    """Nothing over the ranks pooled: verl averages each rank's values (:func:`file_metrics`)."""
+    del s, c, config
+    return {}
+
+
+def _file_loss(s: Settings, f: FileInputs, config: Mapping[str, Any]) -> float | None:
+    del s, f, config
+    return None  # verl's step loss is actor/loss, of file_metrics
+
+
+def _generation_metrics(s: Settings, rows: Mapping[str, Any]) -> dict[str, float | None]:
+    del s, rows
+    return {}
+
+
+def combine(
+    calls: list[dict[str, float | None]],
+    losses: list[list[float | None]],
+    steps: int,
+    generations: list[dict[str, float | None]],
+) -> dict[str, float | None]:
+    """The step's logged actor metrics (``reduce_metrics`` of ``_update_actor``'s output):
+    within each mini-batch a loss summed over its calls, any other metric averaged over
+    them; then the mean over the mini-batches."""
+    del losses, steps, generations
+    groups: dict[float, list[dict[str, float | None]]] = {}
+    for c in calls:
+        groups.setdefault(c.get(_MINI_BATCH) or 0.0, []).append(c)
+    per_mini: list[dict[str, float]] = []
+    for members in groups.values():
+        one: dict[str, float] = {}
+        for name in dict.fromkeys(k for c in members for k in c if k != _MINI_BATCH):
+            values = [v for c in members if (v := c.get(name)) is not None]
+            if values:
+                total = sum(values)
+                one[name] = total if name in _SUMMED else total / len(values)
+        per_mini.append(one)
+    out: dict[str, float | None] = {}
+    for name in dict.fromkeys(k for m in per_mini for k in m):
+        values = [m[name] for m in per_mini if name in m]
+        out[name] = sum(values) / len(values) if values else None
+    return out
+
+
+CALLS = CallRules(call_metrics, _file_loss, _generation_metrics, combine, file_metrics)
+
+
 TRAINER = Trainer(
     name="verl",
     releases=RELEASES,
@@ -421,4 +548,5 @@ TRAINER = Trainer(
     kl_agg_follows_config=True,
     dependent=dependent,
     from_config=from_config,
+    calls=CALLS,
 )
