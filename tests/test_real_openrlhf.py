@@ -13,7 +13,7 @@ default) ``make_experience`` drops the reference log-probs before training
 (``base_action_log_probs = None``), so a recorded step has no ``ref_logp`` and grpo-cli
 says so (:func:`test_the_kl_in_the_reward_is_refused_by_name`).
 
-Runs in an environment of its own (tests/real/setup-env openrlhf); skipped where OpenRLHF
+Runs in the conformance environment (conformance/run builds it); skipped where OpenRLHF
 is not installed, unless GRPO_CLI_REQUIRE_TRAINERS is set (CI).
 """
 

@@ -8,7 +8,7 @@ The logged numbers compared are the ones verl's step returned (``reduce_metrics`
 never from the recorded ``metrics.jsonl``. They are float32 sums in verl: compared to
 1e-5 relative (1e-6 absolute, for the on-policy zeros).
 
-Runs in an environment of its own (tests/real/setup-env verl); skipped where verl is not
+Runs in the conformance environment (conformance/run builds it); skipped where verl is not
 installed, unless GRPO_CLI_REQUIRE_TRAINERS is set (CI).
 """
 

@@ -34,6 +34,11 @@ The seam, each piece for a reason verl's code gives:
   module; prompts left-padded, answers right-padded, as verl's rollout returns them.
 - the reward: a rule on the decoded answer, put on its last valid token, as verl's reward
   managers do.
+- TRL beside verl (CI runs this seam in the conformance environment, which holds TRL
+  1.16): verl's ``apply_monkey_patch`` (``models/transformers/monkey_patch.py`` line 352)
+  patches TRL's value-head model whenever TRL imports, by a name TRL 1.16 no longer has
+  (``trl.experimental.ppo.AutoModelForCausalLMWithValueHead``); a policy without a value
+  head never reads the patch, so the seam tells that module TRL is absent.
 """
 
 from __future__ import annotations
@@ -91,6 +96,13 @@ def patch_pinned_memory() -> None:
         return CPUOffloadPolicy(pin_memory=False)
 
     impl.CPUOffloadPolicy = unpinned
+
+
+def patch_trl_probe() -> None:
+    """verl's monkey patch of TRL's value-head model skipped (module docstring)."""
+    import verl.models.transformers.monkey_patch as mp
+
+    mp.is_trl_available = lambda: False
 
 
 def save_model(directory: Path) -> Path:
@@ -175,6 +187,7 @@ def make_trainer(cfg: Any) -> Any:
     distributed_environment()
     init_process_group()
     patch_pinned_memory()
+    patch_trl_probe()
     actor = ActorRolloutRefWorker(config=cfg.actor_rollout_ref, role="actor")
     actor.init_model()
     trainer = RayPPOTrainer.__new__(RayPPOTrainer)
