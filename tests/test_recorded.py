@@ -79,7 +79,7 @@ def test_the_entropy_mask_is_what_makes_the_loss(cli: Cli, trl_run: Any) -> None
     run = trl_run("masks")
     step = run.directory / "step_000002"
     doc = cli.json("objective", step)
-    assert doc["settings"]["masks"] == {"trl/entropy_mask": {"entropy_mask": True}}
+    assert doc["settings"]["masks"] == {"trl/top_entropy_mask": {"entropy_mask": True}}
     record = step_records(run.log_history)[2]
     assert close(doc["trainer_metrics"]["metrics"]["loss"], record["loss"])
     off = cli.json("objective", step, "--loss-param", "entropy_mask=false")

@@ -17,7 +17,7 @@ from ..check.baseline import _baseline
 from ..check.rules import INTEGRITY, RULES
 from ..check.scan import CheckPartial, Facts, Scan, _scan_batch, _token_fields
 from ..core import advantages_by_group
-from ..engine.options import EngineOptions
+from ..engine.options import EngineOptions, Ran
 from ..engine.plan import plan
 from ..engine.run import columns_reader, ran_by, run
 from ..errors import InputError
@@ -26,7 +26,7 @@ from ..fold.pass1 import Pass1, objective_pass1
 from ..fold.tokens import TokenPartial
 from ..io import Source, load_answers
 from ..logged import LoggedInput
-from ..records import CheckReport, Result
+from ..records import CheckReport, ObjectiveReport, Result
 from ..settings import Settings
 from .objective import logs_per_call, recorded_calls
 
@@ -48,27 +48,57 @@ def run_check(
     so the two commands report the same numbers to the last digit.
     """
     engine = (engine or EngineOptions()).resolved()
+    _needs(src)
+    read = columns_reader(engine)
+    answers = load_answers(src, need_rewards=False, allow_nonfinite=True, read=read)
+    finite_answers = all(
+        x is None or bool(np.isfinite(x).all()) for x in (answers.reward, answers.advantage)
+    )
+    why = "" if finite_answers else "not evaluated: integrity failed (rewards-finite)"
+    s = settings if src.has("ref_logp") else replace(settings, beta=0.0)
+    p1 = None if why else objective_pass1(src, s, answers=answers, engine=engine)
+    total, ran = _fold(src, s, cfg, p1, engine, progress)
+    ran = (p1.ran if p1 is not None else ran_by(read)).then(ran)
+    report = None
+    if p1 is not None and total.objective is not None and not total.invalid:
+        report, ran = _objective(src, s, cfg, p1, total, engine, ran)
+    facts = Facts(
+        src=src, answers=answers, scan=total.scan, report=report, why_no_report=why,
+        advantages=answers.advantage, config=cfg, logged=logged,
+    )  # fmt: skip
+    results = _results(facts, settings, s, cfg, p1, engine)
+    if baseline is not None:
+        results.append(_baseline(results, baseline, cfg.baseline_tolerance))
+    return CheckReport(
+        source=src.label, results=results, settings=settings, engine=engine,
+        objective=facts.report, why_no_objective=facts.why_no_report, ran=ran,
+    )  # fmt: skip
+
+
+def _needs(src: Source) -> None:
+    """A gate that evaluates nothing must not pass: the fields check needs, or one line."""
     missing = [] if src.has("logp") else [src.name("logp")]
     if not (src.has("advantage") or src.has("reward")):
         reward, group, adv = src.name("reward"), src.name("group"), src.name("advantage")
         missing.append(f"{reward} (with {group}) or {adv}")
-    if missing:  # a gate that evaluates nothing must not pass
+    if missing:
         raise InputError(
             f"{src.label}: check needs {' and '.join(missing)}; the input has: "
             f"{', '.join(src.present) or 'no known field'} (map other names with "
             "--column FIELD=NAME)"
         )
-    read = columns_reader(engine)
-    answers = load_answers(src, need_rewards=False, allow_nonfinite=True, read=read)
-    fields = _token_fields(src)
-    why = ""
-    finite_answers = all(
-        x is None or bool(np.isfinite(x).all()) for x in (answers.reward, answers.advantage)
-    )
-    if not finite_answers:
-        why = "not evaluated: integrity failed (rewards-finite)"
-    s = settings if src.has("ref_logp") else replace(settings, beta=0.0)
-    p1 = None if why else objective_pass1(src, s, answers=answers, engine=engine)
+
+
+def _fold(
+    src: Source,
+    s: Settings,
+    cfg: CheckConfig,
+    p1: Pass1 | None,
+    engine: EngineOptions,
+    progress: Callable[[int], None] | None,
+) -> tuple[CheckPartial, Ran]:
+    """The one pass over the raw batches: the integrity scan of every batch, and the
+    objective of each batch the scan found clean (none once one was not)."""
     fold_objective = None if p1 is None else p1.fold(src.label)
 
     def new() -> CheckPartial:
@@ -91,36 +121,52 @@ def run_check(
         # the scan evaluated every predicate validation raises on: only gather the tokens
         fold_objective(part.objective, _batch.validate(raw, checked=True))
 
-    total, ran = run(plan(src, fields, engine), new, fold, validated=False, progress=progress)
-    ran = (p1.ran if p1 is not None else ran_by(read)).then(ran)
-    report = None
-    if p1 is not None and total.objective is not None and not total.invalid:
-        band = cfg.rules["ratio-extreme"].params.get("band", 10.0)
-        calls = None
-        if logs_per_call(src, s):  # the trainer logs its calls' metrics: so are they compared
-            calls, _, more = recorded_calls(
-                src, s, p1, lambda: TokenPartial(s, backend=engine.backend), engine=engine
-            )
-            ran = ran.then(more)
-        report = objective_record(
-            src, s, total.objective, p1, engine=engine, ran=ran, ratio_band=band, calls=calls,
-            empty=total.scan.masked_whole,
-        )  # fmt: skip
-    facts = Facts(
-        src=src,
-        answers=answers,
-        scan=total.scan,
-        report=report,
-        why_no_report=why,
-        advantages=answers.advantage,
-        config=cfg,
-        logged=logged,
-    )
+    fields = _token_fields(src)
+    return run(plan(src, fields, engine), new, fold, validated=False, progress=progress)
+
+
+def _objective(
+    src: Source,
+    s: Settings,
+    cfg: CheckConfig,
+    p1: Pass1,
+    total: CheckPartial,
+    engine: EngineOptions,
+    ran: Ran,
+) -> tuple[ObjectiveReport, Ran]:
+    """The objective's record of the folded pass (a recorded step of a trainer that logs
+    per loss call: its calls folded too, so their metrics are what is compared)."""
+    assert total.objective is not None
+    band = cfg.rules["ratio-extreme"].params.get("band", 10.0)
+    calls = None
+    if logs_per_call(src, s):
+        calls, _, more = recorded_calls(
+            src, s, p1, lambda: TokenPartial(s, backend=engine.backend), engine=engine
+        )
+        ran = ran.then(more)
+    report = objective_record(
+        src, s, total.objective, p1, engine=engine, ran=ran, ratio_band=band, calls=calls,
+        empty=total.scan.masked_whole,
+    )  # fmt: skip
+    return report, ran
+
+
+def _results(
+    facts: Facts,
+    settings: Settings,
+    s: Settings,
+    cfg: CheckConfig,
+    p1: Pass1 | None,
+    engine: EngineOptions,
+) -> list[Result]:
+    """Every rule's verdict: the integrity rules first (a failed one leaves the health
+    rules no report), then every rule in the table's order, with their places to look."""
     integrity = {rid: RULES[rid][0](facts, cfg.rules[rid]) for rid in INTEGRITY}
     broken = [rid for rid, r in integrity.items() if r.status == "fail"]
     if broken:
         facts.report = None
         facts.why_no_report = f"not evaluated: integrity failed ({', '.join(broken)})"
+    answers = facts.answers
     if facts.advantages is None and p1 is not None:
         facts.advantages = p1.adv
     elif (
@@ -131,11 +177,9 @@ def run_check(
         and np.isfinite(answers.reward).all()
     ):
         facts.advantages = advantages_by_group(
-            answers.reward,
-            answers.codes,
-            n_groups=len(answers.labels),
+            answers.reward, answers.codes, n_groups=len(answers.labels),
             **settings.advantage_kwargs(),
-        )
+        )  # fmt: skip
     results = []
     for rid, (fn, _) in RULES.items():
         rc = cfg.rules[rid]
@@ -146,18 +190,7 @@ def run_check(
         else:
             results.append(fn(facts, rc))
     results = _with_worst_answers(results, facts, s, engine, p1, cfg)
-    results = [_required(r) if r.rule in cfg.require else r for r in results]
-    if baseline is not None:
-        results.append(_baseline(results, baseline, cfg.baseline_tolerance))
-    return CheckReport(
-        source=src.label,
-        results=results,
-        settings=settings,
-        engine=engine,
-        objective=facts.report,
-        why_no_objective=facts.why_no_report,
-        ran=ran,
-    )
+    return [_required(r) if r.rule in cfg.require else r for r in results]
 
 
 # health rule -> the per-answer statistic whose worst answers are its places to look

@@ -7,6 +7,7 @@ using ``check``'s default thresholds where a rule exists (:data:`grpo_cli.check.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -37,9 +38,17 @@ def explain_findings(r: ObjectiveReport) -> list[Finding]:
     """Findings about one objective report, alarms first, then warnings, then notes
     (truncation is judged against ``--max-len`` when the settings have one)."""
     out: list[Finding] = []
-    g = r.gradient
-    gnorm = None if g is None else g["norm"]
+    for finder in FINDERS:
+        out += finder(r)
+    s = r.settings
+    if s.loss != "clip" or s.correction != "none" or s.mirrors is not None:
+        out.append(_loss_finding(r))  # (the seed's clipped surrogate goes without saying)
+    out.sort(key=lambda f: SEVERITIES.index(f.severity))
+    return out
 
+
+def _negative_loss(r: ObjectiveReport) -> list[Finding]:
+    out: list[Finding] = []
     if r.loss < 0:
         out.append(Finding(
             "negative-loss", "info",
@@ -48,7 +57,13 @@ def explain_findings(r: ObjectiveReport) -> list[Finding]:
             "expected whenever the batch's ratio-weighted advantages are positive. Nothing to do.",
             {"loss": r.loss, "policy_term": r.policy_term, "kl_term": r.kl_term},
         ))  # fmt: skip
+    return out
 
+
+def _near_zero_loss(r: ObjectiveReport) -> list[Finding]:
+    out: list[Finding] = []
+    g = r.gradient
+    gnorm = None if g is None else g["norm"]
     if abs(r.objective) < 1e-3 or (gnorm is not None and abs(r.objective) < 0.1 * gnorm):
         teaches = (
             f"‖∂J/∂logp‖ = {gnorm:.3g}, so the batch still teaches"
@@ -70,7 +85,11 @@ def explain_findings(r: ObjectiveReport) -> list[Finding]:
             f"J = {r.objective:.3g} is near 0: {why}; its gradient does not — {teaches}.",
             {"objective": r.objective, "gradient_norm": gnorm, "on_policy": r.on_policy},
         ))  # fmt: skip
+    return out
 
+
+def _groups(r: ObjectiveReport) -> list[Finding]:
+    out: list[Finding] = []
     gs = r.group_summary
     if gs is not None and gs.groups > 1 and gs.singleton_groups == gs.groups:
         out.append(Finding(
@@ -91,7 +110,11 @@ def explain_findings(r: ObjectiveReport) -> list[Finding]:
             {"zero_variance_groups": gs.zero_variance_groups, "groups": gs.groups,
              "frac_zero_variance_groups": frac, "thresholds": _thresholds("zero-std-groups")},
         ))  # fmt: skip
+    return out
 
+
+def _clipping(r: ObjectiveReport) -> list[Finding]:
+    out: list[Finding] = []
     region = r.clip.region
     if (lvl := _level("clip-region", region)) is not None:
         out.append(Finding(
@@ -102,7 +125,11 @@ def explain_findings(r: ObjectiveReport) -> list[Finding]:
             {"clip_region": region, "low": r.clip.low, "high": r.clip.high,
              "thresholds": _thresholds("clip-region")},
         ))  # fmt: skip
+    return out
 
+
+def _kl_drift(r: ObjectiveReport) -> list[Finding]:
+    out: list[Finding] = []
     if r.kl is not None and r.kl.mean is not None:
         lvl_mean = _level("kl-mean", r.kl.mean)
         lvl_max = None if r.kl.max is None else _level("kl-max", r.kl.max)
@@ -117,7 +144,11 @@ def explain_findings(r: ObjectiveReport) -> list[Finding]:
                  "thresholds": {"kl-mean": _thresholds("kl-mean"),
                                 "kl-max": _thresholds("kl-max")}},
             ))  # fmt: skip
+    return out
 
+
+def _ratio_outliers(r: ObjectiveReport) -> list[Finding]:
+    out: list[Finding] = []
     share = r.ratio_outside_band
     lvl = "alarm" if r.overflow_tokens else _level("ratio-extreme", share)
     if lvl is not None:
@@ -131,7 +162,11 @@ def explain_findings(r: ObjectiveReport) -> list[Finding]:
              "extreme_tokens": r.extreme_tokens, "overflow_tokens": r.overflow_tokens,
              "ratio_max": r.ratio.max, "thresholds": _thresholds("ratio-extreme")},
         ))  # fmt: skip
+    return out
 
+
+def _sampler_mismatch(r: ObjectiveReport) -> list[Finding]:
+    out: list[Finding] = []
     ro = r.rollout
     if ro is not None and (lvl := _level("rollout-mismatch", ro.kl_k3)) is not None:
         out.append(Finding(
@@ -142,9 +177,11 @@ def explain_findings(r: ObjectiveReport) -> list[Finding]:
             {"kl_k3": ro.kl_k3, "ess_token": ro.ess_token, "ess_sequence": ro.ess_sequence,
              "thresholds": _thresholds("rollout-mismatch")},
         ))  # fmt: skip
+    return out
 
-    out += _length_findings(r, r.settings.max_len)
 
+def _entropy_collapse(r: ObjectiveReport) -> list[Finding]:
+    out: list[Finding] = []
     e = r.entropy
     if e is not None and e.mean is not None and e.mean < 0.05:
         out.append(Finding(
@@ -154,7 +191,11 @@ def explain_findings(r: ObjectiveReport) -> list[Finding]:
             "the temperature, or add an entropy bonus.",
             {"entropy_mean": e.mean, "threshold": 0.05},
         ))  # fmt: skip
+    return out
 
+
+def _residual_advantages(r: ObjectiveReport) -> list[Finding]:
+    out: list[Finding] = []
     if r.residual_advantages is not None:
         n, worst = r.residual_advantages
         out.append(Finding(
@@ -164,11 +205,18 @@ def explain_findings(r: ObjectiveReport) -> list[Finding]:
             "clip metrics count them; --recompute-advantages gives exact zeros.",
             {"answers": n, "max_abs": worst},
         ))  # fmt: skip
-    s = r.settings
-    if s.loss != "clip" or s.correction != "none" or s.mirrors is not None:
-        out.append(_loss_finding(r))  # (the seed's clipped surrogate goes without saying)
-    out.sort(key=lambda f: SEVERITIES.index(f.severity))
     return out
+
+
+def _lengths(r: ObjectiveReport) -> list[Finding]:
+    return _length_findings(r, r.settings.max_len)
+
+
+# every finding's test, in the order explain lists findings of one severity
+FINDERS: tuple[Callable[[ObjectiveReport], list[Finding]], ...] = (
+    _negative_loss, _near_zero_loss, _groups, _clipping, _kl_drift, _ratio_outliers,
+    _sampler_mismatch, _lengths, _entropy_collapse, _residual_advantages,
+)  # fmt: skip
 
 
 def _loss_finding(r: ObjectiveReport) -> Finding:

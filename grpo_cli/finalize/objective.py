@@ -24,6 +24,7 @@ from ..records import (
     GroupSummary,
     InputChecks,
     KLReport,
+    LoggedReport,
     LossClip,
     ObjectiveReport,
 )
@@ -218,6 +219,97 @@ def check_folded(src: Source, settings: Settings, rows: int, answers: int, width
         )
 
 
+def _rejected_everything(src: Source, settings: Settings, acc: TokenPartial) -> None:
+    """A correction's rejection that left no token: one line, its row's words."""
+    crow = settings.correction_row
+    if not acc.answers and acc.loss_metrics.seen_tokens and crow is not None:
+        why = "its rejection rejected every token: no loss is left to compute"
+        if crow.all_rejected is not None:
+            why = crow.all_rejected(settings.correction_params)
+        raise InputError(f"{src.label}: {why}")
+
+
+def clip_fractions(settings: Settings, acc: TokenPartial) -> ClipFractions:
+    """The clipped surrogate's clip fractions over tokens (answers at ``clip_unit``
+    sequences)."""
+    units = acc.answers if settings.clip_unit == "sequences" else acc.tokens
+    t = max(units, 1)
+    return ClipFractions(
+        low=acc.clip.low / t,
+        high=acc.clip.high / t,
+        region=acc.clip.region / t,
+        outside_range=acc.clip.outside / t,
+        dual_clip_lower=acc.clip.dual / t if settings.dual_clip is not None else None,
+        unit=settings.clip_unit,
+    )
+
+
+def fold_warnings(acc: TokenPartial, objective: float) -> list[str]:
+    """What the reader should know of the folded numbers: overflows, non-finite values."""
+    out: list[str] = []
+    if acc.overflow:
+        out.append(
+            f"{acc.overflow} token(s) have a log-ratio above {EXP_MAX:.1f}: "
+            f"their ratio overflows to inf"
+        )
+    if not math.isfinite(objective):
+        out.append(
+            "the objective is not finite (overflowing ratio or KL); see ratio.max and kl.max"
+        )
+    out += nonfinite_kl_warnings(acc)
+    rollout = acc.rollout.report()
+    if rollout is not None:
+        nulls = [
+            k for k, v in rollout.to_json().items() if isinstance(v, float) and not math.isfinite(v)
+        ]
+        if nulls:
+            out.append(
+                "the sampler's log-probs differ from the trainer's so much that exp(δ) "
+                f"overflows: rollout.{', rollout.'.join(nulls)} are null (see abs_diff_max)"
+            )
+    return out
+
+
+def input_warnings(src: Source, acc: TokenPartial, empty: int) -> list[str]:
+    """What the reader should know of the input: answers without a valid token, log-probs
+    above 0."""
+    out: list[str] = []
+    if empty:
+        out.append(
+            f"{empty} answer(s) have no valid token (their mask is all False: truncated "
+            "completions the trainer masks): left out of the step's numbers; the trainer's "
+            "loss and metrics, computed per call, count them as it does"
+        )
+    out += [
+        f"{n} valid token(s) of {src.name(f)!r} have a log-prob > 0 (a probability above 1): "
+        "computed on as given; grpo-cli check fails on them (logp-range)"
+        for f, n in acc.positive.counts.items()
+    ]
+    return out
+
+
+def logged_comparison(
+    logged: LoggedInput, metrics: dict[str, float], warnings: list[str]
+) -> LoggedReport:
+    """The trainer's metrics against what it logged (``--logged``), its notes added to
+    ``warnings``."""
+    warnings += logged.notes
+    compared = compare_logged(
+        logged.file, logged.metrics, logged.step, metrics, tolerance=logged.tolerance
+    )
+    if not metrics:
+        warnings.append(
+            "--logged: no trainer metrics to compare (name the trainer: --preset or --trainer)"
+        )
+    differ = [c.metric for c in compared.metrics if c.verdict == "differs"]
+    if differ:
+        warnings.append(
+            f"--logged: {len(differ)} metric(s) differ from the trainer's by more than "
+            f"{logged.tolerance:g} (relative): {', '.join(differ)}"
+        )
+    return compared
+
+
 def objective_record(
     src: Source,
     settings: Settings,
@@ -234,136 +326,52 @@ def objective_record(
     """The record of a folded objective: checks that every answer was folded, then the
     aggregations, distributions, the trainer's metrics (compared with ``logged`` when
     given) and notes; ``ratio_band`` sets ``ratio_outside_band``."""
-    adv = p1.adv
+    adv, stats, agg = p1.adv, p1.stats, settings.agg
     check_folded(src, settings, acc.rows + empty, adv.shape[0], acc.max_width)
-    crow = settings.correction_row
-    if not acc.answers and acc.loss_metrics.seen_tokens and crow is not None:
-        why = "its rejection rejected every token: no loss is left to compute"
-        if crow.all_rejected is not None:
-            why = crow.all_rejected(settings.correction_params)
-        raise InputError(f"{src.label}: {why}")
-    warnings = list(p1.warnings)
-    stats = p1.stats
-    agg = settings.agg
-    objective = acc.objective(agg)
-    policy = acc.aggregate("policy", agg)
+    _rejected_everything(src, settings, acc)
+    objective, policy = acc.objective(agg), acc.aggregate("policy", agg)
     kl_term = 0.0  # with the KL in the reward, the loss has no KL term
     if settings.beta and settings.kl_mode == "loss":
         kl_term = settings.beta * acc.aggregate("kl", settings.kl_aggregation)
-    units = acc.answers if settings.clip_unit == "sequences" else acc.tokens
-    t = max(units, 1)
-    clip = ClipFractions(
-        low=acc.clip.low / t,
-        high=acc.clip.high / t,
-        region=acc.clip.region / t,
-        outside_range=acc.clip.outside / t,
-        dual_clip_lower=acc.clip.dual / t if settings.dual_clip is not None else None,
-        unit=settings.clip_unit,
-    )
-    if acc.overflow:
-        warnings.append(
-            f"{acc.overflow} token(s) have a log-ratio above {EXP_MAX:.1f}: "
-            f"their ratio overflows to inf"
-        )
-    if not math.isfinite(objective):
-        warnings.append(
-            "the objective is not finite (overflowing ratio or KL); see ratio.max and kl.max"
-        )
-    has_kl = acc.kl_values.n > 0
-    warnings += nonfinite_kl_warnings(acc)
-    rollout = acc.rollout.report()
-    if rollout is not None:
-        nulls = [
-            k for k, v in rollout.to_json().items() if isinstance(v, float) and not math.isfinite(v)
-        ]
-        if nulls:
-            warnings.append(
-                "the sampler's log-probs differ from the trainer's so much that exp(δ) "
-                f"overflows: rollout.{', rollout.'.join(nulls)} are null (see abs_diff_max)"
-            )
+    clip = clip_fractions(settings, acc)
+    warnings = [*p1.warnings, *fold_warnings(acc, objective)]
     group_summary = group_summary_of(stats) if stats is not None else None
     metrics = trainer_metrics(settings, acc, policy, clip, group_summary, warnings, p1.reward)
     whole_step = None
     if calls is not None:  # what the trainer logs: from the step's calls, as it combines them
         whole_step, metrics = metrics, calls.metrics
         warnings += calls.notes
-    if empty:
-        warnings.append(
-            f"{empty} answer(s) have no valid token (their mask is all False: truncated "
-            "completions the trainer masks): left out of the step's numbers; the trainer's "
-            "loss and metrics, computed per call, count them as it does"
-        )
-    warnings += [
-        f"{n} valid token(s) of {src.name(f)!r} have a log-prob > 0 (a probability above 1): "
-        "computed on as given; grpo-cli check fails on them (logp-range)"
-        for f, n in acc.positive.counts.items()
-    ]
+    warnings += input_warnings(src, acc, empty)
     warnings += data_mistakes(src, acc, group_summary)
     warnings += acc.loss_metrics.notes()
-    compared = None
-    if logged is not None:
-        warnings += logged.notes
-        compared = compare_logged(
-            logged.file, logged.metrics, logged.step, metrics, tolerance=logged.tolerance
-        )
-        if not metrics:
-            warnings.append(
-                "--logged: no trainer metrics to compare (name the trainer: --preset or --trainer)"
-            )
-        differ = [c.metric for c in compared.metrics if c.verdict == "differs"]
-        if differ:
-            warnings.append(
-                f"--logged: {len(differ)} metric(s) differ from the trainer's by more than "
-                f"{logged.tolerance:g} (relative): {', '.join(differ)}"
-            )
+    compared = None if logged is None else logged_comparison(logged, metrics, warnings)
+    has_kl = acc.kl_values.n > 0
     b = math.log(ratio_band)
     return ObjectiveReport(
-        source=src.label,
-        settings=settings,
-        objective=objective,
-        policy_term=policy,
-        kl_term=kl_term,
-        aggregations={a: acc.objective(a) for a in AGGREGATIONS},
-        groups=int(stats.count.shape[0]) if stats is not None else None,
-        answers=acc.answers,
+        source=src.label, settings=settings, objective=objective, policy_term=policy,
+        kl_term=kl_term, aggregations={a: acc.objective(a) for a in AGGREGATIONS},
+        groups=int(stats.count.shape[0]) if stats is not None else None, answers=acc.answers,
         tokens=acc.tokens,
         max_len=settings.max_len if settings.max_len is not None else acc.max_width,
-        on_policy=p1.on_policy,
-        advantages_source=p1.source,
-        clip=clip,
-        ratio=acc.ratio_distribution(),
-        ratio_histogram=acc.ratio_histogram(),
-        overflow_tokens=acc.overflow,
-        extreme_tokens=acc.extreme,
+        on_policy=p1.on_policy, advantages_source=p1.source, clip=clip,
+        ratio=acc.ratio_distribution(), ratio_histogram=acc.ratio_histogram(),
+        overflow_tokens=acc.overflow, extreme_tokens=acc.extreme,
         kl=distribution(acc.kl_values, acc.kl_d, acc.kl_function()) if has_kl else None,
-        lengths=int_distribution(acc.lengths),
-        advantage=values_distribution(adv),
-        group_summary=group_summary,
-        trainer_metrics=metrics,
-        trainer_metrics_whole=whole_step,
-        calls=None if calls is None else calls.calls,
-        length_weights=length_weights(acc),
-        rollout=rollout,
-        loss_metrics=acc.loss_metrics.values(),
+        lengths=int_distribution(acc.lengths), advantage=values_distribution(adv),
+        group_summary=group_summary, trainer_metrics=metrics, trainer_metrics_whole=whole_step,
+        calls=None if calls is None else calls.calls, length_weights=length_weights(acc),
+        rollout=acc.rollout.report(), loss_metrics=acc.loss_metrics.values(),
         entropy=distribution(acc.entropy, acc.entropy_q) if acc.entropy.n else None,
-        warnings=warnings,
-        engine=engine,
-        ran=ran or p1.ran,
-        logged=compared,
+        warnings=warnings, engine=engine, ran=ran or p1.ran, logged=compared,
         ratio_band=ratio_band,
         ratio_outside_band=acc.delta.count_outside(-b, b) / max(acc.tokens, 1),
-        reward=p1.reward,
-        residual_advantages=p1.residual,
-        gradient=acc.gradient(),
-        gradient_asked=acc.gradient_wanted,
-        inputs=input_checks(src, acc),
-        loss_clip=loss_clip(settings, acc.loss_metrics.values()),
-        length_counts=acc.lengths,
-        length_adv=acc.length_adv.counts,
-        length_adv_edges=(LENGTH_EDGES, ADV_EDGES),
+        reward=p1.reward, residual_advantages=p1.residual, gradient=acc.gradient(),
+        gradient_asked=acc.gradient_wanted, inputs=input_checks(src, acc),
+        loss_clip=loss_clip(settings, acc.loss_metrics.values()), length_counts=acc.lengths,
+        length_adv=acc.length_adv.counts, length_adv_edges=(LENGTH_EDGES, ADV_EDGES),
         log_ratio_bins=_occupied_bins(acc.delta.hist) if acc.tokens else None,
         kl_bins=_kl_bins(acc) if has_kl else None,
-    )
+    )  # fmt: skip
 
 
 def _occupied_bins(h: Histogram) -> tuple[float, F64, I64]:

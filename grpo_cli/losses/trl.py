@@ -670,7 +670,7 @@ def _off_policy_weight(c: LossCall) -> F64:
 
 MASKS = (
     Mask(
-        "trl/entropy_mask", EntropyMaskParams,
+        "trl/top_entropy_mask", EntropyMaskParams,
         on=lambda p: bool(getattr(p, "entropy_mask", False)),
         weight=entropy_mask_of,
         words="TRL's high-entropy mask (the policy term only on the recorded entropy_mask tokens)",
