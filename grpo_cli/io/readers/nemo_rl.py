@@ -64,18 +64,18 @@ from ..arrow import arrow_of, numpy_of
 from ..fields import ANSWER_FIELDS, PER_TOKEN, TOKEN_VALUES
 from ..lists import answer_table, flag_array, is_list, list_array, raw_record_batch
 from ..paths import InputPath
-from .base import AnswerColumns, ReadColumns, Unit
-from .jsonl import (
+from ._jsonlines import (
     PASS1_BYTES,
     SUFFIXES,
     chunk_bytes,
     chunks,
+    file_size,
     head,
     json_type,
     line_types,
     parse,
 )
-from .jsonl import _size as file_size
+from .base import AnswerColumns, ReadColumns, Unit
 
 if TYPE_CHECKING:
     from ..source import Source
