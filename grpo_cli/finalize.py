@@ -302,13 +302,15 @@ def check_folded(src: Source, settings: Settings, rows: int, answers: int, width
 @dataclass(frozen=True)
 class LoggedInput:
     """What the trainer logged for the step (``--logged``): the file, its metrics under
-    the trainer's names, the step they are of, and the relative tolerance."""
+    the trainer's names, the step they are of, and the relative tolerance; ``unreadable``
+    says why the step's record could not be read (then ``metrics`` is empty)."""
 
     file: str
     metrics: dict[str, float]
     step: int | None
     tolerance: float
     notes: tuple[str, ...] = ()
+    unreadable: str | None = None
 
 
 def objective_record(

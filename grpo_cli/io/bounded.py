@@ -130,7 +130,7 @@ def read_document(path: Path, what: str = "file", limit: int = MAX_DOCUMENT) -> 
     return data
 
 
-def check_depth(data: bytes, label: str, line0: int = 1) -> int:
+def check_depth(data: bytes | bytearray, label: str, line0: int = 1) -> int:
     """Refuse ``data`` (JSON text, one or several lines) when a line nests arrays or objects
     deeper than :data:`MAX_DEPTH`, naming its line (``line0``: the number of ``data``'s
     first line in the file). Brackets inside strings do not count. Returns the newlines of

@@ -170,9 +170,7 @@ def _recorded(specs: Sequence[str | InputPath]) -> RecordedStep | None:
     step = recorded_step(d)
     if step is None:
         return None
-    step.require_done()
-    if not step.files:
-        raise InputError(f"{d}: a recorded step without a micro-batch file (rank*-mb*.parquet)")
+    step.require_readable()
     return step
 
 

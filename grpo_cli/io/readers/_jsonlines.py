@@ -89,7 +89,8 @@ def chunks(p: InputPath, size: int) -> Iterator[pa.Buffer]:
     label = str(p)
     line = 1  # the file's line number of the next chunk's first line
     pending = bytearray()  # the unfinished line at the end of the blocks so far
-    for block in _blocks(p, size):
+    # a line within one block is within the limit: only lines across blocks are measured
+    for block in _blocks(p, min(size, MAX_LINE)):
         cut = block.rfind(b"\n")
         if cut < 0:
             pending += block
