@@ -212,7 +212,7 @@ def load_logged(
     if damaged is not None and strict:
         n, why = damaged
         which = f"step {step}'s record" if step is not None else "the last record"
-        raise InputError(f"{path}: line {n} may be {which} and cannot be read ({why})")
+        raise InputError(f"{path}: line {n} is {why}; it may be {which}")
     if not records:
         raise InputError(f"{path}: no JSON object of metric: value")
     if step is not None:
@@ -254,7 +254,7 @@ def recorded_metrics(step: RecordedStep, tolerance: float) -> LoggedInput | None
         if damaged is None:
             return None
         n, why = damaged
-        text = f"{path}: line {n} may be step {step.step}'s record and cannot be read ({why})"
+        text = f"{path}: line {n} is {why}; it may be step {step.step}'s record"
         return LoggedInput(
             str(path), {}, step.step, tolerance, (*got.notes(), text), unreadable=text
         )

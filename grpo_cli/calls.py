@@ -32,6 +32,7 @@ from .plan import plan, run
 from .records import Calls
 from .trainers import trainer_of
 from .trainers.base import CallInputs, FileInputs
+from .trainers.config import check_config
 
 if TYPE_CHECKING:
     from ._report import Pass1
@@ -107,6 +108,9 @@ def fold_calls(
     t = trainer_of(settings.trainer)
     assert t is not None and t.calls is not None
     rules = t.calls
+    keys = getattr(t.from_config, "keys", None)
+    if keys is not None:  # the call rules read the config too (settings from --preset)
+        check_config(keys, config)
     fold_tokens = p1.fold(src.label)
 
     def fold(part: Counted, raw: RawBatch) -> None:

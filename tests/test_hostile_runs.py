@@ -215,7 +215,7 @@ def test_a_damaged_metrics_line_is_named_not_read_as_not_logged(
     assert "metrics.jsonl: line 2" in rule["message"]
     said = cli.json("objective", run / "step_000002")["warnings"]
     assert any("metrics.jsonl: 1 line(s) could not be read" in w for w in said), said
-    assert any("line 2 may be step 2's record and cannot be read" in w for w in said), said
+    assert any("line 2 is " in w and "it may be step 2's record" in w for w in said), said
     # step 1's line is whole: compared, with the damaged line named in the warnings
     doc1 = cli.json("objective", run / "step_000001")
     assert doc1["logged"]["metrics"] and any("line 2" in w for w in doc1["warnings"])
@@ -223,7 +223,7 @@ def test_a_damaged_metrics_line_is_named_not_read_as_not_logged(
     one_line(
         cli("objective", run / "step_000001", "--logged", run / "metrics.jsonl",
             "--logged-step", "2"),
-        "line 2 may be step 2's record and cannot be read",
+        "metrics.jsonl: line 2 is ",
     )  # fmt: skip
 
 

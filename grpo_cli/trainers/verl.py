@@ -22,6 +22,7 @@ from typing import Any, get_args
 
 from .._losses import LossName
 from .base import Default, MetricInputs, Release, Trainer, with_loss_metrics
+from .config import Key, boolean, checked, either, integer, number, text
 
 NAMES = (
     "actor/pg_loss",
@@ -344,6 +345,10 @@ def from_config(c: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
         penalty = c.get("algorithm.kl_penalty")
         if penalty in KL_ESTIMATORS:
             out["kl_estimator"] = KL_ESTIMATORS[penalty]
+        elif penalty is not None:
+            notes.append(
+                f"kl_penalty {penalty!r} is not one grpo-cli computes (kl, mse, low_var_kl)"
+            )
     elif c.get(ACTOR + "use_kl_loss") is False:
         out["beta"] = 0.0
     elif c.get(ACTOR + "use_kl_loss"):
@@ -414,11 +419,40 @@ LOSS_KEYS = {
 }
 
 
+_RC = "algorithm.rollout_correction."
+# Every verl 0.9.1 config key this module reads (dotted, as meta.json holds them), with its
+# type and range (verl's ActorConfig, PolicyLossConfig, AlgoConfig dataclasses)
+CONFIG_KEYS: dict[str, Key] = {
+    "algorithm.adv_estimator": text(),
+    "algorithm.norm_adv_by_std_in_grpo": boolean(),
+    ACTOR + "clip_ratio": number(low=0, null=True),
+    ACTOR + "clip_ratio_low": number(low=0, null=True),
+    ACTOR + "clip_ratio_high": number(low=0, null=True),
+    ACTOR + "clip_ratio_c": number(low=1, low_open=True, null=True),
+    ACTOR + "policy_loss.loss_mode": text(null=True),
+    ACTOR + "loss_agg_mode": text(null=True),
+    ACTOR + "loss_scale_factor": integer(low=1, null=True),
+    "algorithm.use_kl_in_reward": boolean(),
+    "algorithm.kl_ctrl.kl_coef": number(low=0),
+    "algorithm.kl_penalty": text(null=True),
+    ACTOR + "use_kl_loss": boolean(),
+    ACTOR + "kl_loss_coef": number(low=0),
+    ACTOR + "kl_loss_type": text(null=True),
+    _RC + "rollout_is": text(null=True),
+    _RC + "rollout_rs": text(null=True),
+    _RC + "bypass_mode": boolean(null=True),
+    _RC + "loss_type": text(null=True),
+    _RC + "rollout_is_threshold": either(number(low=0, low_open=True), text(), null=True),
+    _RC + "rollout_is_batch_normalize": boolean(null=True),
+    _RC + "rollout_rs_threshold": either(number(), text(), null=True),
+    **{ACTOR + key: number(null=True) for key in LOSS_KEYS},
+}
+
 TRAINER = Trainer(
     name="verl",
     releases=RELEASES,
     presets=PRESETS,
     reward_kl="score",
     dependent=dependent,
-    from_config=from_config,
+    from_config=checked(CONFIG_KEYS, from_config),
 )
