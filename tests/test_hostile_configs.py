@@ -136,7 +136,8 @@ class Traced(Mapping[str, Any]):
     """A config that records every key read from it (``get``, ``[]``, ``in``)."""
 
     def __init__(self, data: dict[str, Any]) -> None:
-        self.data, self.read = data, set()
+        self.data = data
+        self.read: set[str] = set()
 
     def __getitem__(self, key: str) -> Any:
         self.read.add(key)
