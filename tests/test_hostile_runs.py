@@ -379,3 +379,47 @@ def test_a_schema_the_recorder_never_writes_is_named(cli: Cli, tmp_path: Path) -
     pq.write_table(bad.replace_schema_metadata(t.schema.metadata), p)
     r = cli("objective", run / "step_000001")
     one_line(r, "logp")
+
+
+# ---------------------------------------------------------------- NeMo-RL per-token fields
+def nemo_lines(**over: Any) -> str:
+    rows = []
+    for i in range(4):
+        d = {
+            "token_loss_mask": [[0, 0, 1, 1, 1]], "sample_loss_mask": [1],
+            "prev_logprobs": [[0, -1, -1, -2, -1]], "generation_logprobs": [[0, -1.1, -1, -2, -1]],
+            "rewards": [float(i % 2)], "token_ids": [[7, 8, 3, 4, 5]], "advantages": [[0.5] * 5],
+            "idx": i,
+        }  # fmt: skip
+        if i == 2:
+            d.update(over)
+        rows.append(json.dumps(d))
+    return "\n".join(rows) + "\n"
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "n"),
+    [
+        ("prev_logprobs", [[0, -1, -1]], 3),
+        ("generation_logprobs", [[0, -1, -1, -2, -1, -3, -3]], 7),
+        ("advantages", [[0.5, 0.5]], 2),
+        ("token_ids", [[7, 8]], 2),
+    ],
+)
+def test_nemo_rl_fields_of_another_length_are_named(
+    cli: Cli, tmp_path: Path, field: str, value: Any, n: int
+) -> None:
+    """Measured: an IndexError traceback (prev_logprobs), and exit 0 (token_ids shorter than
+    the masks: the prompt groups read past the sample)."""
+    p = tmp_path / "train_data_step7.jsonl"
+    p.write_text(nemo_lines(**{field: value}))
+    for cmd in ("objective", "check", "trend"):
+        one_line(cli(cmd, p, "--beta", "0"), str(p), "row 2",
+                 f"field {field!r} has {n} positions but 'token_loss_mask' has 5")  # fmt: skip
+
+
+def test_nemo_rl_fields_of_one_length_read(cli: Cli, tmp_path: Path) -> None:
+    p = tmp_path / "train_data_step7.jsonl"
+    p.write_text(nemo_lines())
+    doc = cli.json("objective", p, "--beta", "0")
+    assert doc["counts"]["answers"] == 4 and doc["counts"]["tokens"] == 12  # 3 loss tokens each
