@@ -212,6 +212,16 @@ def open_source(
     reader = cls.open(paths)  # type: ignore[attr-defined]
     names = reader.names()
     columns = map_columns(names, column_map or {}, label, cls.what)
+    notes: tuple[str, ...] = ()
+    old = columns.get("old_logp")
+    if step is not None and columns.get("logp") is None and old is not None:
+        if "logp" not in (column_map or {}):  # a recorder given no current log-probs
+            columns = {**columns, "logp": old}
+            notes = (
+                f"{label}: no current-policy log-probs recorded (logp): the step is read as "
+                f"its first update, which is on-policy: logp = old_logp ({old!r}), ratio 1, "
+                "as the trainer's first update computes it",
+            )
     return Source(
         reader=reader,
         columns=columns,
@@ -219,4 +229,5 @@ def open_source(
         present=tuple(names),
         group_scope=group_scope,
         recorded=step,
+        notes=notes,
     )
