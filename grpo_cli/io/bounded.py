@@ -11,8 +11,9 @@ refusal one line naming the file and the line:
   Python's raises RecursionError. grpo-cli's own files nest 3 levels deep (NeMo-RL's
   ``[[...]]`` inside a line's object), so the limit leaves room without risk.
 - :data:`MAX_LINE`: one line of a JSONL or NeMo-RL dump, parsed into arrays by pyarrow.
-  Its text is held whole with the arrays it becomes (about 1.5 times the text at the
-  peak), so this bounds the memory of one answer: a longer answer goes in parquet.
+  Its text is held whole with the arrays it becomes and their checks (a 64 MiB line of
+  one token field, 13M tokens, peaks at 0.55 GB in ``objective``), so this bounds the
+  memory of one answer: a longer answer goes in parquet.
 - :data:`MAX_DOCUMENT`: a JSON document or line read into Python objects (``meta.json``,
   a metrics line, ``trainer_state.json``, a file's metadata), which take about ten times
   their text.
@@ -50,8 +51,8 @@ __all__ = [
 MAX_DEPTH = 64
 """Arrays and objects nested at most this deep in any JSON line or document."""
 
-MAX_LINE = 256 << 20
-"""Bytes of one JSONL or NeMo-RL line (one answer), parsed by pyarrow: 256 MiB."""
+MAX_LINE = 64 << 20
+"""Bytes of one JSONL or NeMo-RL line (one answer), parsed by pyarrow: 64 MiB."""
 
 MAX_DOCUMENT = 64 << 20
 """Bytes of one JSON document or line read into Python objects: 64 MiB."""

@@ -112,22 +112,21 @@ def chunks(p: InputPath, size: int) -> Iterator[pa.Buffer]:
         yield pa.py_buffer(pending)
 
 
-def head(p: InputPath, limit: int) -> bytes:
+def head(p: InputPath, limit: int) -> bytearray:
     """The first non-blank line of ``p``, or its first ``limit`` bytes when it is longer
     (b"" for a blank file)."""
-    got: list[bytes] = []
-    size = 0
+    got = bytearray()  # grown in place: at most ``limit`` and a block held
     for block in _blocks(p, min(limit, 1 << 20)):
         if not got:
             block = block.lstrip()
         if not block:
             continue
         cut = block.find(b"\n")
-        got.append(block if cut < 0 else block[:cut])
-        size += len(got[-1])
-        if cut >= 0 or size >= limit:
+        got += block if cut < 0 else block[:cut]
+        if cut >= 0 or len(got) >= limit:
             break
-    return b"".join(got)[:limit]
+    del got[limit:]
+    return got
 
 
 def count_rows(p: InputPath) -> int:
@@ -148,6 +147,8 @@ def parse(buf: pa.Buffer, schema: pa.Schema, label: str, row0: int, what: str) -
         table = pj.read_json(pa.BufferReader(buf), read_options=ro, parse_options=po)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
         raise _parse_error(label, exc, row0, what) from None
+    except UnicodeDecodeError:
+        raise _not_utf8(label, row0) from None
     table = table.combine_chunks()
     if table.num_rows == 0:
         return pa.RecordBatch.from_arrays([pa.array([], f.type) for f in schema], schema=schema)
@@ -189,9 +190,15 @@ def line_types(p: InputPath) -> dict[str, pa.DataType]:
     try:
         ro = pj.ReadOptions(use_threads=False, block_size=max(buf.size + 1, 1 << 16))
         table = pj.read_json(pa.BufferReader(buf), read_options=ro)
+        return {f.name: f.type for f in table.schema}
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
         raise _parse_error(str(p), exc, 0, "field") from None
-    return {f.name: f.type for f in table.schema}
+    except UnicodeDecodeError:  # a key of bytes that are not UTF-8
+        raise _not_utf8(str(p), 0) from None
+
+
+def _not_utf8(label: str, row0: int) -> InputError:
+    return InputError(f"{label}: a row from {row0} on holds text that is not UTF-8")
 
 
 def json_type(field: str, seen: pa.DataType | None) -> pa.DataType:
