@@ -117,11 +117,12 @@ def test_random_meta_json_and_configs(
     meta = json.loads((run / "meta.json").read_text())
     trainer = data.draw(st.sampled_from([*sorted(TRAINERS), "nemo", 7, None]))
     meta["trainer"] = trainer
-    keys = sorted(TRAINERS[trainer].from_config.keys) if trainer in TRAINERS else ["beta"]  # type: ignore[attr-defined]
+    named = TRAINERS.get(trainer) if isinstance(trainer, str) else None
+    keys = sorted(named.from_config.keys) if named is not None else ["beta"]  # type: ignore[attr-defined]
     chosen = data.draw(st.lists(st.sampled_from(keys), unique=True, max_size=4))
     meta["config"] = {k: data.draw(VALUES) for k in chosen}
-    for field in data.draw(st.lists(st.sampled_from(
-            ["trainer_version", "world_size", "config", "format_version"]), max_size=2)):  # fmt: skip
+    fields = ["trainer_version", "world_size", "config", "format_version"]
+    for field in data.draw(st.lists(st.sampled_from(fields), max_size=2)):
         meta[field] = data.draw(VALUES)
     (run / "meta.json").write_bytes(data.draw(damage(text_of(meta))))
     target = run if cmd == "trend" else run / "step_000001"
@@ -158,9 +159,9 @@ def test_random_recorded_files(
     p = run / "step_000001" / "rank000-mb000.parquet"
     if data.draw(st.booleans()):
         t = pq.read_table(p)
-        info = data.draw(st.dictionaries(st.sampled_from(
-            ["step", "rank", "micro_batch", "micro_batches", "world_size", "generation",
-             "iteration", "num_items_in_batch", "generated_at_step"]), VALUES, max_size=3))  # fmt: skip
+        keys = ["step", "rank", "micro_batch", "micro_batches", "world_size", "generation",
+                "iteration", "num_items_in_batch", "generated_at_step"]  # fmt: skip
+        info = data.draw(st.dictionaries(st.sampled_from(keys), VALUES, max_size=3))
         raw = data.draw(damage(text_of({"micro_batches": 1, **info})))
         pq.write_table(t.replace_schema_metadata({b"grpo_cli": raw}), p)
     else:

@@ -23,6 +23,7 @@ from .conftest import Cli
 from .test_hostile_runs import make_run, one_line
 
 A = verl.ACTOR
+RC = "algorithm.rollout_correction."
 TRL_BASE = {"loss_type": "bnpo", "beta": 0.0}
 
 # (trainer, config, the words of the one line): the measured failures of issue 27 and
@@ -56,6 +57,17 @@ WRONG = [
     ("verl", {A + "use_kl_loss": True, A + "kl_loss_coef": "0.001"}, "'0.001'"),
     ("verl", {A + "loss_agg_mode": ["token-mean"]}, "expected a string"),
     ("verl", {"algorithm.kl_ctrl.kl_coef": -1}, "expected a finite number >= 0"),
+    ("verl", {RC + "rollout_rs": "token"}, "'token' is not one of verl's options"),
+    ("verl", {RC + "rollout_rs": "token_k1", RC + "rollout_rs_threshold": 0},
+     "token_k1 takes a finite number >= 1 or 'lower_upper', got '0'"),
+    ("verl", {RC + "rollout_is": "token", RC + "rollout_is_threshold": "abc"},
+     f"'{RC}rollout_is_threshold' is 'abc'"),
+    ("trl", {"use_vllm": True, "vllm_importance_sampling_correction": True,
+             "vllm_importance_sampling_mode": "token_truncate",
+             "vllm_importance_sampling_clip_max": None}, "a truncating mode needs"),
+    ("trl", {"use_vllm": True, "vllm_importance_sampling_correction": True,
+             "vllm_importance_sampling_clip_min": 5}, "expected below"),
+    ("trl", {"vllm_importance_sampling_mode": "auto"}, "'auto': expected one of"),
     ("openrlhf", {"actor.eps_clip_low_high": ["0.2", "0.28"]},
      "'actor.eps_clip_low_high' is ['0.2', '0.28']: expected a list of 2 finite numbers"),
     ("openrlhf", {"actor.eps_clip_low_high": [0.2]}, "expected a list of 2"),
@@ -225,3 +237,57 @@ def test_random_config_values_end_in_a_result_or_one_line(
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("grpo-cli: error: "), r.stderr
         assert "--" not in lines[0].split("error: ", 1)[1].split(" ")[0], lines[0]
+
+
+def test_the_declared_vocabularies_are_the_settings_own() -> None:
+    """The option names a trainer module accepts are the ones its losses compute (the
+    loss module's lists, read here so the two cannot drift apart)."""
+    from typing import get_args
+
+    from grpo_cli import _losses as losses
+
+    assert verl.RS_OPTIONS == losses.RS_OPTIONS
+    modes = trl.CONFIG_KEYS["vllm_importance_sampling_mode"]
+    assert all(modes.ok(m) for m in get_args(losses.TrlISMode)) and not modes.ok("auto")
+    for key, kind in (("mode", losses.OrlMode), ("gating", losses.OrlGating)):
+        spec = openrlhf.CONFIG_KEYS["algo.advantage.is_correction_" + key]
+        assert all(spec.ok(v) for v in get_args(kind)) and not spec.ok("x")
+
+
+THRESHOLDS = st.one_of(
+    st.none(), st.floats(-1, 5), st.sampled_from(["0.5_2", "2_0.5", "2", "-1", "abc", "0_1",
+    "0.1,0.2", "0.5_2,3", "1e400", "nan", "", " 2 ", "1_2_3"]),
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    rs=st.lists(st.sampled_from([*verl.RS_OPTIONS, "token", "x"]), min_size=1, max_size=3),
+    threshold=THRESHOLDS,
+    is_threshold=THRESHOLDS,
+)
+def test_the_rollout_keys_are_read_as_the_loss_reads_them(
+    rs: list[str], threshold: Any, is_threshold: Any
+) -> None:
+    """meta.json's rollout correction strings are refused at the boundary exactly when the
+    loss module's own parsers refuse them (else they were blamed on --loss-param)."""
+    from grpo_cli import _losses as losses
+    from grpo_cli.errors import UsageError
+
+    rc = "algorithm.rollout_correction."
+    c = {rc + "rollout_rs": ",".join(rs), rc + "rollout_rs_threshold": threshold}
+    ours = verl._rollout_keys(c) is None
+    try:
+        losses.rejection_options(",".join(rs), threshold)
+        theirs = True
+    except (UsageError, ZeroDivisionError):  # 0 for a k1 option: the loss's own crash
+        theirs = False
+    assert ours == theirs, (c, verl._rollout_keys(c))
+    if isinstance(is_threshold, str):
+        c = {rc + "rollout_is_threshold": is_threshold}
+        try:
+            losses._is_threshold(is_threshold)
+            theirs = True
+        except UsageError:
+            theirs = False
+        assert (verl._rollout_keys(c) is None) == theirs, is_threshold

@@ -159,11 +159,22 @@ def check_config(
             raise InputError(f"{where}: config key {key!r} is {shown}: expected {spec.expected}")
 
 
-def checked(keys: Mapping[str, Key], from_config: FromConfig) -> FromConfig:
-    """``from_config`` run on a config :func:`check_config` has accepted."""
+Together = Callable[[Mapping[str, Any]], str | None]
+
+
+def checked(
+    keys: Mapping[str, Key], from_config: FromConfig, together: tuple[Together, ...] = ()
+) -> FromConfig:
+    """``from_config`` run on a config :func:`check_config` has accepted, and whose keys
+    that are read together pass each of ``together`` (a function of the config giving what
+    is wrong, naming the keys, or None)."""
 
     def run(config: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
         check_config(keys, config)
+        for rule in together:
+            wrong = rule(config)
+            if wrong is not None:
+                raise InputError(f"meta.json: {wrong}")
         return from_config(config)
 
     run.__doc__ = from_config.__doc__

@@ -372,9 +372,9 @@ CONFIG_KEYS: dict[str, Key] = {
     "actor.policy_loss_type": text(null=True),
     "actor.loss_agg_mode": choice(*AGGREGATIONS, null=True),
     "reward.clip_range": numbers(2, null=True),
-    _ADV + "level": text(null=True),
-    _ADV + "mode": text(null=True),
-    _ADV + "gating": text(null=True),
+    _ADV + "level": text(null=True),  # off, token, seq; another is named in a note
+    _ADV + "mode": choice("mask", "clip", null=True),  # OpenRLHF 0.11.2's argparse choices
+    _ADV + "gating": choice("ratio", "binary_kl", "tv", null=True),
     _ADV + "threshold": numbers(1, 2, low=0, one=True, null=True),
 }
 

@@ -469,6 +469,8 @@ LOSS_PARAMS = (
 )  # fmt: skip
 SCALE = {"group": "group", "batch": "batch", "none": "none", True: "group", False: "none"}
 
+VLLM_CLIP_MAX = 3.0  # GRPOConfig's vllm_importance_sampling_clip_max default (TRL 1.16.0)
+
 # Every GRPOConfig key this module reads (from_config and the call rules below), with its
 # type and range (TRL 1.16.0 GRPOConfig; transformers' logging_steps may be a ratio < 1)
 CONFIG_KEYS: dict[str, Key] = {
@@ -485,7 +487,9 @@ CONFIG_KEYS: dict[str, Key] = {
     "use_bias_correction_kl": boolean(),
     "use_vllm": boolean(),
     "vllm_importance_sampling_correction": boolean(),
-    "vllm_importance_sampling_mode": text(),
+    "vllm_importance_sampling_mode": choice(
+        "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"
+    ),
     "vllm_importance_sampling_clip_max": number(low=0, low_open=True, null=True),
     "vllm_importance_sampling_cap": number(low=0, low_open=True, null=True),
     "vllm_importance_sampling_clip_min": number(low=0, null=True),
@@ -750,10 +754,26 @@ def combine(
 CALLS = CallRules(call_metrics, file_loss, generation_metrics, combine, file_metrics)
 
 
+def _vllm_keys(c: Mapping[str, Any]) -> str | None:
+    """The vLLM correction's keys read together (when it is on): a truncating mode needs
+    a bound, and ``clip_min`` is below ``clip_max``."""
+    v = "vllm_importance_sampling_"
+    if not (c.get("use_vllm") and c.get(v + "correction")):
+        return None
+    mode = c.get(v + "mode")
+    high = next((c[k] for k in (v + "clip_max", v + "cap") if k in c), VLLM_CLIP_MAX)
+    low = c.get(v + "clip_min")
+    if isinstance(mode, str) and mode.endswith("truncate") and high is None and low is None:
+        return f"config key '{v}mode' is {mode!r}: a truncating mode needs {v}clip_max or clip_min"
+    if low is not None and high is not None and low >= high:
+        return f"config key '{v}clip_min' is {low!r}: expected below {v}clip_max ({high!r})"
+    return None
+
+
 TRAINER = Trainer(
     name="trl",
     releases=RELEASES,
     presets=PRESETS,
-    from_config=checked(CONFIG_KEYS, from_config),
+    from_config=checked(CONFIG_KEYS, from_config, (_vllm_keys,)),
     calls=CALLS,
 )

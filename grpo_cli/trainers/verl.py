@@ -17,6 +17,7 @@ own default is False).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any, get_args
 
@@ -448,11 +449,65 @@ CONFIG_KEYS: dict[str, Key] = {
     **{ACTOR + key: number(null=True) for key in LOSS_KEYS},
 }
 
+# verl 0.9.1's rejection options (algorithm.rollout_correction.rollout_rs, comma-separated)
+RS_OPTIONS = (
+    "token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
+    "seq_mean_k1", "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3",
+)  # fmt: skip
+
+
+def _bound(text: str, band: bool, ratio: bool = False) -> bool:
+    """One threshold of verl's: a number > 0, or (``band``) ``"lower_upper"`` with
+    0 < lower <= upper; a single ``ratio`` bound ``u`` is the band ``1/u_u`` (u >= 1)."""
+    try:
+        if "_" in text:
+            lo, hi = (float(x) for x in text.split("_", 1))
+            return band and 0 < lo <= hi
+        u = float(text)
+        return 1 <= u < math.inf if ratio else u > 0
+    except ValueError:
+        return False
+
+
+def _rollout_keys(c: Mapping[str, Any]) -> str | None:
+    """The rollout correction's option strings, read as verl reads them: ``rollout_is``'s
+    threshold a number or a ``lower_upper`` band; ``rollout_rs`` known options, with one
+    threshold shared or one each (a k1 option's may be a band)."""
+    t = c.get(_RC + "rollout_is_threshold")
+    if isinstance(t, str) and not _bound(t.strip(), band=True):
+        return (
+            f"config key '{_RC}rollout_is_threshold' is {t!r}: expected a number > 0 or "
+            "'lower_upper' with 0 < lower <= upper"
+        )
+    rs = c.get(_RC + "rollout_rs")
+    if not isinstance(rs, str) or not rs.strip():
+        return None
+    options = list(dict.fromkeys(o.strip() for o in rs.split(",") if o.strip()))
+    unknown = [o for o in options if o not in RS_OPTIONS]
+    if unknown:
+        return (
+            f"config key '{_RC}rollout_rs' is {rs!r}: {unknown[0]!r} is not one of verl's "
+            f"options ({', '.join(RS_OPTIONS)})"
+        )
+    spec = c.get(_RC + "rollout_rs_threshold")
+    raw = [str(spec)] if not isinstance(spec, str) else [x.strip() for x in spec.split(",")]
+    raw = [x for x in raw if x and spec is not None]
+    key = f"config key '{_RC}rollout_rs_threshold'"
+    if len(raw) not in (1, len(options)):
+        return f"{key} is {spec!r}: expected one threshold, or one per rollout_rs option"
+    for opt, x in zip(options, raw * len(options) if len(raw) == 1 else raw, strict=True):
+        k1 = opt.endswith("k1")  # a ratio's bounds
+        if not _bound(x, band=k1, ratio=k1):
+            want = "a finite number >= 1 or 'lower_upper'" if k1 else "a number > 0"
+            return f"{key} is {spec!r}: {opt} takes {want}, got {x!r}"
+    return None
+
+
 TRAINER = Trainer(
     name="verl",
     releases=RELEASES,
     presets=PRESETS,
     reward_kl="score",
     dependent=dependent,
-    from_config=checked(CONFIG_KEYS, from_config),
+    from_config=checked(CONFIG_KEYS, from_config, (_rollout_keys,)),
 )
