@@ -226,3 +226,17 @@ def test_share_report_runs_without_an_engine(tmp_path: Path) -> None:
     spec = str(root / "step_000001")
     r = share_report([spec], open_source([spec]), resolve_settings("openrlhf", beta=0.0))
     assert r.source == spec and r.objective.answers == 8 and r.check is not None
+
+
+def test_open_source_names_its_arguments(tmp_path: Path) -> None:
+    from grpo_cli import open_source
+
+    sample = str(Path(__file__).resolve().parent.parent / "sample_data" / "batch.parquet")
+    with pytest.raises(TypeError, match="specs: expected a list of paths"):
+        open_source(123)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="holding other values"):
+        open_source([sample, 4])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="column_map: expected a mapping"):
+        open_source([sample], column_map=5)  # type: ignore[arg-type]
+    # one path alone is a list of one, a str or a pathlib.Path
+    assert open_source(sample).paths == open_source([Path(sample)]).paths
