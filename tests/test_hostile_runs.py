@@ -423,3 +423,48 @@ def test_nemo_rl_fields_of_one_length_read(cli: Cli, tmp_path: Path) -> None:
     p.write_text(nemo_lines())
     doc = cli.json("objective", p, "--beta", "0")
     assert doc["counts"]["answers"] == 4 and doc["counts"]["tokens"] == 12  # 3 loss tokens each
+
+
+# ------------------------------------------------------------------------------- memory
+def gz_line(path: Path, size: int) -> Path:
+    """One JSONL answer of ``size`` bytes of text (``-0.5`` log-probs), gzipped."""
+    chunk = b"-0.5," * 200_000
+    with gzip.open(path, "wb", compresslevel=1) as f:
+        f.write(b'{"group": "a", "reward": 1.0, "logp": [')
+        for _ in range(size // len(chunk)):
+            f.write(chunk)
+        f.write(b"-0.5]}\n")
+    return path
+
+
+def peak_mib(*args: str | Path) -> tuple[subprocess.CompletedProcess[str], float]:
+    """A child grpo-cli and its peak RSS (MiB), measured on its own (ru_maxrss of a child
+    started by a fresh, small Python)."""
+    probe = (
+        "import resource, subprocess, sys; "
+        "r = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
+        "sys.stderr.write(r.stderr); "
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(r.returncode)"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", probe, sys.executable, "-m", "grpo_cli", *map(str, args)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    return r, int(r.stdout.strip().splitlines()[-1]) / 1024
+
+
+@pytest.mark.slow
+def test_a_1_gib_jsonl_line_is_refused_in_bounded_memory(tmp_path: Path) -> None:
+    """Measured: one 1 GiB line (gzipped) peaked at 2.1 GB. It is refused, naming the
+    limit, once 64 MiB of it are read (peak 0.22 GB here); a line within the limit is
+    read under 1 GB."""
+    from grpo_cli.io.bounded import MAX_LINE
+
+    big = gz_line(tmp_path / "big.jsonl.gz", 1 << 30)
+    r, mib = peak_mib("objective", big, "--beta", "0", "--json")
+    child_line(r, str(big), f"longer than {MAX_LINE >> 20} MiB")
+    assert mib < 1024, mib
+    ok = gz_line(tmp_path / "ok.jsonl.gz", MAX_LINE - (1 << 20))
+    r, mib = peak_mib("objective", ok, "--beta", "0", "--json")
+    assert r.returncode == 0, r.stderr[-500:]
+    assert mib < 1024, mib
