@@ -11,13 +11,14 @@ residual advantages, ...).
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import InputError
+from .io.bounded import MAX_DOCUMENT, BeyondFloat, loads, read_document, regular
 from .records import LoggedComparison, LoggedReport
 
 if TYPE_CHECKING:
@@ -27,7 +28,15 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     pass
 
-__all__ = ["ABS_FLOOR", "compare_logged", "load_logged", "recorded_metrics"]
+__all__ = [
+    "ABS_FLOOR",
+    "LoggedRecords",
+    "compare_logged",
+    "load_logged",
+    "read_records",
+    "record_metrics",
+    "recorded_metrics",
+]
 
 PREFIXES = ("train/",)
 ABS_FLOOR = 1e-6
@@ -45,73 +54,183 @@ def _name(key: str) -> str:
 SUMMARY_KEYS = frozenset({"train_runtime", "train_loss", "total_flos"})
 
 
+@dataclass(frozen=True)
+class LoggedRecords:
+    """What a logged-metrics file holds: its step records (line number, record), what
+    was left out (run summaries, evaluations) and the lines that could not be read, each
+    with why (line number, reason, the step it names when that can be told)."""
+
+    path: Path
+    records: list[tuple[int | None, dict[str, Any]]]
+    left_out: int = 0
+    damaged: list[tuple[int, str, int | None]] = field(default_factory=list)
+
+    def notes(self) -> list[str]:
+        out = []
+        if self.left_out:
+            out.append(
+                f"--logged {self.path}: {self.left_out} run-summary or evaluation record(s) "
+                "(train_runtime, train_loss, eval_*) left out: they are not a step's "
+                "training metrics"
+            )
+        if self.damaged:
+            shown = "; ".join(f"line {n}: {why}" for n, why, _ in self.damaged[:3])
+            more = f" (and {len(self.damaged) - 3} more)" if len(self.damaged) > 3 else ""
+            out.append(
+                f"{self.path}: {len(self.damaged)} line(s) could not be read and are left "
+                f"out: {shown}{more}"
+            )
+        return out
+
+    def damaged_for(self, step: int | None) -> tuple[int, str] | None:
+        """The first damaged line that may hold ``step``'s record (it names that step, or
+        no step can be told from it); for ``step`` None, a damaged last line."""
+        for n, why, named in self.damaged:
+            if step is None:
+                last = self.records[-1][0] if self.records else None
+                if last is None or n > last:
+                    return n, why
+            elif named is None or named == step:
+                return n, why
+        return None
+
+
+_STEP_KEY = re.compile(rb'"step"\s*:\s*(\d{1,18})\b')
+
+
+def read_records(path: Path) -> LoggedRecords:
+    """The records of a logged-metrics file (see :func:`load_logged`), within the limits
+    of :mod:`grpo_cli.io.bounded`: a regular file; a JSON document of at most
+    ``MAX_DOCUMENT`` bytes read whole, else JSON lines of at most that each; nesting at
+    most ``MAX_DEPTH`` deep. A line that cannot be read (cut mid-write, not UTF-8, not an
+    object, nested too deep) is left out and named.
+
+    Raises:
+        InputError: not a regular file, or it holds no record at all.
+    """
+    st = regular(path, "logged metrics")
+    whole: Any = None
+    if st.st_size <= MAX_DOCUMENT:
+        data = read_document(path, "logged metrics")
+        try:
+            whole = loads(data, str(path))
+        except InputError:
+            whole = None  # JSON lines (or damaged): read line by line
+        if isinstance(whole, dict) and isinstance(whole.get("log_history"), list):
+            whole = whole["log_history"]  # trainer_state.json
+        if isinstance(whole, dict):
+            whole = [whole]
+    Row = tuple[int | None, dict[str, Any]]
+    Damaged = tuple[int, str, int | None]
+    if isinstance(whole, list):
+        listed: list[Row] = [(None, r) for r in whole if isinstance(r, dict)]
+        none: list[Damaged] = []
+        if whole and not listed:
+            none.append((1, "no JSON object of metric: value", None))
+        return _kept(path, listed, none)
+    rows: list[Row] = []
+    damaged: list[Damaged] = []
+    for n, line in _lines(path):
+        if not line.strip():
+            continue
+        try:
+            rec = loads(line, str(path), n)
+            why = None if isinstance(rec, dict) else "not a JSON object of metric: value"
+        except InputError as exc:
+            rec, why = None, str(exc).split(f"line {n}: ", 1)[-1]
+        if why is not None:
+            m = _STEP_KEY.search(line[:4096])
+            damaged.append((n, why, int(m.group(1)) if m else None))
+            continue
+        rows.append((n, rec))
+    return _kept(path, rows, damaged)
+
+
+def _lines(path: Path) -> Any:
+    """Each line of ``path`` with its number, at most ``MAX_DOCUMENT`` bytes of it (a
+    longer line: its start, which then fails to parse, and the rest skipped)."""
+    try:
+        with open(path, "rb") as fh:
+            n = 0
+            while True:
+                line = fh.readline(MAX_DOCUMENT + 1)
+                if not line:
+                    return
+                n += 1
+                if len(line) > MAX_DOCUMENT and not line.endswith(b"\n"):
+                    while (rest := fh.readline(1 << 20)) and not rest.endswith(b"\n"):
+                        pass
+                    yield n, b'"a line longer than the limit"['
+                    continue
+                yield n, line
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read the logged metrics ({exc.strerror})") from None
+
+
+def _kept(
+    path: Path, rows: list[tuple[int | None, Any]], damaged: list[tuple[int, str, int | None]]
+) -> LoggedRecords:
+    steps = [(n, r) for n, r in rows if not (SUMMARY_KEYS & r.keys()) and not _eval(r)]
+    return LoggedRecords(path, steps, len(rows) - len(steps), damaged)
+
+
+def record_metrics(record: dict[str, Any], where: str) -> tuple[dict[str, float], list[str]]:
+    """A record's numbers as metrics under the trainer's names (prefixes dropped); an
+    integer beyond float is left out (null) with a note naming it (``where``: its file
+    and line)."""
+    metrics, notes = {}, []
+    for k, v in record.items():
+        if k == "step" or isinstance(v, bool):
+            continue
+        if isinstance(v, int) and not isinstance(v, BeyondFloat):
+            try:
+                v = float(v)
+            except OverflowError:  # a Python int handed over as it is (the gate)
+                v = BeyondFloat(len(str(abs(v))) if v.bit_length() < 14000 else 4300)
+        if isinstance(v, BeyondFloat):
+            notes.append(f"{where}: metric {k!r} is {v!r}: null, not compared")
+        elif isinstance(v, float):
+            metrics[_name(k)] = v
+    return metrics, notes
+
+
 def load_logged(
-    path: Path, step: int | None = None
+    path: Path, step: int | None = None, *, strict: bool = True
 ) -> tuple[dict[str, float], int | None, list[str]]:
     """The metrics of one logged step: the record whose ``step`` is ``step``, else the last;
     and notes on what was left out. The file is a JSON object of metrics, a list of them
     (``trainer.state.log_history``), ``trainer_state.json`` (its ``log_history``), or JSON
     lines; run-summary records (``train_runtime``, ``train_loss``) and evaluation records
-    (``eval_*``) are not steps' metrics and are left out, with a note.
+    (``eval_*``) are not steps' metrics and are left out, with a note; lines that cannot be
+    read are left out and named in a note.
 
     Raises:
-        InputError: the file is unreadable, not JSON (the line is named), holds no object,
-            or has no record of the step asked for.
+        InputError: the file is unreadable, holds no object, has no record of the step
+            asked for, or (``strict``) the step's record may be a line that cannot be read.
     """
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: cannot read the logged metrics ({exc})") from None
-    records: list[dict[str, Any]] = []
-    notes: list[str] = []
-    try:
-        whole = json.loads(text)
-    except json.JSONDecodeError:
-        whole = None
-    except RecursionError:
-        raise InputError(f"{path}: JSON nested too deeply") from None
-    if isinstance(whole, dict) and isinstance(whole.get("log_history"), list):
-        records = [r for r in whole["log_history"] if isinstance(r, dict)]  # trainer_state.json
-    elif isinstance(whole, dict):
-        records = [whole]
-    elif isinstance(whole, list):
-        records = [r for r in whole if isinstance(r, dict)]
-    else:
-        for i, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except (json.JSONDecodeError, RecursionError) as exc:
-                raise InputError(f"{path}: line {i} is not JSON ({exc})") from None
-            if not isinstance(rec, dict):
-                raise InputError(f"{path}: line {i} is not a JSON object of metric: value")
-            records.append(rec)
-    steps_of = [r for r in records if not (SUMMARY_KEYS & r.keys()) and not _eval(r)]
-    if len(steps_of) < len(records):
-        left = len(records) - len(steps_of)
-        notes.append(
-            f"--logged {path}: {left} run-summary or evaluation record(s) (train_runtime, "
-            "train_loss, eval_*) left out: they are not a step's training metrics"
-        )
-    records = steps_of
+    got = read_records(path)
+    notes = got.notes()
+    records = got.records
+    damaged = got.damaged_for(step)
+    if damaged is not None and strict:
+        n, why = damaged
+        which = f"step {step}'s record" if step is not None else "the last record"
+        raise InputError(f"{path}: line {n} is {why}; it may be {which}")
     if not records:
         raise InputError(f"{path}: no JSON object of metric: value")
     if step is not None:
-        chosen = [r for r in records if r.get("step") == step]
+        chosen = [(n, r) for n, r in records if r.get("step") == step]
         if not chosen:
-            steps = sorted({r["step"] for r in records if isinstance(r.get("step"), int)})
-            raise InputError(f"{path}: no record of step {step} (steps logged: {steps or 'none'})")
-        record = chosen[-1]
+            steps = sorted({r["step"] for _, r in records if isinstance(r.get("step"), int)})
+            shown = steps if len(steps) <= 20 else [*steps[:10], "...", *steps[-10:]]
+            raise InputError(f"{path}: no record of step {step} (steps logged: {shown or 'none'})")
+        line, record = chosen[-1]
     else:
-        record = records[-1]
-    got = record.get("step")
-    metrics = {
-        _name(k): float(v)
-        for k, v in record.items()
-        if k != "step" and isinstance(v, int | float) and not isinstance(v, bool)
-    }
-    return metrics, got if isinstance(got, int) else None, notes
+        line, record = records[-1]
+    where = f"{path}" + (f": line {line}" if line is not None else "")
+    metrics, more = record_metrics(record, where)
+    at = record.get("step")
+    return metrics, at if isinstance(at, int) else None, [*notes, *more]
 
 
 def _eval(record: dict[str, Any]) -> bool:
@@ -120,16 +239,30 @@ def _eval(record: dict[str, Any]) -> bool:
 
 def recorded_metrics(step: RecordedStep, tolerance: float) -> LoggedInput | None:
     """What the trainer logged at a recorded step (its run's ``metrics.jsonl``): None, with
-    no comparison, when the run logged nothing at that step (``logging_steps`` > 1)."""
+    no comparison, when the run logged nothing at that step (``logging_steps`` > 1); a
+    ``metrics.jsonl`` whose line for the step cannot be read (cut mid-write, not JSON) is
+    ``unreadable``, naming the line, with no metrics."""
 
     path = step.run.metrics_path
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         return None
     try:
-        metrics, got, notes = load_logged(path, step.step)
-    except InputError:
-        return None
-    return LoggedInput(str(path), metrics, got, tolerance, tuple(notes))
+        got = read_records(path)
+    except InputError as exc:
+        return LoggedInput(str(path), {}, step.step, tolerance, (str(exc),), unreadable=str(exc))
+    damaged = got.damaged_for(step.step)
+    chosen = [(n, r) for n, r in got.records if r.get("step") == step.step]
+    if not chosen:
+        if damaged is None:
+            return None
+        n, why = damaged
+        text = f"{path}: line {n} is {why}; it may be step {step.step}'s record"
+        return LoggedInput(
+            str(path), {}, step.step, tolerance, (*got.notes(), text), unreadable=text
+        )
+    line, record = chosen[-1]
+    metrics, more = record_metrics(record, f"{path}: line {line}")
+    return LoggedInput(str(path), metrics, step.step, tolerance, (*got.notes(), *more))
 
 
 def compare_logged(
@@ -173,10 +306,12 @@ def compare_logged(
 @dataclass(frozen=True)
 class LoggedInput:
     """What the trainer logged for the step (``--logged``): the file, its metrics under
-    the trainer's names, the step they are of, and the relative tolerance."""
+    the trainer's names, the step they are of, and the relative tolerance; ``unreadable``
+    says why the step's record could not be read (then ``metrics`` is empty)."""
 
     file: str
     metrics: dict[str, float]
     step: int | None
     tolerance: float
     notes: tuple[str, ...] = ()
+    unreadable: str | None = None

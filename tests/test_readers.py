@@ -768,5 +768,5 @@ def test_nemo_rl_refusals(cli: Cli, tmp_path: Path) -> None:
     short = dict(log, token_loss_mask=log["token_loss_mask"][:, :10])
     cli.error(
         ["objective", str(write_nemo(tmp_path / "short.jsonl", short)), "--beta", "0"],
-        "row 0: field 'token_loss_mask' has 9 positions but 'advantages' has 13",
+        "row 0: field 'advantages' has 14 positions but 'token_loss_mask' has 10",
     )

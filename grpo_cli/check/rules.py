@@ -372,6 +372,8 @@ def rule_logged_metrics(f: Facts, c: RuleConfig) -> Result:
     rid = "logged-metrics"
     if f.logged is None:
         return _skip(rid, "no --logged metrics given")
+    if f.logged.unreadable is not None:
+        return _skip(rid, f"unreadable: {f.logged.unreadable}")
     if f.report is None:
         return _skip(rid, f.why_no_report)
     if not f.report.trainer_metrics:

@@ -140,13 +140,22 @@ def share_report(
     src: Source,
     settings: Settings,
     *,
-    engine: EngineOptions,
+    engine: EngineOptions | None = None,
     top: int = 10,
     progress: Callable[[int], None] | None = None,
     check: CheckReport | None = None,
 ) -> ShareReport:
-    """Every record the report shows, for ``src`` (``specs``: how it was named, for the
-    trend); ``check``: a check report already made (``check --report-html``)."""
+    """Every record the report shows, for ``src``.
+
+    Args:
+      specs: the inputs as they were named (a run's steps give the report its trend).
+      src: the opened input (:func:`grpo_cli.io.open_source` of ``specs``).
+      settings: the conventions (:func:`grpo_cli.resolve_settings`).
+      engine: how to read and fold (None: the local engine's defaults).
+      top: the answers the report lists.
+      progress: called with the answers done, for a progress bar.
+      check: a check report already made (``check --report-html``); None: checked here."""
+    engine = (engine or EngineOptions()).resolved()
     from ..check.config import load_config
     from .answers import answers_report
     from .check import run_check

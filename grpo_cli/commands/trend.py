@@ -82,17 +82,28 @@ def trend_report(
     engine = (engine or EngineOptions()).resolved()
     paths: list[InputPath] = []
     skipped: list[str] = []
+    damaged: list[str] = []  # complete steps that cannot be read (a file cut after _DONE)
     for s in specs:
         run = None if "://" in s or not Path(s).is_dir() else find_run(Path(s))
         if run is None:
             one = None if "://" in s else recorded_step(Path(s))
             paths.extend([Path(s)] if one is not None else expand_input(s))
             continue
-        for st in run.steps():  # a recorded run: its complete steps, in order
-            if st.done:
+        steps = run.steps()
+        for st in steps:  # a recorded run: its complete, readable steps, in order
+            why = st.problem()
+            if why is None:
                 paths.append(st.directory)
-            else:
+            elif not st.done:
                 skipped.append(st.directory.name)
+            else:
+                damaged.append(why)
+        if not paths and steps:
+            raise InputError(
+                f"{s}: no step of the run can be read: {len(steps)} step folder(s), "
+                f"{len(skipped)} not completely written (no _DONE marker)"
+                + (f", {len(damaged)} damaged ({damaged[0]})" if damaged else "")
+            )
     if not paths:
         raise InputError("no step file given")
     given: dict[str, InputPath] = {}
@@ -128,6 +139,9 @@ def trend_report(
             f"{len(skipped)} recorded step(s) skipped, not completely written (no _DONE "
             f"marker): {', '.join(skipped[:5])}{' ...' if len(skipped) > 5 else ''}"
         )
+    notes += [f"recorded step skipped: {why}" for why in damaged[:5]]
+    if len(damaged) > 5:
+        notes.append(f"... and {len(damaged) - 5} more recorded step(s) skipped as damaged")
     return replace(report, warnings=[*notes, *report.warnings]) if notes else report
 
 

@@ -31,6 +31,7 @@ from ..records import Calls
 from ..settings import Settings
 from ..trainers import trainer_of
 from ..trainers.base import CallInputs, FileInputs
+from ..trainers.config import check_config
 from .loss import LossMetrics, correction_of
 from .tokens import TokenPartial
 
@@ -65,16 +66,11 @@ class Counted:
 
 
 def step_info(path: Any) -> dict[str, Any]:
-    """A recorded file's ``grpo_cli`` metadata (its step, rank, call, normalisers)."""
-    import json
+    """A recorded file's ``grpo_cli`` metadata (its step, rank, call, normalisers),
+    checked (:func:`grpo_cli.io.run.file_info`)."""
+    from ..io.run import file_info
 
-    md = pq.read_schema(path).metadata or {}
-    raw = md.get(b"grpo_cli")
-    try:
-        info = json.loads(raw) if raw else {}
-    except ValueError:
-        info = {}
-    return info if isinstance(info, dict) else {}
+    return file_info(path)
 
 
 @dataclass
@@ -113,6 +109,9 @@ def fold_calls(
     t = trainer_of(settings.trainer)
     assert t is not None and t.calls is not None
     rules = t.calls
+    keys = getattr(t.from_config, "keys", None)
+    if keys is not None:  # the call rules read the config too (settings from --preset)
+        check_config(keys, config)
     fold_tokens = p1.fold(src.label)
 
     def fold(part: Counted, raw: RawBatch) -> None:
@@ -159,13 +158,17 @@ def generation_rows(
     generations: set[int],
     settings: Settings | None = None,
     known: dict[str, LossMetrics] | None = None,
+    notes: list[str] | None = None,
 ) -> dict[int, dict[str, Any]]:
     """Each generation batch's rewards and group ids (from the files of its first pass,
     iteration 0, over every step of the run that holds one of its chunks), for the
     metrics a trainer logs once per generation; with a sampler–trainer correction in
     ``settings``, ``corrections``: each rank's correction metrics over its share of the
     generation (:func:`grpo_cli.fold.loss.correction_of` of every file, merged by rank;
-    a file's metrics in ``known``, by path, are taken as they are)."""
+    a file's metrics in ``known``, by path, are taken as they are). A file of another
+    step that cannot be read (cut after its step's ``_DONE``) is left out, said in
+    ``notes``: its generation cannot be told."""
+    from ..errors import InputError
     from ..io import open_source
 
     assert src.recorded is not None
@@ -175,7 +178,12 @@ def generation_rows(
         if not st.done:
             continue
         for p in st.files:
-            info = step_info(p)
+            try:
+                info = step_info(p)
+            except InputError as exc:
+                if notes is not None:
+                    notes.append(f"left out of the generation metrics: {exc}")
+                continue
             g = info.get("generation")
             if g not in generations or info.get("iteration", 0) != 0:
                 continue
@@ -217,11 +225,25 @@ def _file_correction(one: Source, settings: Settings) -> LossMetrics:
 def logging_window(src: Source, config: dict[str, Any]) -> list[int]:
     """The optimizer steps the trainer's record at this step covers: ``logging_steps`` of
     them ending here when this step is logged, else this one alone."""
+    from ..errors import InputError
+
     assert src.recorded is not None
     every = config.get("logging_steps")
     n = src.recorded.step
-    if not isinstance(every, int) or every <= 1 or n % every:
+    if not isinstance(every, int) or every <= 1 or n % every or n < every:
         return [n]
+    run = src.recorded.run
+    have = {st.step: st for st in run.steps() if n - every < st.step < n}
+    if len(have) < every - 1:  # counted before any list of the window is made
+        missing = next(k for k in range(n - every + 1, n) if k not in have)
+        raise InputError(
+            f"{run.root / 'meta.json'}: logging_steps {every}: the trainer's record at step "
+            f"{n} covers steps {n - every + 1}-{n}, and step {missing} of them is not "
+            f"recorded ({len(have) + 1} of {every} are): record every step (every_steps=1) "
+            "to compare the logged record"
+        )
+    for st in have.values():
+        st.require_readable()
     return list(range(n - every + 1, n + 1))
 
 
@@ -232,13 +254,12 @@ def logged_calls(src: Source, settings: Settings, folded: Folded, steps: list[in
     assert t is not None and t.calls is not None
     rules = t.calls
     generated = {g for g, at in folded.generations.items() if at in steps}
-    gen_metrics = [
-        rules.generation_metrics(settings, r)
-        for r in generation_rows(src, generated, settings, folded.corrections).values()
-    ]
+    unread: list[str] = []
+    rows = generation_rows(src, generated, settings, folded.corrections, unread)
+    gen_metrics = [rules.generation_metrics(settings, r) for r in rows.values()]
     metrics = rules.combine(folded.calls, folded.losses, len(steps), gen_metrics)
     clean = {k: v for k, v in metrics.items() if v is not None and not math.isnan(v)}
-    notes = []
+    notes = unread[:3] if generated else []
     if len(steps) > 1:
         notes.append(
             f"the trainer logs every {len(steps)} steps: its record at step {steps[-1]} "

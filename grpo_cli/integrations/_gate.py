@@ -163,17 +163,15 @@ def logged_result(report: CheckReport, config: CheckConfig, logged: LoggedInput)
 def logged_input(path: Path, record: Mapping[str, Any]) -> LoggedInput:
     """A step's logged record (what the recorder writes to ``metrics.jsonl``) as
     ``recorded_metrics`` reads it back: through JSON, numbers only, prefixes dropped."""
-    from ..logged import LoggedInput, _name
+    from ..logged import LoggedInput, record_metrics
     from ._writer import _plain
 
     rec = json.loads(json.dumps(_plain(dict(record))))
-    metrics = {
-        _name(k): float(v)
-        for k, v in rec.items()
-        if k != "step" and isinstance(v, int | float) and not isinstance(v, bool)
-    }
+    metrics, notes = record_metrics(rec, str(path))
     step = rec.get("step")
-    return LoggedInput(str(path), metrics, step if isinstance(step, int) else None, 0.0, ())
+    return LoggedInput(
+        str(path), metrics, step if isinstance(step, int) else None, 0.0, tuple(notes)
+    )
 
 
 def numbers(report: CheckReport, *, pending: bool = False) -> dict[str, float]:

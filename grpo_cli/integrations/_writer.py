@@ -100,6 +100,11 @@ def _padded_list(values: np.ndarray, dtype: pa.DataType) -> pa.Array:
     return pa.ListArray.from_arrays(offsets, child)
 
 
+def _width(values: np.ndarray) -> pa.DataType:
+    """The float type a token field keeps: float64 for float64, float32 for the rest."""
+    return pa.float64() if values.dtype == np.float64 else pa.float32()
+
+
 def rollout_table(
     *,
     group: list[str],
@@ -113,10 +118,10 @@ def rollout_table(
     """One micro-batch as grpo-cli's schema: ``group``, ``reward``, ``advantage`` per
     answer (``advantage`` ``(N, L)``: a list column of per-token advantages), every
     present token field of ``tokens`` (``logp``, ``old_logp``, ``ref_logp``,
-    ``rollout_logp``, ``entropy``; ``(N, L)``) as lists of ``token_dtype`` (float32 by
-    default: what the trainers compute in), ``mask`` ``(N, L)`` as lists of booleans,
-    ``completion`` texts when given. Arrays are numpy (the caller moves tensors to CPU)."""
-    token_dtype = token_dtype or pa.float32()
+    ``rollout_logp``, ``entropy``; ``(N, L)``) as lists of ``token_dtype`` (None: the
+    array's own width, float64 as float64 and every narrower float, float16 and bfloat16
+    included, as float32), ``mask`` ``(N, L)`` as lists of booleans, ``completion`` texts
+    when given. Arrays are numpy (the caller moves tensors to CPU)."""
     mask = np.asarray(mask)
     if mask.ndim != 2:
         raise ValueError(f"mask: expected (N, L), got shape {mask.shape}")
@@ -127,11 +132,11 @@ def rollout_table(
     if reward is not None:
         cols["reward"] = pa.array(np.asarray(reward, dtype=np.float64).reshape(n))
     if advantage is not None:
-        a = np.asarray(advantage, dtype=np.float64)
+        a = np.asarray(advantage)
         if a.ndim == 2:
-            cols["advantage"] = _padded_list(a, pa.float32())
+            cols["advantage"] = _padded_list(a, token_dtype or _width(a))
         else:
-            cols["advantage"] = pa.array(a.reshape(n))
+            cols["advantage"] = pa.array(a.astype(np.float64).reshape(n))
     for name in TOKEN_COLUMNS:
         v = tokens.get(name)
         if v is None:
@@ -139,7 +144,7 @@ def rollout_table(
         v = np.asarray(v)
         if v.shape != mask.shape:
             raise ValueError(f"{name}: shape {v.shape}, but the mask has {mask.shape}")
-        cols[name] = _padded_list(v, token_dtype)
+        cols[name] = _padded_list(v, token_dtype or _width(v))
     cols["mask"] = _padded_list(mask.astype(np.bool_), pa.bool_())
     if completion is not None:
         cols["completion"] = pa.array(list(completion), type=pa.string())

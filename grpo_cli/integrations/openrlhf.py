@@ -60,7 +60,9 @@ evaluation.
 
 from __future__ import annotations
 
+import inspect
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _pkg_version
@@ -69,6 +71,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from . import _args
 from ._gate import CheckFailedWarning, Gate, check_config
 from ._writer import Guard, RunWriter, rollout_table
 from .verl import NO_LOGP, NO_LOGP_COLUMNS, _array, per_answer
@@ -323,13 +326,30 @@ def write_experiences(
     per experience) gives the current policy's when you have them. ``args`` (OpenRLHF's
     argparse ``Namespace``, its nested form, or a dict) goes into ``meta.json`` as
     :func:`config_items` (written once per directory, by rank 0). After micro-batch
-    ``micro_batches - 1`` the step's ``_DONE`` is written. ``token_dtype``: a pyarrow type
-    for the token lists (float32 by default).
+    ``micro_batches - 1`` the step's ``_DONE`` is written. ``token_dtype``: None (each
+    token field keeps its width: float64 as float64, the rest as float32) or a pyarrow
+    float type for every token list. Without ``log_probs`` the step is read as its first
+    update, on-policy (logp = old_logp, ratio 1: what OpenRLHF's first update computes).
 
-    Never raises: a failure is one ``RuntimeWarning`` naming grpo-cli and the reason, and
-    later calls for the same directory and rank write nothing. Returns the file written,
-    or ``None``.
+    Required: ``experiences``, ``directory``, ``step`` (an integer >= 0) and
+    ``n_samples_per_prompt`` (an integer >= 1: the answers of a prompt); ``micro_batch``
+    is below ``micro_batches`` and ``rank`` below ``world_size``.
+
+    Never raises: a failure, a wrong argument too, is one ``RuntimeWarning`` naming
+    grpo-cli and the reason, and later calls for the same directory and rank write
+    nothing. Returns the file written, or ``None``.
     """
+    try:
+        _args.directory("directory", directory)
+        _args.count("step", step, least=0)
+        _args.count("n_samples_per_prompt", n_samples_per_prompt)
+        _args.index("micro_batch", micro_batch, _args.count("micro_batches", micro_batches),
+                    "micro_batches")  # fmt: skip
+        _args.index("rank", rank, _args.count("world_size", world_size), "world_size")
+        _args.token_type("token_dtype", token_dtype)
+    except (TypeError, ValueError) as exc:
+        warnings.warn(f"grpo-cli: write_experiences: {exc}; nothing written", RuntimeWarning, 2)
+        return None
     writer, guard = _run(directory, args, rank, world_size)
 
     def write() -> Path:
@@ -658,11 +678,14 @@ def install(
     its ``PolicyLoss`` was given, the status ``ppo_train`` returns is one line of
     ``metrics.jsonl`` (rank 0), and each rank writes its ``_DONE``. ``check`` is not taken
     there (the driver's ``PPOTrainer`` gates).
+
+    Required: ``trainer`` and ``directory`` (a path). Raises ``TypeError`` or
+    ``ValueError`` naming the argument (``every_steps`` not an integer >= 1,
+    ``token_dtype`` not None or a pyarrow float type, ``check`` not a bool or a path,
+    ``on_check`` not callable, a trainer without ``train_step``), before training starts.
     """
-    if every_steps < 1:
-        raise ValueError(f"every_steps: expected an integer >= 1, got {every_steps}")
-    if stop_on_fail and not check:
-        raise ValueError("stop_on_fail: needs check=True or a check config file")
+    _install_args(directory, every_steps=every_steps, token_dtype=token_dtype, check=check,
+                  stop_on_fail=stop_on_fail, on_check=on_check, first_step=first_step)  # fmt: skip
     if _is_actor_trainer(trainer):
         if check:
             raise ValueError(
@@ -752,17 +775,40 @@ def install(
     return trainer
 
 
+def _install_args(
+    directory: Any, *, every_steps: Any = 1, tokenizer: Any = None, token_dtype: Any = None,
+    check: Any = False, stop_on_fail: Any = False, on_check: Any = None, first_step: Any = 1,
+) -> None:  # fmt: skip
+    """:func:`install`'s arguments, checked (``TypeError``/``ValueError`` naming one)."""
+    del tokenizer  # anything with batch_decode, or None
+    _args.directory("directory", directory)
+    _args.count("every_steps", every_steps)
+    _args.count("first_step", first_step)
+    _args.token_type("token_dtype", token_dtype)
+    _args.check_option(check)
+    _args.flag("stop_on_fail", stop_on_fail)
+    _args.function("on_check", on_check)
+    if stop_on_fail and not check:
+        raise ValueError("stop_on_fail: needs check=True or a check config file")
+
+
 def recording(trainer_class: Any, directory: str | os.PathLike[str], **options: Any) -> Any:
     """``trainer_class`` (OpenRLHF's ``PPOTrainer``, a Ray actor class, or a plain
     ``BasePPOTrainer`` subclass) as a class whose instances :func:`install` themselves
     at the end of ``__init__``; ``PolicyModelActor`` as one that installs on its
     ``ActorPPOTrainer`` at the end of ``init_model_from_pretrained``; a Ray actor class
-    again when given one. ``options`` go to :func:`install`.
+    again when given one. ``options`` go to :func:`install`, checked here, before any
+    actor starts (``TypeError`` or ``ValueError`` naming the option; an option
+    :func:`install` does not take is a ``TypeError`` naming it).
 
     In ``openrlhf/cli/train_ppo_ray.py``::
 
         ppo_trainer = recording(PPOTrainer, "runs/exp1").remote(...)   # was PPOTrainer.remote
     """
+    unknown = set(options) - set(inspect.signature(_install_args).parameters)
+    if unknown or "directory" in options:
+        raise TypeError(f"recording: not an option of install: {', '.join(sorted(unknown))}")
+    _install_args(directory, **options)
     base = getattr(trainer_class, "__ray_actor_class__", trainer_class)
 
     def __init__(self: Any, *a: Any, **k: Any) -> None:

@@ -105,6 +105,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
+from . import _args
 from ._gate import PREFIX, CheckFailedWarning, Gate, check_config
 from ._writer import Guard, RunWriter, _padded_list, rollout_table
 
@@ -229,13 +230,21 @@ def record(
       ``trainer`` itself.
 
     Raises:
-      TypeError: ``trainer`` lacks the GRPOTrainer methods that are hooked.
-      ValueError: ``every_steps`` is not a positive integer, ``trainer`` is already
-        recorded, or ``stop_on_fail`` is given without ``check``.
+      TypeError: ``trainer`` lacks the GRPOTrainer methods that are hooked, or an argument
+        is of another type (named: ``directory`` not a path, ``every_steps`` not an
+        integer, ``completions`` or ``stop_on_fail`` not a bool, ``on_step_written`` or
+        ``on_check`` not callable, ``check`` not a bool or a path).
+      ValueError: ``every_steps`` is below 1, ``trainer`` is already recorded, or
+        ``stop_on_fail`` is given without ``check``.
       grpo_cli.errors.UsageError: the check config cannot be read.
     """
-    if isinstance(every_steps, bool) or not isinstance(every_steps, int) or every_steps < 1:
-        raise ValueError(f"every_steps: expected a positive integer, got {every_steps!r}")
+    _args.directory("directory", directory)
+    _args.count("every_steps", every_steps)
+    _args.flag("completions", completions)
+    _args.function("on_step_written", on_step_written)
+    _args.check_option(check)
+    _args.flag("stop_on_fail", stop_on_fail)
+    _args.function("on_check", on_check)
     if stop_on_fail and not check:
         raise ValueError("stop_on_fail: needs check=True or a check config file")
     config = check_config(check)

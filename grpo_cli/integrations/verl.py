@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Callable, Mapping
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _pkg_version
@@ -64,6 +65,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from . import _args
 from ._gate import CheckFailedWarning, Gate, check_config
 from ._writer import Guard, RunWriter, rollout_table
 
@@ -433,13 +435,30 @@ def write_batch(
     ``config`` (the run's OmegaConf config or a dict) goes into ``meta.json`` (written once
     per directory, by rank 0) as :func:`config_items`. After micro-batch
     ``micro_batches - 1`` the step's ``_DONE`` marker (``_DONE.rank{r:03d}`` when
-    ``world_size`` > 1) is written. ``token_dtype`` is a pyarrow type for the token lists
-    (float32 by default, what verl computes in; ``pyarrow.float64()`` keeps every digit).
+    ``world_size`` > 1) is written. ``token_dtype`` is None (each token field keeps the
+    width the batch holds it in: float64 as float64, float32 as float32, bfloat16 and
+    float16 widened to float32) or a pyarrow type for every token list
+    (``pyarrow.float32()``, ``pyarrow.float64()``). Without ``log_probs`` and without
+    the batch's own current log-probs the step is read as its first update, on-policy
+    (logp = old_logp), as verl's first update computes it.
 
-    Never raises: a failure is one ``RuntimeWarning`` naming grpo-cli and the reason, and
-    later calls for the same directory and rank write nothing. Returns the file written,
-    or ``None``.
+    Required: ``batch``, ``directory``, ``step`` (an integer >= 0); ``micro_batch`` is
+    below ``micro_batches`` and ``rank`` below ``world_size``.
+
+    Never raises: a failure, a wrong argument too, is one ``RuntimeWarning`` naming
+    grpo-cli and the reason, and later calls for the same directory and rank write
+    nothing. Returns the file written, or ``None``.
     """
+    try:
+        _args.directory("directory", directory)
+        _args.count("step", step, least=0)
+        _args.index("micro_batch", micro_batch, _args.count("micro_batches", micro_batches),
+                    "micro_batches")  # fmt: skip
+        _args.index("rank", rank, _args.count("world_size", world_size), "world_size")
+        _args.token_type("token_dtype", token_dtype)
+    except (TypeError, ValueError) as exc:
+        warnings.warn(f"grpo-cli: write_batch: {exc}; nothing written", RuntimeWarning, 2)
+        return None
     writer, guard = _run(directory, config, rank, world_size)
 
     def write() -> Path:
@@ -785,6 +804,12 @@ def install(
     ``CheckFailedWarning``; an exception in the gate is one ``RuntimeWarning`` and turns
     the gate off (recording goes on).
 
+    Required: ``trainer`` (a ``RayPPOTrainer`` after ``init_workers()``) and
+    ``directory`` (a path). Raises ``TypeError`` or ``ValueError`` naming the argument
+    (``every_steps`` not an integer >= 1, ``token_dtype`` not None or a pyarrow float
+    type, ``check`` not a bool or a path, ``on_check`` not callable, a trainer without
+    ``_update_actor``), before training starts.
+
     Example::
 
         trainer = RayPPOTrainer(config=config, ...)
@@ -792,8 +817,12 @@ def install(
         grpo_cli.integrations.verl.install(trainer, "runs/exp1")
         trainer.fit()
     """
-    if every_steps < 1:
-        raise ValueError(f"every_steps: expected an integer >= 1, got {every_steps}")
+    _args.directory("directory", directory)
+    _args.count("every_steps", every_steps)
+    _args.token_type("token_dtype", token_dtype)
+    _args.check_option(check)
+    _args.flag("stop_on_fail", stop_on_fail)
+    _args.function("on_check", on_check)
     if stop_on_fail and not check:
         raise ValueError("stop_on_fail: needs check=True or a check config file")
     config = check_config(check)

@@ -14,7 +14,7 @@ for ``--logged``.
 
 from __future__ import annotations
 
-import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,11 +22,13 @@ from typing import Any
 
 from ..errors import InputError
 from .arrow import why
+from .bounded import MAX_DOCUMENT, BeyondFloat, loads, mib, read_document
 
 __all__ = [
     "FORMAT",
     "RecordedRun",
     "RecordedStep",
+    "file_info",
     "find_run",
     "recorded_step",
     "step_of_dir",
@@ -34,8 +36,11 @@ __all__ = [
 
 FORMAT = "grpo-cli-run"  # meta.json's "format" (grpo_cli.integrations._writer)
 DONE = "_DONE"
-_STEP_DIR = re.compile(r"step_(\d+)$")
-_CALL_FILE = re.compile(r"rank(\d+)-mb(\d+)\.parquet$")
+# step and file numbers of at most 18 digits (an int64; a longer one is no step of a run)
+_STEP_DIR = re.compile(r"step_(\d{1,18})$")
+_CALL_FILE = re.compile(r"rank(\d{1,9})-mb(\d{1,9})\.parquet$")
+MAX_WORLD_SIZE = 1 << 20
+"""The largest world size a recorded run may name (its ranks' markers are looked up)."""
 
 
 @dataclass(frozen=True)
@@ -109,6 +114,26 @@ class RecordedStep:
                 "skips such steps"
             )
 
+    def require_readable(self) -> None:
+        """The step is complete and each of its files has a whole footer and metadata the
+        recorder writes (checked before anything is folded); else one line naming the
+        step or the file. ``trend`` skips such a step with a warning instead."""
+        self.require_done()
+        if not self.files:
+            raise InputError(
+                f"{self.directory}: a recorded step without a micro-batch file (rank*-mb*.parquet)"
+            )
+        for p in self.files:
+            file_info(p)
+
+    def problem(self) -> str | None:
+        """Why the step cannot be read (:meth:`require_readable`), or None."""
+        try:
+            self.require_readable()
+        except InputError as exc:
+            return str(exc)
+        return None
+
 
 def step_of_dir(d: Path) -> int | None:
     m = _STEP_DIR.search(d.name)
@@ -116,12 +141,9 @@ def step_of_dir(d: Path) -> int | None:
 
 
 def _read_meta(path: Path) -> dict[str, Any] | None:
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: cannot read ({why(exc)})") from None
-    except (ValueError, RecursionError) as exc:
-        raise InputError(f"{path}: not JSON ({why(exc)})") from None
+    """A recorded run's ``meta.json``, its fields checked (the config's keys are checked by
+    the trainer's module); None for someone else's ``meta.json``."""
+    meta = loads(read_document(path, "meta.json"), str(path))
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         return None  # someone else's meta.json: not a recorded run
     version = meta.get("format_version")
@@ -130,16 +152,91 @@ def _read_meta(path: Path) -> dict[str, Any] | None:
             f"{path}: a recorded run of format version {version!r}; this grpo-cli reads "
             "version 1 (upgrade grpo-cli)"
         )
+    bad = _bad_meta(meta)
+    if bad:
+        raise InputError(f"{path}: {bad}")
     return meta
 
 
+def _bad_meta(meta: dict[str, Any]) -> str | None:
+    """What is wrong with a recorded run's own fields (None: nothing)."""
+    t = meta.get("trainer")
+    if not isinstance(t, str) or not t.strip():
+        return f"'trainer' is {t!r}: expected the trainer's name as a string (trl, verl, openrlhf)"
+    v = meta.get("trainer_version")
+    if v is not None and not isinstance(v, str):
+        return f"'trainer_version' is {v!r}: expected a release as a string (\"1.16.0\") or null"
+    w = meta.get("world_size", 1)
+    if isinstance(w, bool) or not isinstance(w, int) or not 1 <= w <= MAX_WORLD_SIZE:
+        return f"'world_size' is {w!r}: expected an integer from 1 to {MAX_WORLD_SIZE}"
+    c = meta.get("config", {})
+    if not isinstance(c, dict):
+        return f"'config' is a {type(c).__name__}: expected an object of the trainer's keys"
+    return None
+
+
 def find_run(d: Path) -> RecordedRun | None:
-    """The recorded run rooted at directory ``d`` (its ``meta.json``), or None."""
+    """The recorded run rooted at directory ``d`` (its ``meta.json``), or None. A
+    ``meta.json`` that is not a regular file (a FIFO, a device) is refused."""
     meta_path = d / "meta.json"
-    if not meta_path.is_file():
+    if not meta_path.exists():
         return None
     meta = _read_meta(meta_path)
     return None if meta is None else RecordedRun(d, meta)
+
+
+# The recorder's metadata of each micro-batch file (its ``grpo_cli`` key): key -> (the
+# kind of value, the least value allowed, the largest).
+INFO_KEYS: dict[str, tuple[str, float, float]] = {
+    "step": ("int", 0, 2**63 - 1),
+    "rank": ("int", 0, MAX_WORLD_SIZE - 1),
+    "micro_batch": ("int", 0, 2**31 - 1),
+    "world_size": ("int", 1, MAX_WORLD_SIZE),
+    "micro_batches": ("int", 1, 2**31 - 1),
+    "generation": ("int", 0, 2**63 - 1),
+    "iteration": ("int", 0, 2**31 - 1),
+    "generated_at_step": ("int", -1, 2**63 - 1),
+    "num_items_in_batch": ("number", 0, math.inf),
+}
+
+
+def file_info(path: Any) -> dict[str, Any]:
+    """A recorded file's ``grpo_cli`` metadata (its step, rank, call, normalisers), read
+    from its footer: a file whose footer cannot be read (cut mid-write) or whose metadata
+    is not the recorder's (a key of :data:`INFO_KEYS` of another type or range) is one
+    line naming the file and the key."""
+    import pyarrow.parquet as pq
+
+    try:
+        md = pq.read_schema(path).metadata or {}
+    except Exception as exc:
+        raise InputError(
+            f"{path}: cannot read the file's parquet footer ({why(exc)}): the file was cut "
+            "or damaged after it was written"
+        ) from None
+    raw = md.get(b"grpo_cli")
+    if not raw:
+        return {}
+    if len(raw) > MAX_DOCUMENT:
+        raise InputError(f"{path}: its grpo_cli metadata is longer than {mib(MAX_DOCUMENT)}")
+    info = loads(raw, f"{path}: its grpo_cli metadata")
+    if not isinstance(info, dict):
+        raise InputError(f"{path}: its grpo_cli metadata is not a JSON object")
+    for key, (kind, low, high) in INFO_KEYS.items():
+        if key not in info:
+            continue
+        v = info[key]
+        ok = not isinstance(v, bool | BeyondFloat) and (
+            isinstance(v, int) if kind == "int" else isinstance(v, int | float)
+        )
+        if not ok or not (low <= v <= high):
+            what = "an integer" if kind == "int" else "a number"
+            top = "" if math.isinf(high) else f" to {high:g}"
+            raise InputError(
+                f"{path}: its grpo_cli metadata has {key!r} = {v!r}: expected {what} from "
+                f"{low:g}{top} (the recorder writes it)"
+            )
+    return info
 
 
 def _step(run: RecordedRun, d: Path, step: int) -> RecordedStep:

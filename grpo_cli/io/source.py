@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Iterator, Sequence
+import os
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -15,7 +16,7 @@ from numpy.typing import NDArray
 
 from ..errors import InputError, UsageError
 from .fields import ALIASES, map_columns
-from .paths import InputPath, expand
+from .paths import InputPath, RemoteFile, expand
 from .readers import Reader, Unit, reader_for, suffix_list
 from .run import RecordedStep, find_run, recorded_step
 
@@ -170,9 +171,7 @@ def _recorded(specs: Sequence[str | InputPath]) -> RecordedStep | None:
     step = recorded_step(d)
     if step is None:
         return None
-    step.require_done()
-    if not step.files:
-        raise InputError(f"{d}: a recorded step without a micro-batch file (rank*-mb*.parquet)")
+    step.require_readable()
     return step
 
 
@@ -192,7 +191,34 @@ def open_source(
 ) -> Source:
     """Resolve paths (files, directories, globs, URIs) and map every field to a column or
     array; ``group_scope`` says whether a group id spans files (``dataset``) or not
-    (``file``)."""
+    (``file``).
+
+    Args:
+      specs: the inputs, a list of paths (``str``, ``pathlib.Path`` or a
+        :class:`~grpo_cli.io.paths.RemoteFile`); one path alone is taken as a list of one.
+      column_map: field → the input's name for it (``--column FIELD=NAME``), or None.
+      group_scope: ``dataset`` or ``file``.
+
+    Raises:
+      TypeError: ``specs`` or ``column_map`` of another type (named).
+      grpo_cli.errors.InputError: an input that cannot be read (named)."""
+    if isinstance(specs, str | os.PathLike | RemoteFile):
+        specs = [specs if isinstance(specs, str | RemoteFile) else os.fspath(specs)]
+    if not isinstance(specs, Sequence) or not all(
+        isinstance(s, str | Path | RemoteFile) for s in specs
+    ):
+        raise TypeError(
+            f"specs: expected a list of paths (str, pathlib.Path), got {type(specs).__name__}"
+            + ("" if not isinstance(specs, Sequence) else " holding other values")
+        )
+    if column_map is not None and not (
+        isinstance(column_map, Mapping)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in column_map.items())
+    ):
+        raise TypeError(
+            f"column_map: expected a mapping of field names to column names (str to str), "
+            f"got {type(column_map).__name__}"
+        )
     if not specs:
         raise UsageError("no input file given")
     if group_scope not in ("dataset", "file"):
@@ -214,6 +240,16 @@ def open_source(
     reader = cls.open(paths)  # type: ignore[attr-defined]
     names = reader.names()
     columns = map_columns(names, column_map or {}, label, cls.what)
+    notes: tuple[str, ...] = ()
+    old = columns.get("old_logp")
+    if step is not None and columns.get("logp") is None and old is not None:
+        if "logp" not in (column_map or {}):  # a recorder given no current log-probs
+            columns = {**columns, "logp": old}
+            notes = (
+                f"{label}: no current-policy log-probs recorded (logp): the step is read as "
+                f"its first update, which is on-policy: logp = old_logp ({old!r}), ratio 1, "
+                "as the trainer's first update computes it",
+            )
     return Source(
         reader=reader,
         columns=columns,
@@ -221,4 +257,5 @@ def open_source(
         present=tuple(names),
         group_scope=group_scope,
         recorded=step,
+        notes=notes,
     )

@@ -211,6 +211,8 @@ def _rs_thresholds(
     for opt, s in zip(options, raw, strict=True):
         try:
             if opt.endswith("k1"):
+                if "_" not in s and not float(s) > 0:  # a single bound u means 1/u_u
+                    raise ValueError
                 lo_s, hi_s = s.split("_", 1) if "_" in s else (str(1.0 / float(s)), s)
                 lo, hi = float(lo_s), float(hi_s)
                 if not (0 < lo <= hi):

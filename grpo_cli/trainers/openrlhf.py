@@ -34,6 +34,7 @@ from .base import (
 
 if TYPE_CHECKING:
     from ..settings import Settings
+from .config import Key, boolean, checked, choice, number, numbers, text
 
 METRICS = ("policy_loss", "ppo_clip_ratio", "ppo_kl", "kl", "logprobs_diff")
 
@@ -345,6 +346,8 @@ def from_config(c: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     clip = c.get("reward.clip_range")
     if isinstance(clip, list | tuple) and len(clip) == 2 and -clip[0] == clip[1] > 0:
         out["adv_clip"] = float(clip[1])
+    elif clip is not None:
+        notes.append(f"reward.clip_range {clip}: grpo-cli clips advantages to a range ±c only")
     adv = "algo.advantage.is_correction_"
     level = c.get(adv + "level")
     if level in ("token", "seq") and kind == "gspo":
@@ -464,6 +467,26 @@ def _generation_metrics(s: Settings, rows: Mapping[str, Any]) -> dict[str, float
 
 CALLS = CallRules(call_metrics, _file_loss, _generation_metrics, combine, file_metrics)
 
+_ADV = "algo.advantage.is_correction_"
+# Every OpenRLHF 0.11.2 argument this module reads (dotted, as argparse holds them), with
+# its type and range
+CONFIG_KEYS: dict[str, Key] = {
+    "algo.advantage.estimator": text(null=True),
+    "algo.advantage.no_std_norm": boolean(null=True),
+    "algo.kl.use_loss": boolean(),
+    "algo.kl.init_coef": number(low=0),
+    "algo.kl.estimator": choice("k1", "k2", "k3", null=True),
+    "actor.eps_clip_low_high": numbers(2, low=0, null=True),
+    "actor.eps_clip": number(low=0),
+    "actor.dual_clip": number(low=1, low_open=True, null=True),
+    "actor.policy_loss_type": text(null=True),
+    "actor.loss_agg_mode": choice(*AGGREGATIONS, null=True),
+    "reward.clip_range": numbers(2, null=True),
+    _ADV + "level": text(null=True),  # off, token, seq; another is named in a note
+    _ADV + "mode": choice("mask", "clip", null=True),  # OpenRLHF 0.11.2's argparse choices
+    _ADV + "gating": choice("ratio", "binary_kl", "tv", null=True),
+    _ADV + "threshold": numbers(1, 2, low=0, one=True, null=True),
+}
 
 TRAINER = Trainer(
     name="openrlhf",
@@ -471,6 +494,5 @@ TRAINER = Trainer(
     presets=PRESETS,
     reward_kl="returns",
     dependent=dependent,
-    from_config=from_config,
-    calls=CALLS,
+    from_config=checked(CONFIG_KEYS, from_config),
 )

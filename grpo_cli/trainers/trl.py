@@ -35,6 +35,7 @@ from .base import (
     parse_version,
     with_loss_metrics,
 )
+from .config import Key, boolean, checked, choice, integer, number, text
 
 if TYPE_CHECKING:
     from ..settings import Settings
@@ -468,6 +469,38 @@ LOSS_PARAMS = (
 )  # fmt: skip
 SCALE = {"group": "group", "batch": "batch", "none": "none", True: "group", False: "none"}
 
+VLLM_CLIP_MAX = 3.0  # GRPOConfig's vllm_importance_sampling_clip_max default (TRL 1.16.0)
+
+# Every GRPOConfig key this module reads (from_config and the call rules below), with its
+# type and range (TRL 1.16.0 GRPOConfig; transformers' logging_steps may be a ratio < 1)
+CONFIG_KEYS: dict[str, Key] = {
+    "loss_type": text(),
+    "max_completion_length": integer(low=1, null=True),
+    **{key: number(low=0, low_open=True) for key in LOSS_PARAMS if "temperature" in key},
+    **{key: number() for key in LOSS_PARAMS if key.startswith("vespo")},
+    "beta": number(low=0),
+    "epsilon": number(low=0),
+    "epsilon_high": number(low=0, null=True),
+    "delta": number(low=1, low_open=True, null=True),
+    "importance_sampling_level": text(),
+    "scale_rewards": choice("group", "batch", "none", True, False),
+    "use_bias_correction_kl": boolean(),
+    "use_vllm": boolean(),
+    "vllm_importance_sampling_correction": boolean(),
+    "vllm_importance_sampling_mode": choice(
+        "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"
+    ),
+    "vllm_importance_sampling_clip_max": number(low=0, low_open=True, null=True),
+    "vllm_importance_sampling_cap": number(low=0, low_open=True, null=True),
+    "vllm_importance_sampling_clip_min": number(low=0, null=True),
+    "top_entropy_quantile": number(low=0, high=1),
+    "off_policy_mask_threshold": number(null=True),
+    "use_adaptive_entropy": boolean(),
+    "entropy_coef": number(),
+    "steps_per_generation": integer(low=1, null=True),
+    "logging_steps": number(low=0, low_open=True),
+}
+
 
 def from_config(c: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """GRPOConfig's keys (TRL 1.16.0) as Settings: ``loss_type`` the loss (cispo, sapo,
@@ -508,6 +541,11 @@ def from_config(c: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
         out["clip_unit"] = "sequences"
     elif c.get("importance_sampling_level") == "token":
         out["ratio_level"] = "token"
+    elif "importance_sampling_level" in c:
+        notes.append(
+            f"importance_sampling_level {c['importance_sampling_level']!r} is not computed by "
+            "this grpo-cli (token, sequence): the numbers follow a token ratio"
+        )
     if c.get("scale_rewards") in SCALE:
         out["scale"] = SCALE[c["scale_rewards"]]
     if isinstance(c.get("use_bias_correction_kl"), bool):
@@ -718,6 +756,26 @@ def combine(
 CALLS = CallRules(call_metrics, file_loss, generation_metrics, combine, file_metrics)
 
 
+def _vllm_keys(c: Mapping[str, Any]) -> str | None:
+    """The vLLM correction's keys read together (when it is on): a truncating mode needs
+    a bound, and ``clip_min`` is below ``clip_max``."""
+    v = "vllm_importance_sampling_"
+    if not (c.get("use_vllm") and c.get(v + "correction")):
+        return None
+    mode = c.get(v + "mode")
+    high = next((c[k] for k in (v + "clip_max", v + "cap") if k in c), VLLM_CLIP_MAX)
+    low = c.get(v + "clip_min")
+    if isinstance(mode, str) and mode.endswith("truncate") and high is None and low is None:
+        return f"config key '{v}mode' is {mode!r}: a truncating mode needs {v}clip_max or clip_min"
+    if low is not None and high is not None and low >= high:
+        return f"config key '{v}clip_min' is {low!r}: expected below {v}clip_max ({high!r})"
+    return None
+
+
 TRAINER = Trainer(
-    name="trl", releases=RELEASES, presets=PRESETS, from_config=from_config, calls=CALLS
+    name="trl",
+    releases=RELEASES,
+    presets=PRESETS,
+    from_config=checked(CONFIG_KEYS, from_config, (_vllm_keys,)),
+    calls=CALLS,
 )

@@ -17,6 +17,7 @@ own default is False).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +36,7 @@ from .base import (
 
 if TYPE_CHECKING:
     from ..settings import Settings
+from .config import Key, boolean, checked, either, integer, number, text
 
 NAMES = (
     "actor/pg_loss",
@@ -356,6 +358,10 @@ def from_config(c: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
         penalty = c.get("algorithm.kl_penalty")
         if penalty in KL_ESTIMATORS:
             out["kl_estimator"] = KL_ESTIMATORS[penalty]
+        elif penalty is not None:
+            notes.append(
+                f"kl_penalty {penalty!r} is not one grpo-cli computes (kl, mse, low_var_kl)"
+            )
     elif c.get(ACTOR + "use_kl_loss") is False:
         out["beta"] = 0.0
     elif c.get(ACTOR + "use_kl_loss"):
@@ -538,6 +544,87 @@ def combine(
 
 
 CALLS = CallRules(call_metrics, _file_loss, _generation_metrics, combine, file_metrics)
+_RC = "algorithm.rollout_correction."
+# Every verl 0.9.1 config key this module reads (dotted, as meta.json holds them), with its
+# type and range (verl's ActorConfig, PolicyLossConfig, AlgoConfig dataclasses)
+CONFIG_KEYS: dict[str, Key] = {
+    "algorithm.adv_estimator": text(),
+    "algorithm.norm_adv_by_std_in_grpo": boolean(),
+    ACTOR + "clip_ratio": number(low=0, null=True),
+    ACTOR + "clip_ratio_low": number(low=0, null=True),
+    ACTOR + "clip_ratio_high": number(low=0, null=True),
+    ACTOR + "clip_ratio_c": number(low=1, low_open=True, null=True),
+    ACTOR + "policy_loss.loss_mode": text(null=True),
+    ACTOR + "loss_agg_mode": text(null=True),
+    ACTOR + "loss_scale_factor": integer(low=1, null=True),
+    "algorithm.use_kl_in_reward": boolean(),
+    "algorithm.kl_ctrl.kl_coef": number(low=0),
+    "algorithm.kl_penalty": text(null=True),
+    ACTOR + "use_kl_loss": boolean(),
+    ACTOR + "kl_loss_coef": number(low=0),
+    ACTOR + "kl_loss_type": text(null=True),
+    _RC + "rollout_is": text(null=True),
+    _RC + "rollout_rs": text(null=True),
+    _RC + "bypass_mode": boolean(null=True),
+    _RC + "loss_type": text(null=True),
+    _RC + "rollout_is_threshold": either(number(low=0, low_open=True), text(), null=True),
+    _RC + "rollout_is_batch_normalize": boolean(null=True),
+    _RC + "rollout_rs_threshold": either(number(), text(), null=True),
+    **{ACTOR + key: number(null=True) for key in LOSS_KEYS},
+}
+
+# verl 0.9.1's rejection options (algorithm.rollout_correction.rollout_rs, comma-separated)
+RS_OPTIONS = (
+    "token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
+    "seq_mean_k1", "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3",
+)  # fmt: skip
+
+
+def _bound(text: str, band: bool, ratio: bool = False) -> bool:
+    """One threshold of verl's: a number > 0, or (``band``) ``"lower_upper"`` with
+    0 < lower <= upper; a single ``ratio`` bound ``u`` is the band ``1/u_u`` (u >= 1)."""
+    try:
+        if "_" in text:
+            lo, hi = (float(x) for x in text.split("_", 1))
+            return band and 0 < lo <= hi
+        u = float(text)
+        return 1 <= u < math.inf if ratio else u > 0
+    except ValueError:
+        return False
+
+
+def _rollout_keys(c: Mapping[str, Any]) -> str | None:
+    """The rollout correction's option strings, read as verl reads them: ``rollout_is``'s
+    threshold a number or a ``lower_upper`` band; ``rollout_rs`` known options, with one
+    threshold shared or one each (a k1 option's may be a band)."""
+    t = c.get(_RC + "rollout_is_threshold")
+    if isinstance(t, str) and not _bound(t.strip(), band=True):
+        return (
+            f"config key '{_RC}rollout_is_threshold' is {t!r}: expected a number > 0 or "
+            "'lower_upper' with 0 < lower <= upper"
+        )
+    rs = c.get(_RC + "rollout_rs")
+    if not isinstance(rs, str) or not rs.strip():
+        return None
+    options = list(dict.fromkeys(o.strip() for o in rs.split(",") if o.strip()))
+    unknown = [o for o in options if o not in RS_OPTIONS]
+    if unknown:
+        return (
+            f"config key '{_RC}rollout_rs' is {rs!r}: {unknown[0]!r} is not one of verl's "
+            f"options ({', '.join(RS_OPTIONS)})"
+        )
+    spec = c.get(_RC + "rollout_rs_threshold")
+    raw = [str(spec)] if not isinstance(spec, str) else [x.strip() for x in spec.split(",")]
+    raw = [x for x in raw if x and spec is not None]
+    key = f"config key '{_RC}rollout_rs_threshold'"
+    if len(raw) not in (1, len(options)):
+        return f"{key} is {spec!r}: expected one threshold, or one per rollout_rs option"
+    for opt, x in zip(options, raw * len(options) if len(raw) == 1 else raw, strict=True):
+        k1 = opt.endswith("k1")  # a ratio's bounds
+        if not _bound(x, band=k1, ratio=k1):
+            want = "a finite number >= 1 or 'lower_upper'" if k1 else "a number > 0"
+            return f"{key} is {spec!r}: {opt} takes {want}, got {x!r}"
+    return None
 
 
 TRAINER = Trainer(
@@ -547,6 +634,5 @@ TRAINER = Trainer(
     reward_kl="score",
     kl_agg_follows_config=True,
     dependent=dependent,
-    from_config=from_config,
-    calls=CALLS,
+    from_config=checked(CONFIG_KEYS, from_config, (_rollout_keys,)),
 )

@@ -64,9 +64,18 @@ from ..arrow import arrow_of, numpy_of
 from ..fields import ANSWER_FIELDS, PER_TOKEN, TOKEN_VALUES
 from ..lists import answer_table, flag_array, is_list, list_array, raw_record_batch
 from ..paths import InputPath
+from ._jsonlines import (
+    PASS1_BYTES,
+    SUFFIXES,
+    chunk_bytes,
+    chunks,
+    file_size,
+    head,
+    json_type,
+    line_types,
+    parse,
+)
 from .base import AnswerColumns, ReadColumns, Unit
-from .jsonl import PASS1_BYTES, SUFFIXES, chunk_bytes, chunks, head, json_type, line_types, parse
-from .jsonl import _size as file_size
 
 if TYPE_CHECKING:
     from ..source import Source
@@ -228,16 +237,18 @@ class NemoRLReader:
             raw = _drop_first(unwrapped[mname])
             moff, mvals = _flat(raw)
             token_mask = mask_values(mvals, label, f"field {mname!r}")
-            lengths = np.diff(moff) if lengths is None else lengths
-            if not np.array_equal(np.diff(moff), lengths):
-                i = int(np.flatnonzero(np.diff(moff) != lengths)[0])
-                raise InputError(
-                    f"{label}: row {row0 + i}: field {mname!r} has {int(np.diff(moff)[i])} "
-                    f"positions but {tokens!r} has {int(lengths[i])}"
-                )
+            lengths = np.diff(moff)  # the mask's: what every per-token field must match
         if lengths is None:
             raise InputError(f"{label}: no per-token field to read (the file has: "
                              f"{', '.join(src.present)})")  # fmt: skip
+        assert tokens is not None or mname is not None
+        ref = mname if mname is not None else tokens
+        for k, v in cols.items():  # every per-token field of a sample: one length
+            if is_list(v.type):
+                _same_length(label, row0, k, np.diff(_flat(v)[0]), ref, lengths)
+        if TOKEN_IDS in keys:  # the prompt and response, position 0 included
+            ids = np.diff(_flat(unwrapped[TOKEN_IDS])[0])
+            _same_length(label, row0, TOKEN_IDS, np.maximum(ids - 1, 0), ref, lengths)
         if SAMPLE_MASK in keys:
             sample = np.asarray(numpy_of(unwrapped[SAMPLE_MASK]), dtype=np.float64)
             bad = np.flatnonzero((sample != 0.0) & (sample != 1.0))
@@ -404,6 +415,19 @@ class NemoRLReader:
 
 
 # ------------------------------------------------------------------------ helpers
+def _same_length(label: str, row0: int, name: str, got: I64, ref: str | None, lengths: I64) -> None:
+    """Each sample's ``name`` has the positions of its ``ref`` field (after position 0),
+    as NeMo-RL's tensors of one batch do; else one line naming the row and the field."""
+    if np.array_equal(got, lengths):
+        return
+    i = int(np.flatnonzero(got != lengths)[0])
+    raise InputError(
+        f"{label}: row {row0 + i}: field {name!r} has {int(got[i]) + 1} positions but "
+        f"{ref!r} has {int(lengths[i]) + 1}: every per-token field of a sample has the "
+        "same length"
+    )
+
+
 def _unwrap(arr: pa.Array, label: str, name: str, row0: int) -> pa.Array:
     """NeMo-RL's one-sample batches: each line's value is a list of one; its element."""
     if not is_list(arr.type):
