@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from ..records import CheckReport
-from .tables import _example, _threshold, _value
+from .tables.check import _example, _threshold, _value
 
 __all__ = ["check_github", "check_junit"]
 
