@@ -10,8 +10,8 @@ from rich.console import Group, RenderableType
 from rich.text import Text
 
 from ...records import AdvantagesReport, KLReport
-from .._format import num, settings_text
-from .layout import ByWidth, Col, FitTable, dist_table, fmt, grid, kv_table
+from ..format import NONE, num, settings_text
+from .layout import ByWidth, Col, FitTable, dist_table, grid, kv_table
 from .objective import groups_rows
 
 if TYPE_CHECKING:
@@ -46,8 +46,8 @@ def render_answers(r: AnswersReport) -> RenderableType:
         cells = [] if one_file else [str(row["source"])]
         cells += [
             str(row["row"]),
-            "—" if row["group"] is None else str(row["group"]),
-            "—" if row["reward"] is None else num(row["reward"], 3),
+            NONE if row["group"] is None else str(row["group"]),
+            num(row["reward"], 3),
         ]
         cells += [num(row[k], d) if d else num(row[k]) for k, _, d, _ in stats]
         body.append(cells)
@@ -59,7 +59,7 @@ def render_answers(r: AnswersReport) -> RenderableType:
 def render_advantages(r: AdvantagesReport, max_groups: int = 20) -> RenderableType:
     s = r.settings
     title = (
-        f"Group advantages  (scale {s.scale}, ddof {s.ddof}, eps {s.eps:g}, "
+        f"Group advantages  (scale {s.scale}, ddof {s.ddof}, eps {num(s.eps, 6)}, "
         f"estimator {s.estimator})"
     )
     P = len(r.labels)
@@ -108,7 +108,7 @@ def render_advantages(r: AdvantagesReport, max_groups: int = 20) -> RenderableTy
     )
     rows = groups_rows(r.summary)
     if r.logged_max_abs_diff is not None:
-        rows.append(("max |logged − recomputed| advantage", fmt(r.logged_max_abs_diff)))
+        rows.append(("max |logged − recomputed| advantage", num(r.logged_max_abs_diff, 6)))
     totals = kv_table("Totals", rows)
     dist = dist_table("Distributions", {"reward": r.reward, "advantage": r.advantage})
     title_line = Text(f"{r.source}  ·  {settings_text(r)}", style="dim")
@@ -119,9 +119,9 @@ def render_advantages(r: AdvantagesReport, max_groups: int = 20) -> RenderableTy
 def render_kl(r: KLReport) -> RenderableType:
     s = r.settings
     title = f"KL estimate {s.kl_estimator} per token" + (
-        f" (clamped to ±{s.kl_clamp:g})" if s.kl_clamp is not None else ""
+        f" (clamped to ±{num(s.kl_clamp, 6)})" if s.kl_clamp is not None else ""
     )
-    counts = kv_table("Counts", [("answers", fmt(r.answers)), ("tokens", fmt(r.tokens))])
+    counts = kv_table("Counts", [("answers", num(r.answers)), ("tokens", num(r.tokens))])
     dist = dist_table(title, {"per token": r.token, "per-answer mean": r.per_answer})
     lengths = dist_table("Answer lengths (valid tokens)", {"length": r.lengths}, digits=5)
     title_line = Text(f"{r.source}  ·  {settings_text(r)}", style="dim")

@@ -3,40 +3,16 @@ and first place to look, the others by name) and ``--full`` (every rule)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
 from ...records import CheckReport, Finding, Result
-from .._format import num
+from ..format import example_text, num, threshold_text
 from .layout import ByWidth, Indented
 from .screen import plural, summary
 
 _STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
-
-
-def _value(v: float | int | None) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, int):
-        return f"{v:,}"
-    return num(v, 4)
-
-
-def _threshold(t: dict[str, float | None] | None) -> str:
-    if not t:
-        return "-"
-    parts = [f"{k} > {num(v, 4)}" for k, v in t.items() if v is not None]
-    return ", ".join(parts) or "-"
-
-
-def _example(ex: dict[str, Any]) -> str:
-    def show(v: Any) -> str:
-        return num(v, 6) if isinstance(v, float) else str(v)
-
-    return ", ".join(f"{k} {show(v)}" for k, v in ex.items())
 
 
 def rule_head(results: list[Result]) -> Table:
@@ -50,8 +26,8 @@ def rule_head(results: list[Result]) -> Table:
         t.add_row(
             Text(f"{res.status.upper():<4}", style=_STYLE[res.status]),
             res.rule,
-            f"value {_value(res.value)}",
-            f"threshold {_threshold(res.threshold)}",
+            f"value {num(res.value)}",
+            f"threshold {threshold_text(res.threshold)}",
         )
     return t
 
@@ -90,7 +66,9 @@ def render_check(
         parts.append(Indented(Text(res.message), 6))
         if res.examples:
             more = len(res.examples) - 1
-            at = f"at {_example(res.examples[0])}" + (f" (+{more} more: --full)" if more else "")
+            at = f"at {example_text(res.examples[0])}" + (
+                f" (+{more} more: --full)" if more else ""
+            )
             parts.append(Indented(Text(at, style="dim"), 8))
     for status in ("skip", "pass"):
         rules = [x.rule for x in r.results if x.status == status]
@@ -115,7 +93,7 @@ def _check_full(r: CheckReport) -> RenderableType:
         lines.append(Indented(Text(res.message), 6))
         if res.status in ("fail", "warn"):
             for ex in res.examples:
-                lines.append(Indented(Text(f"at {_example(ex)}", style="dim"), 8))
+                lines.append(Indented(Text(f"at {example_text(ex)}", style="dim"), 8))
     lines.append(Text(""))
     lines.append(_check_counts(r))
     return Group(*lines)

@@ -7,7 +7,7 @@ from rich.console import Group, RenderableType
 from rich.text import Text
 
 from ...records import Finding, ObjectiveReport
-from .._format import evidence_text
+from ..format import evidence_text
 from .layout import Indented, OneScreen
 from .screen import SEVERITY_STYLE, SEVERITY_WORD, finding_lines, summary, verdict
 

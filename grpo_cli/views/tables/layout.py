@@ -4,12 +4,10 @@ wrapped text (:class:`Indented`) and a screen filled by budget (:class:`OneScree
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 from rich import box
 from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
 from rich.measure import Measurement
@@ -17,27 +15,9 @@ from rich.table import Table
 from rich.text import Text
 
 from ...records import QUANTILES, Distribution
-from .._format import num
+from ..format import num
 
 SCREEN = 24  # lines of the one-screen views at 80 columns
-
-
-# ------------------------------------------------------------------------- numbers
-def fmt(x: float | int | None, digits: int = 6) -> str:
-    """``x`` with ``digits`` significant digits (integers with thousands separators)."""
-    if x is None:
-        return "-"
-    if isinstance(x, int | np.integer):
-        return f"{int(x):,}"
-    if not math.isfinite(x):
-        return str(x)
-    if x == 0:
-        return "0"
-    return f"{x:.{digits}g}"
-
-
-def pct2(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.2f}%"
 
 
 # ------------------------------------------------------------------ table helpers

@@ -12,8 +12,8 @@ from rich.table import Table
 from rich.text import Text
 
 from ...records import EXTREME, Finding, GroupSummary, LoggedReport, ObjectiveReport
-from .._format import num
-from .layout import Col, FitTable, dist_table, fmt, kv_table, pct2, table
+from ..format import num, pct, span
+from .layout import Col, FitTable, dist_table, kv_table, table
 from .screen import finding_lines, summary, verdict
 
 
@@ -111,18 +111,20 @@ def _objective_tables(r: ObjectiveReport) -> list[RenderableType]:
 def _objective_table(r: ObjectiveReport) -> list[RenderableType]:
     s = r.settings
     if s.kl_mode == "reward" and s.beta:
-        kl_part = f"the KL is in the reward (β = {s.beta:g}, {s.trainer}'s way): none in the loss"
+        kl_part = (
+            f"the KL is in the reward (β = {num(s.beta, 6)}, {s.trainer}'s way): none in the loss"
+        )
     elif s.beta:
-        kl_part = f"β·KL = {s.beta:g} × {fmt(r.kl_term / s.beta)}"
+        kl_part = f"β·KL = {num(s.beta, 6)} × {num(r.kl_term / s.beta, 6)}"
     else:
         kl_part = "β = 0: no KL term"
     t = kv_table(
         f"GRPO objective  (aggregation {s.agg})",
         [
-            ("objective J", fmt(r.objective, 10)),
-            ("loss = −J", fmt(r.loss, 10)),
-            ("policy term", fmt(r.policy_term, 10)),
-            ("KL term", fmt(r.kl_term, 10)),
+            ("objective J", num(r.objective, 10)),
+            ("loss = −J", num(r.loss, 10)),
+            ("policy term", num(r.policy_term, 10)),
+            ("KL term", num(r.kl_term, 10)),
             ("", kl_part),
         ],
     )
@@ -138,15 +140,17 @@ def _objective_table(r: ObjectiveReport) -> list[RenderableType]:
 def _clip_table(r: ObjectiveReport) -> RenderableType:
     s = r.settings
     clip_rows = [
-        ("low  (ρ < 1−ε, A < 0)", pct2(r.clip.low)),
-        ("high (ρ > 1+ε, A > 0)", pct2(r.clip.high)),
-        ("region (low or high)", pct2(r.clip.region)),
-        ("outside [1−ε, 1+ε]", pct2(r.clip.outside_range)),
+        ("low  (ρ < 1−ε, A < 0)", pct(r.clip.low)),
+        ("high (ρ > 1+ε, A > 0)", pct(r.clip.high)),
+        ("region (low or high)", pct(r.clip.region)),
+        ("outside [1−ε, 1+ε]", pct(r.clip.outside_range)),
     ]
     if r.clip.dual_clip_lower is not None:
-        clip_rows.append((f"dual clip (A < 0, ρ > {s.dual_clip:g})", pct2(r.clip.dual_clip_lower)))
-    eps_text = f"ε = {s.clip_eps:g}" + (
-        f", ε_high = {s.eps_high:g}" if s.clip_eps_high is not None else ""
+        clip_rows.append(
+            (f"dual clip (A < 0, ρ > {num(s.dual_clip, 6)})", pct(r.clip.dual_clip_lower))
+        )
+    eps_text = f"ε = {num(s.clip_eps, 6)}" + (
+        f", ε_high = {num(s.eps_high, 6)}" if s.clip_eps_high is not None else ""
     )
     unit = "share of answers" if r.clip.unit == "sequences" else "share of tokens"
     return kv_table(f"Clip fractions ({eps_text}, {s.ratio_level} ratio; {unit})", clip_rows)
@@ -165,7 +169,10 @@ def _ratio_tables(r: ObjectiveReport) -> list[RenderableType]:
     total = sum(c for _, _, c in r.ratio_histogram)
     for lo, hi, c in r.ratio_histogram:
         h.add_row(
-            f"[{lo:.6g}, {hi:.6g})", fmt(c), pct2(c / total if total else 0.0), _bar(c, total)
+            f"[{num(lo, 6)}, {num(hi, 6)})",
+            num(c),
+            pct(c / total if total else 0.0),
+            _bar(c, total),
         )
     parts: list[RenderableType] = [dist_table("Importance ratio and KL per token", ratio_dist), h]
     if r.overflow_tokens or r.extreme_tokens:
@@ -181,9 +188,9 @@ def _ratio_tables(r: ObjectiveReport) -> list[RenderableType]:
 
 def _count_tables(r: ObjectiveReport) -> list[RenderableType]:
     count_rows = [
-        ("groups", fmt(r.groups)),
-        ("answers", fmt(r.answers)),
-        ("tokens", fmt(r.tokens)),
+        ("groups", num(r.groups)),
+        ("answers", num(r.answers)),
+        ("tokens", num(r.tokens)),
         ("advantages from", r.advantages_source),
         ("ratio from", "logp only: on-policy, ρ = 1" if r.on_policy else "logp − old_logp"),
     ]
@@ -208,7 +215,7 @@ def _trainer_tables(r: ObjectiveReport) -> list[RenderableType]:
         parts.append(
             kv_table(
                 f"What {who} logs for this batch (its names, its formulas)",
-                [(k, fmt(v, 10)) for k, v in r.trainer_metrics.items()],
+                [(k, num(v, 10)) for k, v in r.trainer_metrics.items()],
             )
         )
     if r.loss_metrics:
@@ -216,7 +223,7 @@ def _trainer_tables(r: ObjectiveReport) -> list[RenderableType]:
         parts.append(
             kv_table(
                 f"What the trainer logs for {what} (its names)",
-                [(k, fmt(v, 10)) for k, v in r.loss_metrics.items()],
+                [(k, num(v, 10)) for k, v in r.loss_metrics.items()],
             )
         )
     return parts
@@ -225,7 +232,7 @@ def _trainer_tables(r: ObjectiveReport) -> list[RenderableType]:
 def _logged_table(lg: LoggedReport) -> RenderableType:
     where = lg.file + (f", step {lg.step}" if lg.step is not None else "")
     return FitTable(
-        f"Logged by the trainer ({where}) vs recomputed; tolerance {lg.tolerance:g}",
+        f"Logged by the trainer ({where}) vs recomputed; tolerance {num(lg.tolerance, 6)}",
         [
             Col("metric", "left"),
             Col("logged"),
@@ -237,8 +244,8 @@ def _logged_table(lg: LoggedReport) -> RenderableType:
             [
                 m.metric,
                 num(m.logged, 7),
-                "—" if m.recomputed is None else num(m.recomputed, 7),
-                "—" if m.relative is None else num(m.relative, 3),
+                num(m.recomputed, 7),
+                num(m.relative, 3),
                 m.verdict,
             ]
             for m in lg.metrics
@@ -248,18 +255,15 @@ def _logged_table(lg: LoggedReport) -> RenderableType:
 
 def groups_rows(g: GroupSummary) -> list[tuple[str, str]]:
     return [
-        ("groups", fmt(g.groups)),
-        ("answers", fmt(g.answers)),
-        (
-            "group size",
-            f"{g.min_size}" if g.min_size == g.max_size else f"{g.min_size}-{g.max_size}",
-        ),
+        ("groups", num(g.groups)),
+        ("answers", num(g.answers)),
+        ("group size", span(g.min_size, g.max_size)),
         (
             "zero-variance groups",
-            f"{fmt(g.zero_variance_groups)} ({pct2(g.frac_zero_variance_groups)})",
+            f"{num(g.zero_variance_groups)} ({pct(g.frac_zero_variance_groups)})",
         ),
-        ("answers with zero group std", pct2(g.frac_zero_std_answers)),
-        ("singleton groups", fmt(g.singleton_groups)),
+        ("answers with zero group std", pct(g.frac_zero_std_answers)),
+        ("singleton groups", num(g.singleton_groups)),
     ]
 
 
@@ -286,11 +290,11 @@ def _gradient_table(r: ObjectiveReport) -> RenderableType:
     t = kv_table(
         "Gradient of J with respect to the log-probs",
         [
-            ("‖∂J/∂logp‖", fmt(g["norm"], 6)),
-            ("policy part", fmt(g["policy_norm"], 6)),
-            ("KL part", fmt(g["kl_norm"], 6)),
-            ("tokens with a policy gradient", pct2(g["tokens_with_policy_gradient"])),
-            ("answers with a policy gradient", pct2(g["answers_with_policy_gradient"])),
+            ("‖∂J/∂logp‖", num(g["norm"], 6)),
+            ("policy part", num(g["policy_norm"], 6)),
+            ("KL part", num(g["kl_norm"], 6)),
+            ("tokens with a policy gradient", pct(g["tokens_with_policy_gradient"])),
+            ("answers with a policy gradient", pct(g["answers_with_policy_gradient"])),
         ],
     )
     return Group(t, Text(say + "\n", style="dim"))
@@ -303,18 +307,18 @@ def _rollout_table(r: ObjectiveReport) -> RenderableType:
     return kv_table(
         f"Sampler vs trainer  (rollout_logp vs {old}, δ = trainer − sampler)",
         [
-            ("mean |δ|", fmt(ro.abs_diff_mean)),
-            ("max |δ|", fmt(ro.abs_diff_max)),
-            ("mismatch KL k1  mean(−δ)", fmt(ro.kl_k1)),
-            ("mismatch KL k3  mean(ρ − δ − 1)", fmt(ro.kl_k3)),
-            ("chi² per token  mean(ρ²) − 1", fmt(ro.chi2_token)),
+            ("mean |δ|", num(ro.abs_diff_mean, 6)),
+            ("max |δ|", num(ro.abs_diff_max, 6)),
+            ("mismatch KL k1  mean(−δ)", num(ro.kl_k1, 6)),
+            ("mismatch KL k3  mean(ρ − δ − 1)", num(ro.kl_k3, 6)),
+            ("chi² per token  mean(ρ²) − 1", num(ro.chi2_token, 6)),
             (
                 "IS weight ρ mean [min, max]",
-                f"{fmt(ro.is_weight_mean)} "
-                f"[{fmt(ro.is_weight_min, 4)}, {fmt(ro.is_weight_max, 4)}]",
+                f"{num(ro.is_weight_mean, 6)} "
+                f"[{num(ro.is_weight_min, 4)}, {num(ro.is_weight_max, 4)}]",
             ),
-            ("ESS tokens / answers", f"{fmt(ro.ess_token, 4)} / {fmt(ro.ess_sequence, 4)}"),
-            ("mean |p_trainer − p_sampler|", fmt(ro.prob_abs_diff_mean)),
+            ("ESS tokens / answers", f"{num(ro.ess_token, 4)} / {num(ro.ess_sequence, 4)}"),
+            ("mean |p_trainer − p_sampler|", num(ro.prob_abs_diff_mean, 6)),
         ],
         note="Alarms practitioners use: |mismatch KL| > 0.1, IS mean outside [0.5, 2], "
         "ESS < 0.3, mean |Δp| > 0.01 (engine precision).",
@@ -328,7 +332,7 @@ def _compare_table(r: ObjectiveReport) -> RenderableType:
     t.add_column("loss", justify="right", no_wrap=True)
     for a in r.aggregations:
         mark = " ◀" if a == r.settings.agg else ""
-        t.add_row(a + mark, fmt(r.aggregations[a], 10), fmt(-r.aggregations[a], 10))
+        t.add_row(a + mark, num(r.aggregations[a], 10), num(-r.aggregations[a], 10))
     # an answer's weight in J relative to the median-length answer's: the shape of each
     # aggregation's length dependence, whatever its scale (token-sum weighs in tokens)
     by: dict[Any, dict[str, Any]] = {row["length"]: row for row in r.length_weights}

@@ -12,7 +12,8 @@ from rich.table import Table
 from rich.text import Text
 
 from ...records import Finding, ObjectiveReport
-from .._format import data_rows, headline, health_rows, num, objective_rows, settings_text
+from ..format import num, settings_text, span
+from ..summary import data_rows, headline, health_rows, objective_rows
 from .layout import ByWidth, grid
 
 SEVERITY_STYLE = {"alarm": "bold red", "warn": "yellow", "info": "dim"}
@@ -29,7 +30,9 @@ def _title(command: str, r: Any) -> Text:
 def _conventions_text(r: ObjectiveReport) -> Text:
     """Where the settings come from and the conventions J depends on most, one line."""
     s = r.settings
-    eps = f"ε {s.clip_eps:g}" + (f"/{s.eps_high:g}" if s.clip_eps_high is not None else "")
+    eps = f"ε {num(s.clip_eps, 6)}" + (
+        f"/{num(s.eps_high, 6)}" if s.clip_eps_high is not None else ""
+    )
     where = "defaults" if not (s.origin or s.preset) else settings_text(r)
     parts = [where, s.agg, eps if s.ratio_level == "token" else f"sequence ratio, {eps}"]
     if s.loss != "clip":  # a trainer's own loss in place of the clipped surrogate
@@ -37,12 +40,12 @@ def _conventions_text(r: ObjectiveReport) -> Text:
     if s.correction != "none":
         parts.append(f"{s.correction} correction")
     if s.dual_clip is not None:
-        parts.append(f"dual clip {s.dual_clip:g}")
+        parts.append(f"dual clip {num(s.dual_clip, 6)}")
     if s.beta == 0:
         parts.append("β 0")
     else:
         place = "in the reward" if s.kl_mode == "reward" else "in the loss"
-        parts.append(f"{s.kl_estimator} KL, β {s.beta:g}, {place}")
+        parts.append(f"{s.kl_estimator} KL, β {num(s.beta, 6)}, {place}")
     return Text(" · ".join(parts), style="dim")
 
 
@@ -50,8 +53,7 @@ def _data_text(r: ObjectiveReport) -> Text:
     parts = []
     g = r.group_summary
     if g is not None:
-        size = f"{g.min_size}" if g.min_size == g.max_size else f"{g.min_size}–{g.max_size}"
-        parts.append(f"{g.groups:,} groups of {size}")
+        parts.append(f"{g.groups:,} groups of {span(g.min_size, g.max_size)}")
     L = r.lengths
     parts.append(f"lengths {num(L.min)}–{num(L.max)}, mean {num(L.mean)}")
     parts.append(f"A from {r.advantages_source}")

@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ...records import TrendReport
-from .._format import num, settings_text
+from ..format import num, settings_text
 from .check import rule_head
 from .layout import Col, FitTable
 
