@@ -244,6 +244,90 @@ def test_github_format_says_when_every_rule_passes() -> None:
     ]
 
 
+# ---------------------------------------------------------------- one number style
+def test_num_and_pct_by_hand() -> None:
+    from grpo_cli.views.format import NONE, num, pct, span
+
+    # the fewest characters that keep the significant digits; a compact exponent
+    assert num(-0.0002311050556) == "-2.311e-4" and num(-0.0002311050556, 10) == "-2.311050556e-4"
+    assert num(163.456) == "163.5" and num(1262.4) == "1262" and num(12624.0) == "1.262e4"
+    assert num(0.04) == "0.04" and num(0.001) == "1e-3" and num(1e-8, 6) == "1e-8"
+    assert num(25438) == "25,438" and num(np.int64(-7)) == "-7" and num(0.0) == "0"
+    assert num(float("nan")) == "nan" and num(-float("inf")) == "-inf" and num(True) == "true"
+    assert pct(0.001022) == "0.102%" and pct(0.40625) == "40.6%" and pct(0) == "0%"
+    assert pct(0.4807) == "48.1%" and pct(1.0) == "100%"
+    assert num(None) == pct(None) == NONE == "—"
+    assert span(8, 8) == "8" and span(6, 785) == "6–785"
+
+
+def _every_view(tmp_path: Path) -> dict[str, str]:
+    """What every view prints of the sample batch: each table (one screen and --full),
+    the CI formats (the GitHub summary too), the HTML report."""
+    batch, spike = SAMPLE / "batch.parquet", SAMPLE / "broken" / "kl_spike.parquet"
+    out = {
+        "objective": run("objective", batch).stdout,
+        "objective --full": run("objective", batch, "--full", "--compare", "--gradient").stdout,
+        "check --full": run("check", batch, "--full").stdout,
+        "check spike --full": run("check", spike, "--full").stdout,
+        "explain --full": run("explain", spike, "--full").stdout,
+        "advantages": run("advantages", batch).stdout,
+        "kl": run("kl", batch).stdout,
+        "answers": run("answers", batch, "--top", "5").stdout,
+        "junit": run("check", spike, "--format", "junit").stdout,
+    }
+    summary = tmp_path / "summary.md"
+    r = CliRunner().invoke(app, ["check", str(batch), "--format", "github"],
+                           env={"GITHUB_STEP_SUMMARY": str(summary)})  # fmt: skip
+    out["github"] = r.stdout + summary.read_text()
+    html = tmp_path / "report.html"
+    run("report", batch, "--html", html)
+    out["html"] = html.read_text()
+    return out
+
+
+def _messages(*paths: Path) -> str:
+    """Every rule's and finding's message of ``paths``: text the records carry (their JSON
+    too), written where they are computed, not by a view."""
+    texts = []
+    for path in paths:
+        check = json.loads(run("check", path, "--format", "json").stdout)
+        explain = json.loads(run("explain", path, "--json").stdout)
+        texts += [x["message"] for x in check["results"]]
+        texts += [x["message"] for x in explain["findings"]]
+    return "\n".join(texts)
+
+
+def test_every_view_writes_numbers_one_way(tmp_path: Path) -> None:
+    views = _every_view(tmp_path)
+    messages = _messages(SAMPLE / "batch.parquet", SAMPLE / "broken" / "kl_spike.parquet")
+    # printf's exponent of two digits (1e-04) and shares to 2 decimals (0.04%, 40.62%)
+    printf = re.compile(r"[-\d.]*\de[-+]?0\d|(?<![\d.])(?:\d{2}\.\d{2}|0\.0\d)%")
+    for name, text in views.items():
+        assert text.strip(), name
+        found = set(printf.findall(text)) - set(printf.findall(messages))
+        assert not found, (name, found)  # the views write 1e-4 and 0.0432%, 40.6%
+    # an absent value is one glyph in every view, never a hyphen
+    assert "value —  threshold —" in views["check --full"]
+    assert "value -" not in views["check --full"]
+    assert "| — | — |" in views["github"] and "| - |" not in views["github"]
+
+
+def test_the_same_number_reads_the_same_on_the_screen_and_in_full() -> None:
+    doc = json.loads(run("objective", SAMPLE / "batch.parquet", "--json").stdout)
+    screen = run("objective", SAMPLE / "batch.parquet").stdout
+    full = run("objective", SAMPLE / "batch.parquet", "--full").stdout
+    # --full gives J to 10 significant digits, in the one screen's style
+    shown = field(full, "objective J")
+    assert close(shown, doc["objective"], 10) and "e-" in shown
+    assert field(screen, "J ").split("e")[1] == shown.split("e")[1]  # one exponent style
+    # a share is written once: the screen's clip region is --full's region row
+    assert field(screen, "clip region (tokens)") == field(full, "region (low or high)")
+    zero = doc["groups"]["frac_zero_variance_groups"]
+    assert f"answers with zero group std            {100 * zero:.3g}%" in full
+    # the group size range is one glyph (an en dash) wherever it is shown
+    assert not re.search(r"group size +\d+-\d", full)
+
+
 # ---------------------------------------------------------------- README
 def test_readme_outputs_are_what_the_commands_print() -> None:
     spec = importlib.util.spec_from_file_location("readme_outputs", ROOT / "docs" /

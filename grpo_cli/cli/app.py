@@ -14,9 +14,10 @@ import math
 import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Protocol, TypeVar
 
 import typer
 from typer.core import TyperCommand, TyperGroup
@@ -26,10 +27,23 @@ from ..commands.objective import advantages_report, kl_report, objective_report
 from ..env import engine_options, github_step_summary
 from ..errors import GrpoCliError, UsageError
 from ..io import open_source, parse_column_map, write_advantages
-from ..views.json import advantages_json, dumps, kl_json, objective_json
+from ..views.json import (
+    advantages_json,
+    answers_json,
+    dumps,
+    explain_json,
+    kl_json,
+    objective_json,
+    trend_json,
+)
 from .options import (
     ADVANTAGE_CONVENTIONS,
+    CHECK_FORMATS,
+    BaselineOpt,
+    CheckFormatOpt,
+    CheckRuleOpt,
     ColumnOpt,
+    ConfigOpt,
     Conventions,
     EngineOpt,
     Files,
@@ -39,20 +53,28 @@ from .options import (
     LoggedOpt,
     LoggedStepOpt,
     LoggedTolOpt,
+    OnPolicyOpt,
     PlotOpt,
     ProgressOpt,
     RayAddressOpt,
+    ReportHtmlOpt,
+    ReportOpt,
+    RequireOpt,
     WorkersOpt,
     conventions,
     plain_coercion,
 )
+from .progress import progress_bar, steps_bar
 
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from ..engine.options import EngineOptions
     from ..io import Source
     from ..io.run import RecordedRun
     from ..logged import LoggedInput
+    from ..records import AnswersReport, ObjectiveReport
+    from ..settings import Settings
 
 try:  # typer >= 0.24 vendors click
     from typer._click.exceptions import ClickException, NoArgsIsHelpError
@@ -201,89 +223,6 @@ def _note(text: str) -> None:
     typer.echo(line, err=True)
 
 
-@contextmanager
-def _progress(
-    enabled: bool,
-    total: int | None,
-    what: str,
-    *,
-    unit: str = "answers",
-    minimum: int = 10_000,
-) -> Iterator[Callable[[int], None] | None]:
-    """A progress bar on stderr for a long pass (``minimum`` units or more, a terminal to
-    draw on): the ``unit``s done of ``total``, their rate and the time left (the time
-    elapsed until the first is done), moving from the first second."""
-    if not enabled or not sys.stderr.isatty() or not total or total < minimum:
-        yield None  # a bar only where it helps: big inputs, a terminal to draw on
-        return
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, ProgressColumn, TextColumn
-    from rich.text import Text
-
-    class Rate(ProgressColumn):
-        def render(self, task: Any) -> Text:
-            speed = task.finished_speed or task.speed
-            if not speed:
-                return Text("")
-            return Text(f"{speed:,.0f}/s" if speed >= 10 else f"{speed:.2g}/s", style="cyan")
-
-    class Count(ProgressColumn):
-        def render(self, task: Any) -> Text:
-            return Text(f"{task.completed:,.0f}/{task.total:,.0f} {unit}", style="green")
-
-    class Time(ProgressColumn):
-        """Time elapsed until the first unit is done, then the time left."""
-
-        def render(self, task: Any) -> Text:
-            if not task.completed:
-                seconds = task.elapsed or 0.0
-                return Text(f"{int(seconds) // 60}:{int(seconds) % 60:02d}", style="yellow")
-            left = task.time_remaining
-            if left is None:
-                return Text("ETA -:--", style="cyan")
-            return Text(f"ETA {int(left) // 60}:{int(left) % 60:02d}", style="cyan")
-
-    console = Console(stderr=True)
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(bar_width=20),
-        Count(),
-        Rate(),
-        Time(),
-        console=console,
-        transient=True,
-        refresh_per_second=8,
-    ) as prog:
-        task = prog.add_task(what, total=total)
-
-        def tick(n: int) -> None:
-            prog.advance(task, n)
-
-        yield tick
-
-
-@contextmanager
-def _steps_bar(enabled: bool) -> Iterator[Callable[[int, int], None] | None]:
-    """``trend``'s bar: the steps done of the steps found, their rate and the time left
-    (three steps or more); ``on_step(done, total)`` is called before the first step and
-    after each."""
-    if not enabled or not sys.stderr.isatty():
-        yield None
-        return
-    with ExitStack() as stack:
-        ticks: list[Callable[[int], None] | None] = []
-
-        def on_step(done: int, total: int) -> None:
-            if not ticks:
-                ticks.append(
-                    stack.enter_context(_progress(True, total, "trend", unit="steps", minimum=3))
-                )
-            if ticks[0] is not None and done:
-                ticks[0](1)
-
-        yield on_step
-
-
 def _plot_thresholds() -> dict[str, tuple[float | None, float | None]]:
     """check's default thresholds (warn, fail) by the metric the figures plot."""
     from ..check.rules import RULES
@@ -329,6 +268,105 @@ def _recorded_run(specs: Sequence[str]) -> RecordedRun | None:
 
 
 # ----------------------------------------------------------------------- commands
+Tick = Callable[[int], None] | None
+
+
+class _Report(Protocol):
+    @property
+    def warnings(self) -> list[str]: ...
+
+
+R = TypeVar("R", bound=_Report)
+
+
+@dataclass(frozen=True)
+class _Input:
+    """What a command that reads rollouts is given: the files and how to read them
+    (``--column``, ``--group-scope``), the conventions, the progress bar and the engine."""
+
+    files: list[str]
+    column: list[str] | None
+    group_scope: str
+    conventions: Conventions
+    progress: bool = True
+    workers: int | None = None
+    engine: str = "local"
+    ray_address: str | None = None
+
+    def open(self) -> tuple[Source, Settings]:
+        """The source and its settings (the flags', or its recorded run's with the flags)."""
+        src = open_source(self.files, parse_column_map(self.column), group_scope=self.group_scope)
+        settings, src = self.conventions.for_source(src)
+        return src, settings
+
+    def engine_options(self) -> EngineOptions:
+        return engine_options(self.workers, self.engine, self.ray_address)
+
+    def run(self, what: str, compute: Callable[[Source, Settings, Tick], R]) -> R:
+        """Open the source and ``compute`` its report, with a progress bar named ``what``."""
+        src, settings = self.open()
+        with progress_bar(self.progress, src.n_rows() if self.progress else None, what) as tick:
+            return compute(src, settings, tick)
+
+
+def _tables() -> Any:
+    """The table views, imported when a table is printed (``--json`` runs start without
+    rich)."""
+    from ..views import tables
+
+    return tables
+
+
+def _notes(texts: Sequence[str]) -> None:
+    for text in texts:
+        _note(text)
+
+
+def _view(
+    report: R,
+    json_out: bool,
+    json_view: Callable[[R], dict[str, Any]],
+    table_view: Callable[[R], Any],
+) -> None:
+    """The report on stdout: its JSON document (``--json``) or its tables."""
+    if json_out:
+        _emit_json(json_view(report))
+    else:
+        _stdout().print(table_view(report))
+
+
+def _report_command(
+    what: str,
+    inp: _Input,
+    compute: Callable[[Source, Settings, Tick], R],
+    json_out: bool,
+    json_view: Callable[[R], dict[str, Any]],
+    table_view: Callable[[R], Any],
+    *,
+    then: Callable[[R], None] | None = None,
+) -> R:
+    """The body of a command that reads rollouts: open the source, resolve its settings,
+    ``compute`` the report (a progress bar named ``what`` on a terminal), ``then`` (the
+    figures), the report's notes on stderr, its JSON or its tables on stdout."""
+    report = inp.run(what, compute)
+    if then is not None:
+        then(report)
+    _notes(report.warnings)
+    _view(report, json_out, json_view, table_view)
+    return report
+
+
+def _plot(path: Path | None, which: str, report: Any) -> None:
+    """``--plot PATH``: the report's figures (``objective``'s or ``trend``'s), and where."""
+    if path is None:
+        return
+    from ..views import plot as figures
+
+    draw = figures.plot_trend if which == "trend" else figures.plot_objective
+    draw(report, path, _plot_thresholds())
+    typer.echo(f"wrote {path}", err=True)
+
+
 def _examples(*lines: str) -> str:
     """An Examples block for a command's help, kept as written (click's \\b)."""
     return "\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)
@@ -362,24 +400,19 @@ def advantages(
     ray_address: RayAddressOpt = None,
 ) -> None:
     """Group-relative advantages from rewards and group ids, with per-group statistics."""
+    inp = _Input(files, column, group_scope, conventions, False, None, engine, ray_address)
     with _errors():
         if out is not None and out.suffix.lower() not in (".npz", ".parquet", ".pq"):
             raise UsageError(f"--out {out}: the file must end in .npz or .parquet")
-        src = open_source(files, parse_column_map(column), group_scope=group_scope)
-        settings, src = conventions.for_source(src)
-        report = advantages_report(src, settings, engine=engine_options(None, engine, ray_address))
-        for w in report.warnings:
-            _note(w)
+        report = inp.run(
+            "advantages", lambda src, s, _: advantages_report(src, s, engine=inp.engine_options())
+        )
+        _notes(report.warnings)  # then the file, then the view
         if out is not None:
             adv = report.advantages.reshape(report.shape) if report.shape else report.advantages
-            labels = [report.labels[c] for c in report.codes.tolist()]
-            write_advantages(out, adv, labels)
-        if json_out:
-            _emit_json(advantages_json(report))
-        else:
-            from ..views.tables import render_advantages
-
-            _stdout().print(render_advantages(report, max_groups=max_groups))
+            write_advantages(out, adv, [report.labels[c] for c in report.codes.tolist()])
+        _view(report, json_out, advantages_json,
+              lambda r: _tables().render_advantages(r, max_groups=max_groups))  # fmt: skip
 
 
 @_command(
@@ -400,21 +433,16 @@ def kl(
     ray_address: RayAddressOpt = None,
 ) -> None:
     """KL(π_θ ‖ π_ref) estimate per token: statistics, quantiles, per-answer distribution."""
+    inp = _Input(files, column, group_scope, conventions, progress, workers, engine, ray_address)
     with _errors():
-        src = open_source(files, parse_column_map(column), group_scope=group_scope)
-        settings, src = conventions.for_source(src)
-        with _progress(progress, src.n_rows(), "kl") as tick:
-            report = kl_report(
-                src, settings, progress=tick, engine=engine_options(workers, engine, ray_address)
-            )
-        for w in report.warnings:
-            _note(w)
-        if json_out:
-            _emit_json(kl_json(report))
-        else:
-            from ..views.tables import render_kl
-
-            _stdout().print(render_kl(report))
+        _report_command(
+            "kl",
+            inp,
+            lambda src, s, tick: kl_report(src, s, progress=tick, engine=inp.engine_options()),
+            json_out,
+            kl_json,
+            lambda r: _tables().render_kl(r),
+        )
 
 
 @_command(
@@ -464,41 +492,30 @@ def objective(
     ray_address: RayAddressOpt = None,
 ) -> None:
     """GRPO objective J, loss −J, its policy and KL parts, clip fractions, ratio and KL stats."""
+    inp = _Input(files, column, group_scope, conventions, progress, workers, engine, ray_address)
+
+    def compute(src: Source, settings: Settings, tick: Tick) -> ObjectiveReport:
+        return objective_report(
+            src,
+            settings,
+            progress=tick,
+            recompute_advantages=recompute_advantages,
+            engine=inp.engine_options(),
+            gradient=gradient,
+            logged=_logged(logged, logged_step, logged_tolerance, src),
+        )
+
+    def table(r: ObjectiveReport) -> Any:
+        from ..commands.explain import explain_findings
+
+        return _tables().render_objective(r, explain_findings(r), full=full, compare=compare)
+
     with _errors():
         from ..views.plot import require_plot
 
         require_plot(plot)
-        src = open_source(files, parse_column_map(column), group_scope=group_scope)
-        settings, src = conventions.for_source(src)
-        logged_in = _logged(logged, logged_step, logged_tolerance, src)
-        with _progress(progress, src.n_rows(), "objective") as tick:
-            report = objective_report(
-                src,
-                settings,
-                progress=tick,
-                recompute_advantages=recompute_advantages,
-                engine=engine_options(workers, engine, ray_address),
-                gradient=gradient,
-                logged=logged_in,
-            )
-        if plot is not None:
-            from ..views.plot import plot_objective
-
-            plot_objective(report, plot, _plot_thresholds())
-            typer.echo(f"wrote {plot}", err=True)
-        for w in report.warnings:
-            _note(w)
-        if json_out:
-            _emit_json(objective_json(report))
-        else:
-            from ..commands.explain import explain_findings
-            from ..views.tables import render_objective
-
-            findings = explain_findings(report)
-            _stdout().print(render_objective(report, findings, full=full, compare=compare))
-
-
-CHECK_FORMATS = ("table", "json", "github", "junit", "html")
+        _report_command("objective", inp, compute, json_out, objective_json, table,
+                        then=lambda r: _plot(plot, "objective", r))  # fmt: skip
 
 
 @_command(
@@ -512,68 +529,14 @@ CHECK_FORMATS = ("table", "json", "github", "junit", "html")
 def check(
     files: Files,
     conventions: Conventions,
-    config: Annotated[
-        Path | None,
-        typer.Option(
-            metavar="FILE",
-            help="TOML file of rule settings (default: [tool.grpo-cli.check] in ./pyproject.toml).",
-        ),
-    ] = None,
-    output_format: Annotated[
-        str,
-        typer.Option(
-            "--format",
-            metavar="[table|json|github|junit|html]",
-            help="table; json; github (annotations and $GITHUB_STEP_SUMMARY); junit; html "
-            "(the report grpo-cli report writes: one self-contained file, a CI artifact).",
-        ),
-    ] = "table",
-    baseline: Annotated[
-        Path | None,
-        typer.Option(
-            metavar="FILE",
-            help="A previous `check --format json` report: fail on relative drift beyond baseline-tolerance.",
-        ),
-    ] = None,
-    report_path: Annotated[
-        Path | None,
-        typer.Option(
-            "--report",
-            metavar="FILE",
-            help="Also write the JSON report to this file (e.g. the next run's baseline).",
-        ),
-    ] = None,
-    rule: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--rule",
-            "-r",
-            metavar="RULE.KEY=VALUE",
-            help="Override a rule: RULE.warn=X, RULE.fail=X, RULE.enabled=false, RULE.severity=warn. Repeatable.",
-        ),
-    ] = None,
-    on_policy: Annotated[
-        bool,
-        typer.Option(
-            "--on-policy", help="Declare the log on-policy: logp must equal old_logp exactly."
-        ),
-    ] = False,
-    report_html: Annotated[
-        Path | None,
-        typer.Option(
-            "--report-html",
-            metavar="FILE",
-            help="Also write the HTML report (grpo-cli report's) to this file: a CI artifact.",
-        ),
-    ] = None,
-    require: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--require",
-            metavar="RULE",
-            help="A rule that must be evaluated: its skip fails the check. Repeatable.",
-        ),
-    ] = None,
+    config: ConfigOpt = None,
+    output_format: CheckFormatOpt = "table",
+    baseline: BaselineOpt = None,
+    report_path: ReportOpt = None,
+    rule: CheckRuleOpt = None,
+    on_policy: OnPolicyOpt = False,
+    report_html: ReportHtmlOpt = None,
+    require: RequireOpt = None,
     full: FullOpt = False,
     column: ColumnOpt = None,
     group_scope: GroupScopeOpt = "dataset",
@@ -590,6 +553,7 @@ def check(
     from ..commands.check import run_check
     from .outputs import write_outputs
 
+    inp = _Input(files, column, group_scope, conventions, progress, workers, engine, ray_address)
     with _errors():
         if output_format not in CHECK_FORMATS:
             raise UsageError(
@@ -597,31 +561,20 @@ def check(
             )
         cfg = load_config(config, rule, on_policy, require=require)
         base = None if baseline is None else read_baseline(baseline)
-        src = open_source(files, parse_column_map(column), group_scope=group_scope)
-        settings, src = conventions.for_source(src)
+        src, settings = inp.open()  # the sources and settings the HTML report reads too
         logged_in = _logged(logged, logged_step, 0.0, src)
-        with _progress(progress, src.n_rows(), "check") as tick:
-            report = run_check(
-                src,
-                settings,
-                cfg,
-                baseline=base,
-                progress=tick,
-                engine=engine_options(workers, engine, ray_address),
-                logged=logged_in,
-            )
+        with progress_bar(progress, src.n_rows(), "check") as tick:
+            report = run_check(src, settings, cfg, baseline=base, progress=tick,
+                               engine=inp.engine_options(), logged=logged_in)  # fmt: skip
         html_path = report_html
         if output_format == "html" and html_path is None:
             html_path = Path("grpo-cli-report.html")
         if html_path is not None:
-            _write_html(files, src, settings, engine_options(workers, engine, ray_address),
-                        html_path, check=report)  # fmt: skip
+            _write_html(files, src, settings, inp.engine_options(), html_path, check=report)
         fmt = "table" if output_format == "html" else output_format
         out = write_outputs(report, fmt, report_path, github_step_summary())
         if out is None:
-            from ..views.tables import render_check
-
-            _stdout().print(render_check(report, full=full))
+            _stdout().print(_tables().render_check(report, full=full))
         else:
             sys.stdout.write(out)
     if not report.passed:
@@ -685,15 +638,14 @@ def report(
     check's verdict, the distributions, the trend when the input is several steps, and
     the worst answers with their text (a completion column) and their tokens coloured
     by KL or |log ρ| (a tokens column)."""
+    inp = _Input(files, column, group_scope, conventions, progress, workers, engine, ray_address)
     with _errors():
         if top < 1:
             raise UsageError(f"--top: expected a positive number of answers, got {top}")
-        src = open_source(files, parse_column_map(column), group_scope=group_scope)
-        settings, src = conventions.for_source(src)
-        for w in src.notes:
-            _note(w)
-        eng = engine_options(workers, engine, ray_address)
-        with _progress(progress, src.n_rows(), "report") as tick:
+        src, settings = inp.open()
+        _notes(src.notes)
+        eng = inp.engine_options()
+        with progress_bar(progress, src.n_rows(), "report") as tick:
             _write_html(files, src, settings, eng, html, top=top, progress=tick)
 
 
@@ -748,7 +700,7 @@ def trend(
         from ..views.plot import require_plot
 
         require_plot(plot)
-        with _steps_bar(progress) as on_step:
+        with steps_bar(progress) as on_step:
             report = trend_report(
                 files,
                 settings,
@@ -759,21 +711,10 @@ def trend(
                 notes=notes,
                 on_step=on_step,
             )
-        if plot is not None:
-            from ..views.plot import plot_trend
-
-            plot_trend(report, plot, _plot_thresholds())
-            typer.echo(f"wrote {plot}", err=True)
-        for w in report.warnings:
-            _note(w)
-        if json_out:
-            from ..views.json import trend_json
-
-            _emit_json(trend_json(report, checked=check))
-        else:
-            from ..views.tables import render_trend
-
-            _stdout().print(render_trend(report, full=full))
+        _plot(plot, "trend", report)
+        _notes(report.warnings)
+        _view(report, json_out, lambda r: trend_json(r, checked=check),
+              lambda r: _tables().render_trend(r, full=full))  # fmt: skip
     if check and not report.passed:
         raise typer.Exit(1)
 
@@ -811,28 +752,15 @@ def answers(
     length, KL, largest log-ratio and share of clipped tokens."""
     from ..commands.answers import answers_report
 
+    inp = _Input(files, column, group_scope, conventions, progress, workers, engine, ray_address)
+
+    def compute(src: Source, settings: Settings, tick: Tick) -> AnswersReport:  # one pass
+        return answers_report(src, settings, sort=sort, top=top,
+                              engine=inp.engine_options(), progress=tick)  # fmt: skip
+
     with _errors():
-        src = open_source(files, parse_column_map(column), group_scope=group_scope)
-        settings, src = conventions.for_source(src)
-        with _progress(progress, src.n_rows(), "answers") as tick:  # one pass, any sort
-            report = answers_report(
-                src,
-                settings,
-                sort=sort,
-                top=top,
-                engine=engine_options(workers, engine, ray_address),
-                progress=tick,
-            )
-        for w in report.warnings:
-            _note(w)
-        if json_out:
-            from ..views.json import answers_json
-
-            _emit_json(answers_json(report))
-        else:
-            from ..views.tables import render_answers
-
-            _stdout().print(render_answers(report))
+        _report_command("answers", inp, compute, json_out, answers_json,
+                        lambda r: _tables().render_answers(r))  # fmt: skip
 
 
 @_command(
@@ -857,28 +785,21 @@ def explain(
     do. Informational: exit 0 whatever it finds."""
     from ..commands.explain import explain_findings
 
+    inp = _Input(files, column, group_scope, conventions, progress, workers, engine, ray_address)
+
+    def compute(src: Source, settings: Settings, tick: Tick) -> ObjectiveReport:
+        return objective_report(src, settings, progress=tick,
+                                engine=inp.engine_options(), gradient=True)  # fmt: skip
+
     with _errors():
-        src = open_source(files, parse_column_map(column), group_scope=group_scope)
-        settings, src = conventions.for_source(src)
-        with _progress(progress, src.n_rows(), "explain") as tick:
-            report = objective_report(
-                src,
-                settings,
-                progress=tick,
-                engine=engine_options(workers, engine, ray_address),
-                gradient=True,
-            )
-        findings = explain_findings(report)
-        for w in report.warnings:
-            _note(w)
-        if json_out:
-            from ..views.json import explain_json
-
-            _emit_json(explain_json(report, findings))
-        else:
-            from ..views.tables import render_explain
-
-            _stdout().print(render_explain(report, findings, full=full))
+        _report_command(
+            "explain",
+            inp,
+            compute,
+            json_out,
+            lambda r: explain_json(r, explain_findings(r)),
+            lambda r: _tables().render_explain(r, explain_findings(r), full=full),
+        )
 
 
 @_command(

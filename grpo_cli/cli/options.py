@@ -499,6 +499,72 @@ PlotOpt = Annotated[
 ]
 
 
+# ------------------------------------------------------------------ check's own options
+CHECK_FORMATS = ("table", "json", "github", "junit", "html")
+ConfigOpt = Annotated[
+    Path | None,
+    typer.Option(
+        metavar="FILE",
+        help="TOML file of rule settings (default: [tool.grpo-cli.check] in ./pyproject.toml).",
+    ),
+]
+CheckFormatOpt = Annotated[
+    str,
+    typer.Option(
+        "--format",
+        metavar="[table|json|github|junit|html]",
+        help="table; json; github (annotations and $GITHUB_STEP_SUMMARY); junit; html "
+        "(the report grpo-cli report writes: one self-contained file, a CI artifact).",
+    ),
+]
+BaselineOpt = Annotated[
+    Path | None,
+    typer.Option(
+        metavar="FILE",
+        help="A previous `check --format json` report: fail on relative drift beyond baseline-tolerance.",
+    ),
+]
+ReportOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--report",
+        metavar="FILE",
+        help="Also write the JSON report to this file (e.g. the next run's baseline).",
+    ),
+]
+CheckRuleOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--rule",
+        "-r",
+        metavar="RULE.KEY=VALUE",
+        help="Override a rule: RULE.warn=X, RULE.fail=X, RULE.enabled=false, RULE.severity=warn. Repeatable.",
+    ),
+]
+OnPolicyOpt = Annotated[
+    bool,
+    typer.Option(
+        "--on-policy", help="Declare the log on-policy: logp must equal old_logp exactly."
+    ),
+]
+ReportHtmlOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--report-html",
+        metavar="FILE",
+        help="Also write the HTML report (grpo-cli report's) to this file: a CI artifact.",
+    ),
+]
+RequireOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--require",
+        metavar="RULE",
+        help="A rule that must be evaluated: its skip fails the check. Repeatable.",
+    ),
+]
+
+
 @overload
 def _settings(*, run: None = None, **kw: Any) -> Settings: ...
 @overload

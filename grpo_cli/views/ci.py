@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from ..records import CheckReport
-from .tables import _example, _threshold, _value
+from .format import example_text, num, threshold_text
 
 __all__ = ["check_github", "check_junit"]
 
@@ -23,7 +23,7 @@ def check_github(r: CheckReport) -> tuple[list[str], str]:
         if res.status not in ("fail", "warn"):
             continue
         kind = "error" if res.status == "fail" else "warning"
-        where = f" (at {_example(res.examples[0])})" if res.examples else ""
+        where = f" (at {example_text(res.examples[0])})" if res.examples else ""
         lines.append(f"::{kind} title=grpo-cli check {res.rule}::{_gh_escape(res.message + where)}")
     if not lines:  # every rule passed or was skipped: say so, once (a run's log is not empty)
         counts = {k: sum(x.status == k for x in r.results) for k in ("pass", "skip")}
@@ -43,8 +43,8 @@ def check_github(r: CheckReport) -> tuple[list[str], str]:
     for res in r.results:
         msg = res.message.replace("|", "\\|")
         md.append(
-            f"| `{res.rule}` | {icon[res.status]} {res.status} | {_value(res.value)} | "
-            f"{_threshold(res.threshold)} | {msg} |"
+            f"| `{res.rule}` | {icon[res.status]} {res.status} | {num(res.value)} | "
+            f"{threshold_text(res.threshold)} | {msg} |"
         )
     return lines, "\n".join(md) + "\n"
 
@@ -74,7 +74,7 @@ def check_junit(r: CheckReport) -> str:
     )
     for res in r.results:
         case = ET.SubElement(suite, "testcase", {"classname": "grpo-cli.check", "name": res.rule})
-        detail = _xml_text(res.message + "".join(f"\nat {_example(e)}" for e in res.examples))
+        detail = _xml_text(res.message + "".join(f"\nat {example_text(e)}" for e in res.examples))
         message = _xml_text(res.message)
         if res.status == "fail":
             ET.SubElement(case, "failure", {"message": message}).text = detail

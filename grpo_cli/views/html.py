@@ -18,15 +18,8 @@ import numpy as np
 
 from .._version import __version__
 from ..records import CheckReport, Finding, ObjectiveReport, TrendReport
-from ._format import (
-    data_rows,
-    evidence_text,
-    headline,
-    health_rows,
-    num,
-    objective_rows,
-    settings_text,
-)
+from .format import evidence_text, example_text, num, pct, settings_text, threshold_text
+from .summary import data_rows, headline, health_rows, objective_rows
 
 if TYPE_CHECKING:
     from ..records import AnswerText, ShareReport
@@ -144,27 +137,17 @@ def _findings(findings: list[Finding]) -> str:
     return "".join(out)
 
 
-def _threshold(t: dict[str, float | None] | None) -> str:
-    if not t:
-        return "—"
-    return ", ".join(f"{k} > {num(v)}" for k, v in t.items() if v is not None) or "—"
-
-
-def _example(ex: dict[str, Any]) -> str:
-    return ", ".join(f"{k} {num(v, 6) if isinstance(v, float) else v}" for k, v in ex.items())
-
-
 def _check(c: CheckReport) -> str:
     order = {"fail": 0, "warn": 1, "skip": 2, "pass": 3}
     rows = []
     for res in sorted(c.results, key=lambda x: order[x.status]):
-        value = "—" if res.value is None else num(res.value)
+        value = num(res.value)
         where = ""
         if res.examples and res.status in ("fail", "warn"):
-            where = f"<br><span class=mute>at {_e(_example(res.examples[0]))}</span>"
+            where = f"<br><span class=mute>at {_e(example_text(res.examples[0]))}</span>"
         rows.append(
             f"<tr><td>{_badge(res.status)}</td><td><b>{_e(res.rule)}</b></td>"
-            f"<td class=n>{_e(value)}</td><td class=n>{_e(_threshold(res.threshold))}</td>"
+            f"<td class=n>{_e(value)}</td><td class=n>{_e(threshold_text(res.threshold))}</td>"
             f"<td>{_e(res.message)}{where}</td></tr>"
         )
     head = (
@@ -204,7 +187,9 @@ def _frame(title: str, xlabel: str, ylabel: str, inner: str, axes: str) -> str:
 def _ratio_svg(r: ObjectiveReport) -> str:
     """log ρ in equal bins over the bulk of the tokens, the clip band shaded, log counts."""
     s = r.settings
-    title = f"log-ratio per token (clip band ρ in [{1 - s.clip_eps:g}, {1 + s.eps_high:g}])"
+    title = (
+        f"log-ratio per token (clip band ρ in [{num(1 - s.clip_eps, 6)}, {num(1 + s.eps_high, 6)}])"
+    )
     if r.log_ratio_bins is None or not r.log_ratio_bins[2].sum():
         return f"<p class=mute>{_e(title)}: no tokens</p>"
     width, edges, counts = r.log_ratio_bins
@@ -238,7 +223,7 @@ def _ratio_svg(r: ObjectiveReport) -> str:
         if c > 0
     )
     axes = "".join(
-        f"<text x='{X(t):.1f}' y='{H - PAD_B + 13}' text-anchor='middle'>{t:g}</text>"
+        f"<text x='{X(t):.1f}' y='{H - PAD_B + 13}' text-anchor='middle'>{num(t, 6)}</text>"
         for t in _ticks(x0, x1)
     )
     axes += "".join(
@@ -246,12 +231,12 @@ def _ratio_svg(r: ObjectiveReport) -> str:
         for e in range(int(top) + 1)
     )
     beyond = int(counts[k < 0].sum() + counts[k >= nb].sum()) + r.extreme_tokens
-    note = f"clipped {100 * r.clip.region:.3g}%"
+    note = f"clipped {pct(r.clip.region)}"
     if beyond:
         note += f"; {beyond:,} tokens beyond the axis"
     inner = band + bars + f"<text x='{PAD_L + 6}' y='{PAD_T + 14}'>{_e(note)}</text>"
     return _frame(
-        title, "log ρ = logp − old_logp", f"tokens per bin ({step:.2g}, log)", inner, axes
+        title, "log ρ = logp − old_logp", f"tokens per bin ({num(step, 2)}, log)", inner, axes
     )
 
 
@@ -294,7 +279,7 @@ def _kl_svg(r: ObjectiveReport, thresholds: dict[str, tuple[float | None, float 
             marks += (f"<line x1='{x:.1f}' x2='{x:.1f}' y1='{PAD_T}' y2='{PAD_T + ph}' "
                       f"stroke='{colour}' stroke-dasharray='4 3'/>"
                       f"<text x='{x - 3:.1f}' y='{PAD_T + 12 + 13 * k}' text-anchor='end'>"
-                      f"kl-max {name} {t:g}</text>")  # fmt: skip
+                      f"kl-max {name} {num(t, 6)}</text>")  # fmt: skip
     axes = "".join(
         f"<text x='{X(e):.1f}' y='{H - PAD_B + 13}' text-anchor='middle'>1e{e}</text>"
         for e in range(math.ceil(left), math.floor(right) + 1)
@@ -392,7 +377,7 @@ def _answers(s: ShareReport) -> str:
         cells = []
         for k, _ in cols:
             v = row.get(k)
-            text = num(v) if isinstance(v, float) else ("—" if v is None else str(v))
+            text = str(v) if k in ("source", "row", "group") and v is not None else num(v)
             cells.append(f"<td class={'n' if k not in ('source', 'group') else ''}>{_e(text)}</td>")
         body.append(f"<tr>{''.join(cells)}</tr>")
     table = f"<table><tr>{head}</tr>{''.join(body)}</table>"

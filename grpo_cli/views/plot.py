@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import UsageError
+from .format import num, pct
 
 if TYPE_CHECKING:
     from ..records import ObjectiveReport, TrendReport
@@ -70,9 +71,11 @@ def _settings_text(r: Any) -> str:
     who = f"preset {s.preset}" if s.preset else "defaults (DeepSeekMath)"
     if s.origin:
         who = f"settings from {s.origin}"
-    eps = f"ε {s.clip_eps:g}" + (f"/{s.eps_high:g}" if s.clip_eps_high is not None else "")
+    eps = f"ε {num(s.clip_eps, 6)}" + (
+        f"/{num(s.eps_high, 6)}" if s.clip_eps_high is not None else ""
+    )
     loss = "" if s.loss == "clip" else f" · loss {s.loss}"
-    return f"{who}{loss} · {s.agg} · {eps} · β {s.beta:g} ({s.kl_estimator})"
+    return f"{who}{loss} · {s.agg} · {eps} · β {num(s.beta, 6)} ({s.kl_estimator})"
 
 
 # ------------------------------------------------------------------------ objective
@@ -83,8 +86,8 @@ def _ratio_histogram(ax: Any, r: ObjectiveReport) -> None:
 
     s = r.settings
     lo_band, hi_band = math.log(1 - s.clip_eps), math.log(1 + s.eps_high)
-    ax.set_title(f"log-ratio per token (clip band shaded: ρ in [{1 - s.clip_eps:g}, "
-                 f"{1 + s.eps_high:g}])", fontsize=10)  # fmt: skip
+    ax.set_title(f"log-ratio per token (clip band shaded: ρ in [{num(1 - s.clip_eps, 6)}, "
+                 f"{num(1 + s.eps_high, 6)}])", fontsize=10)  # fmt: skip
     if r.log_ratio_bins is None or r.log_ratio_bins[2].sum() == 0:
         _empty(ax, "no tokens")
         return
@@ -110,14 +113,14 @@ def _ratio_histogram(ax: Any, r: ObjectiveReport) -> None:
     ax.set_yscale("log")
     ax.set_xlim(span_lo, span_hi)
     ax.set_xlabel("log ρ = logp − old_logp")
-    ax.set_ylabel(f"tokens per bin (bin {step:.2g})")
+    ax.set_ylabel(f"tokens per bin (bin {num(step, 2)})")
     beyond = []
     if left:
         beyond.append(f"{left:,} below")
     if right:
         beyond.append(f"{right:,} above")
-    note = (f"clipped: {100 * r.clip.region:.3g}% (low {100 * r.clip.low:.3g}%, "
-            f"high {100 * r.clip.high:.3g}%)")  # fmt: skip
+    note = (f"clipped: {pct(r.clip.region)} (low {pct(r.clip.low)}, "
+            f"high {pct(r.clip.high)})")  # fmt: skip
     if beyond:
         note += "\ntokens beyond the axis: " + ", ".join(beyond)
     ax.text(0.02, 0.97, note, transform=ax.transAxes, va="top", fontsize=8,
@@ -159,7 +162,7 @@ def _kl_ccdf(ax: Any, r: ObjectiveReport, thresholds: Thresholds) -> None:
     right = top * 2
     for level, colour, name in ((warn, _WARN, "warn"), (fail, _FAIL, "fail")):
         if level is not None and level <= 20 * top:
-            ax.axvline(level, color=colour, lw=1.5, ls="--", label=f"kl-max {name} {level:g}")
+            ax.axvline(level, color=colour, lw=1.5, ls="--", label=f"kl-max {name} {num(level, 6)}")
             right = max(right, level * 2)
     # the smallest bins of d hold KL values below the histogram's resolution: start the
     # axis a thousandth of the mean below it
@@ -167,7 +170,7 @@ def _kl_ccdf(ax: Any, r: ObjectiveReport, thresholds: Thresholds) -> None:
     left = max(first, (r.kl.mean or first) * 1e-3)
     ax.set_xlim(left, right)
     if r.kl.mean is not None and r.kl.mean > 0:
-        ax.axvline(r.kl.mean, color="0.3", lw=1, ls=":", label=f"mean {r.kl.mean:.3g}")
+        ax.axvline(r.kl.mean, color="0.3", lw=1, ls=":", label=f"mean {num(r.kl.mean, 3)}")
     ax.legend(fontsize=8, loc="lower left")
     ax.grid(alpha=0.25, which="both")
 
@@ -180,7 +183,7 @@ def plot_objective(r: ObjectiveReport, path: Path, thresholds: Thresholds | None
     _ratio_histogram(axes[0], r)
     _kl_ccdf(axes[1], r, thresholds or {})
     _length_advantage(axes[2], r)
-    fig.suptitle(f"{r.source}: J = {r.objective:.4g}, loss {r.loss:.4g} · {_settings_text(r)}",
+    fig.suptitle(f"{r.source}: J = {num(r.objective)}, loss {num(r.loss)} · {_settings_text(r)}",
                  fontsize=11)  # fmt: skip
     _save(plt, fig, path)
 
@@ -265,13 +268,13 @@ def _bands(ax: Any, warn: float | None, fail: float | None, ylim: tuple[float, f
                        alpha=0.25, lw=0)  # fmt: skip
             ax.axhline(warn, color=_WARN, lw=1)
         else:
-            off.append(f"warn > {warn:g}")
+            off.append(f"warn > {num(warn, 6)}")
     if fail is not None:
         if fail < hi:
             ax.axhspan(max(fail, lo), hi, color=_FAIL, alpha=0.25, lw=0)
             ax.axhline(fail, color=_FAIL, lw=1)
         else:
-            off.append(f"fail > {fail:g}")
+            off.append(f"fail > {num(fail, 6)}")
     if off:
         ax.text(0.98, 0.95, "check: " + ", ".join(off) + " (above)", transform=ax.transAxes,
                 ha="right", va="top", fontsize=7, color="0.35")  # fmt: skip

@@ -1,75 +1,15 @@
-"""Numbers and short texts shared by the views that show them to people (tables, the
-HTML report): plain strings, no rich."""
+"""What the one screen says of a batch, shared by the table view and the HTML report:
+its objective, its health and its data as (name, value) rows, and a finding in one
+line. Plain strings, no rich; numbers as :mod:`.format` writes them."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-import numpy as np
-
 from ..records import Finding, ObjectiveReport
+from .format import NONE, num, pct, span
 
-__all__ = ["data_rows", "headline", "health_rows", "num", "objective_rows", "pct", "settings_text"]
-
-
-def num(x: float | int | None, sig: int = 4) -> str:
-    """``x`` in the fewest characters that keep ``sig`` significant digits: plain when
-    that is short (``-0.0002311``, ``1.119``, ``163.5``), else with a compact exponent
-    (``5.84e-6``, ``1.262e3``); integers exactly, with thousands separators; ``—`` for
-    None."""
-    if x is None:
-        return "—"
-    if isinstance(x, bool):
-        return str(x).lower()
-    if isinstance(x, int | np.integer):
-        return f"{int(x):,}"
-    x = float(x)
-    if math.isnan(x):
-        return "nan"
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    if x == 0:
-        return "0"
-    plain = f"{x:.{sig}g}"
-    mant, _, exp = f"{x:.{sig - 1}e}".partition("e")
-    if "." in mant:
-        mant = mant.rstrip("0").rstrip(".")
-    short = f"{mant}e{int(exp)}"
-    if "e" in plain or len(short) < len(plain):
-        return short
-    return plain
-
-
-def pct(x: float | None, sig: int = 3) -> str:
-    """A share as a percentage with ``sig`` significant digits (``0.102%``)."""
-    if x is None:
-        return "—"
-    if x == 0:
-        return "0%"
-    return num(100 * x, sig) + "%"
-
-
-def settings_text(r: Any) -> str:
-    s = r.settings
-    if s.origin:
-        return f"settings from {s.origin} ({s.preset}: {s.mirrors or s.trainer})"
-    if s.preset:
-        return f"preset {s.preset}"
-    return "defaults (DeepSeekMath)"
-
-
-def evidence_text(evidence: dict[str, Any]) -> str:
-    """A finding's evidence as one line: ``key value, ...`` (nested dicts in braces)."""
-    return ", ".join(f"{k} {_evidence(v)}" for k, v in evidence.items())
-
-
-def _evidence(v: Any) -> str:
-    if isinstance(v, dict):
-        return "{" + evidence_text(v) + "}"
-    if isinstance(v, float | int) and not isinstance(v, bool):
-        return num(v)
-    return str(v)
+__all__ = ["data_rows", "headline", "health_rows", "objective_rows"]
 
 
 def objective_rows(r: ObjectiveReport) -> list[tuple[str, str]]:
@@ -102,7 +42,7 @@ def health_rows(r: ObjectiveReport) -> list[tuple[str, str]]:
     if r.kl is not None:
         rows.append((f"KL {s.kl_estimator} mean · max", f"{num(r.kl.mean)} · {num(r.kl.max)}"))
     else:
-        rows.append(("KL", "— (no ref_logp)"))
+        rows.append(("KL", f"{NONE} (no ref_logp)"))
     g = r.group_summary
     if g is not None:
         zero = f"{g.zero_variance_groups:,} ({pct(g.frac_zero_variance_groups)})"
@@ -118,8 +58,7 @@ def data_rows(r: ObjectiveReport) -> list[tuple[str, str]]:
     rows = []
     g = r.group_summary
     if g is not None:
-        size = f"{g.min_size}" if g.min_size == g.max_size else f"{g.min_size}–{g.max_size}"
-        rows.append(("groups", f"{g.groups:,} of {size}"))
+        rows.append(("groups", f"{g.groups:,} of {span(g.min_size, g.max_size)}"))
     L = r.lengths
     rows.append(("lengths", f"{num(L.min)}–{num(L.max)}"))
     rows.append(("length mean · p50", f"{num(L.mean)} · {num(L.quantiles.get('p50'))}"))
@@ -162,7 +101,7 @@ def headline(f: Finding) -> str:
         if f.id == "ratio-outliers":
             return (
                 f"{pct(g('outside_band_share'))} of tokens with ρ outside "
-                f"[1/{g('band'):g}, {g('band'):g}], {g('overflow_tokens'):,} overflow"
+                f"[1/{num(g('band'), 6)}, {num(g('band'), 6)}], {g('overflow_tokens'):,} overflow"
             )
         if f.id == "sampler-mismatch":
             return (
