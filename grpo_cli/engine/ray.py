@@ -50,6 +50,7 @@ import pyarrow as pa
 
 from ..batch import BatchError
 from ..errors import InputError, UsageError
+from ..io.readers.base import Source as SourceView
 from .options import EngineOptions, Ran
 
 if TYPE_CHECKING:
@@ -394,7 +395,7 @@ class RayColumns:
         # an npz is read here, never by these tasks: the run still records Ray's CPUs
         self.ran = connect(engine)[1]
 
-    def __call__(self, src: Source, cols: list[str]) -> list[pa.Table]:
+    def __call__(self, src: SourceView, cols: list[str]) -> list[pa.Table]:
         read = src.reader.read_file_columns
         calls = [partial(read, src, i, cols) for i in range(len(src.paths))]
         tables, self.ran = map_calls(self.engine, calls, [str(p) for p in src.paths])
@@ -409,7 +410,7 @@ def ray_cancel(ray: Any, refs: list[Any]) -> None:
             pass
 
 
-def _get(ray: Any, ref: Any, src: Source | str) -> Any:
+def _get(ray: Any, ref: Any, src: SourceView | str) -> Any:
     """The task's value; its failure as one line naming the input."""
     label = src if isinstance(src, str) else src.label
     try:

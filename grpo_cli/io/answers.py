@@ -23,7 +23,7 @@ from .readers.base import ReadColumns
 
 if TYPE_CHECKING:
     from ..batch import RawBatch
-    from .source import Source
+    from .readers.base import Source
 
 __all__ = ["Answers", "encode_groups", "load_answers", "scoped"]
 

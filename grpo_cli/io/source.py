@@ -121,8 +121,15 @@ class Source:
     def raw_batches(
         self, units: Sequence[Unit] | None, fields: Sequence[str], batch_tokens: int
     ) -> Iterator[RawBatch]:
-        """The token ``fields`` of ``units`` (None: the whole input), raw."""
-        return self.reader.raw_batches(self, units, fields, batch_tokens)
+        """The token ``fields`` of ``units`` (None: the whole input), raw, with their group
+        ids as pass 1 read them (``--group-scope``: applied here, once, for every reader)."""
+        batches = self.reader.raw_batches(self, units, fields, batch_tokens)
+        if self.group_scope != "file" or not self.reader.datasets:
+            return batches
+        from .answers import scoped
+
+        index = {str(p): i for i, p in enumerate(self.paths)}
+        return (scoped(self, raw, index[raw.label]) for raw in batches)
 
 
 # words of the names people give each field, for the missing-field hint

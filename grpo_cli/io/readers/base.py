@@ -23,10 +23,11 @@ import pyarrow as pa
 
 if TYPE_CHECKING:
     from ...batch import RawBatch
+    from ...errors import InputError
     from ..paths import InputPath
-    from ..source import Source
+    from ..run import RecordedStep
 
-__all__ = ["AnswerColumns", "ReadColumns", "Reader", "Unit", "token_columns"]
+__all__ = ["AnswerColumns", "ReadColumns", "Reader", "Source", "Unit", "token_columns"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,30 @@ class AnswerColumns:
     shape: tuple[int, int] | None = None
     # what the reader says about what it read (samples it left out, how it grouped them)
     notes: tuple[str, ...] = ()
+
+
+class Source(Protocol):
+    """What a reader (and pass 1) reads of the opened input: its label, the fields it holds
+    and the column naming each (``name``, ``has``, ``present``, ``missing``), its files,
+    group scope, reader, recorded step and units (:class:`grpo_cli.io.source.Source` is the
+    one there is; a reader knows no more of it, so the readers import nothing above them)."""
+
+    @property
+    def label(self) -> str: ...
+    @property
+    def present(self) -> tuple[str, ...]: ...
+    @property
+    def group_scope(self) -> str: ...
+    @property
+    def recorded(self) -> RecordedStep | None: ...
+    @property
+    def reader(self) -> Reader: ...
+    @property
+    def paths(self) -> tuple[InputPath, ...]: ...
+    def name(self, field: str) -> str: ...
+    def has(self, field: str) -> bool: ...
+    def missing(self, field: str, why: str = "") -> InputError: ...
+    def units(self) -> list[Unit]: ...
 
 
 # How pass 1 reads the answer columns of each file (here, or in Ray tasks): (source,

@@ -48,7 +48,7 @@ from ._jsonlines import (
 from .base import AnswerColumns, ReadColumns, Unit, token_columns
 
 if TYPE_CHECKING:
-    from ..source import Source
+    from .base import Source
 
 __all__ = ["SUFFIXES", "JsonlReader"]
 
@@ -164,8 +164,6 @@ class JsonlReader:
         fields: Sequence[str],
         batch_tokens: int,
     ) -> Iterator[RawBatch]:
-        from ..answers import scoped
-
         wanted = [f for f in fields if src.has(f)]
         if not wanted:
             return
@@ -190,5 +188,5 @@ class JsonlReader:
                     )
                 except InputError as exc:
                     raise BatchError(row, exc) from None
-                yield scoped(src, raw, u.file)
+                yield raw
                 row += raw.n

@@ -78,7 +78,7 @@ from ._jsonlines import (
 from .base import AnswerColumns, ReadColumns, Unit
 
 if TYPE_CHECKING:
-    from ..source import Source
+    from .base import Source
 
 __all__ = ["NemoRLReader"]
 

@@ -34,7 +34,7 @@ from ..paths import InputPath, RemoteFile
 from .base import AnswerColumns, ReadColumns, Unit
 
 if TYPE_CHECKING:
-    from ..source import Source
+    from .base import Source
 
 __all__ = ["NPZ_MAX_BYTES", "NpzReader", "npz_declared"]
 

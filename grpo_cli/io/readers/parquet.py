@@ -27,7 +27,7 @@ from ..paths import InputPath, RemoteFile
 from .base import AnswerColumns, ReadColumns, Unit, token_columns
 
 if TYPE_CHECKING:
-    from ..source import Source
+    from .base import Source
 
 __all__ = ["READ_SPLIT", "ParquetReader"]
 
@@ -214,8 +214,6 @@ class ParquetReader:
         wanted = [f for f in fields if src.has(f)]
         if not wanted:
             return
-        from ..answers import scoped
-
         names, mname, cols, answer = token_columns(src, wanted)
         for i, start, records in self._record_batches(src, units, cols, batch_tokens):
             p = str(self.paths[i])
@@ -224,7 +222,7 @@ class ParquetReader:
                     raw = raw_record_batch(
                         rb, wanted, names, mname, start, p, answer, self._file_starts[i]
                     )
-                    yield scoped(src, raw, i)
+                    yield raw
                     start += raw.n
             except InputError as exc:
                 raise BatchError(start, exc) from None
