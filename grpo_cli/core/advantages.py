@@ -134,15 +134,7 @@ def advantages_by_group(
     if not np.issubdtype(g.dtype, np.integer):
         raise InputError(f"codes: expected integer group indices, got dtype {g.dtype}")
     _same_shape(rewards=r, codes=g)
-    _check_eps(eps)
-    if ddof not in (0, 1):
-        raise UsageError(f"ddof must be 0 or 1, got {ddof}")
-    if scale not in ("group", "batch", "none"):
-        raise UsageError(f"scale must be group, batch or none, got {scale!r}")
-    if estimator not in ("grpo", "rloo"):
-        raise UsageError(f"estimator must be grpo or rloo, got {estimator!r}")
-    if singleton not in ("zero", "raw"):
-        raise UsageError(f"singleton must be zero or raw, got {singleton!r}")
+    _check_conventions(eps, ddof, scale, estimator, singleton)
     n = r.shape[0]
     if n == 0:
         return np.zeros(0, dtype=np.float64)
@@ -166,6 +158,19 @@ def advantages_by_group(
         batch_std=batch_std,
         clip=clip,
     )
+
+
+def _check_conventions(eps: float, ddof: int, scale: str, estimator: str, singleton: str) -> None:
+    """The advantage conventions' values, each named when it is not one the kernel takes."""
+    _check_eps(eps)
+    if ddof not in (0, 1):
+        raise UsageError(f"ddof must be 0 or 1, got {ddof}")
+    if scale not in ("group", "batch", "none"):
+        raise UsageError(f"scale must be group, batch or none, got {scale!r}")
+    if estimator not in ("grpo", "rloo"):
+        raise UsageError(f"estimator must be grpo or rloo, got {estimator!r}")
+    if singleton not in ("zero", "raw"):
+        raise UsageError(f"singleton must be zero or raw, got {singleton!r}")
 
 
 def overall_std(values: F64, *, ddof: int = 0) -> float:

@@ -399,14 +399,7 @@ def token_terms(
     T = logp.shape[0]
     offsets = check_offsets(offsets, T, nonempty=True)
     o = term_options(options, conventions)
-    for name, a in (("old_logp", old_logp), ("ref_logp", ref_logp)):
-        if a is not None and a.shape != logp.shape:
-            raise InputError(f"{name}: expected shape {logp.shape} like logp, got {a.shape}")
-    per_token = adv.shape == (T,) and adv.shape != (offsets.shape[0] - 1,)
-    if not per_token and adv.shape != (offsets.shape[0] - 1,):
-        raise InputError(
-            f"adv: expected shape ({offsets.shape[0] - 1},) or ({T},), got {adv.shape}"
-        )
+    per_token = _per_token_advantages(logp, old_logp, ref_logp, adv, offsets)
     lengths = np.diff(offsets)
     if old_logp is None:
         delta = np.zeros(logp.shape[0], dtype=np.float64)
@@ -426,16 +419,7 @@ def token_terms(
     policy = clipped_surrogate(
         ratio, adv_tok, clip_eps=o.clip_eps, clip_eps_high=o.clip_eps_high, dual_clip=o.dual_clip
     )
-    kl = kl_loss = d = None
-    if ref_logp is not None:
-        d = difference(ref_logp, logp)
-        kl = kl_loss = kl_from_log_ratio(
-            d, estimator=o.kl_estimator, clamp=o.kl_clamp, log_ratio_clamp=o.log_ratio_clamp
-        )
-        if o.kl_bias_correction:
-            with np.errstate(over="ignore", invalid="ignore"):
-                kl_loss = kl * ratio
-            kl_loss[kl == 0.0] = 0.0  # an overflowed ratio times a zero KL is no NaN
+    d, kl, kl_loss = _kl_terms(logp, ref_logp, ratio, o)
     require_reference(o.beta, ref_logp)
     if o.beta != 0.0:
         assert kl_loss is not None
@@ -453,6 +437,43 @@ def token_terms(
         ref_delta=d,
         kl_loss=kl_loss,
     )
+
+
+def _per_token_advantages(
+    logp: FloatArray, old_logp: FloatArray | None, ref_logp: FloatArray | None, adv: F64,
+    offsets: I64,
+) -> bool:  # fmt: skip
+    """The log-probs' shapes agree, and whether ``adv`` is one per token (else one per
+    answer)."""
+    T = logp.shape[0]
+    for name, a in (("old_logp", old_logp), ("ref_logp", ref_logp)):
+        if a is not None and a.shape != logp.shape:
+            raise InputError(f"{name}: expected shape {logp.shape} like logp, got {a.shape}")
+    per_token = adv.shape == (T,) and adv.shape != (offsets.shape[0] - 1,)
+    if not per_token and adv.shape != (offsets.shape[0] - 1,):
+        raise InputError(
+            f"adv: expected shape ({offsets.shape[0] - 1},) or ({T},), got {adv.shape}"
+        )
+    return per_token
+
+
+def _kl_terms(
+    logp: FloatArray, ref_logp: FloatArray | None, ratio: F64, o: TermOptions
+) -> tuple[F64 | None, F64 | None, F64 | None]:
+    """``(d, kl, kl_loss)``: ``d = ref_logp − logp``, the per-token KL estimate, and the KL
+    the loss takes (times the ratio with ``kl_bias_correction``); Nones without a
+    reference."""
+    if ref_logp is None:
+        return None, None, None
+    d = difference(ref_logp, logp)
+    kl = kl_loss = kl_from_log_ratio(
+        d, estimator=o.kl_estimator, clamp=o.kl_clamp, log_ratio_clamp=o.log_ratio_clamp
+    )
+    if o.kl_bias_correction:
+        with np.errstate(over="ignore", invalid="ignore"):
+            kl_loss = kl * ratio
+        kl_loss[kl == 0.0] = 0.0  # an overflowed ratio times a zero KL is no NaN
+    return d, kl, kl_loss
 
 
 @dataclass(frozen=True)
@@ -559,7 +580,20 @@ def token_gradients(
             gp = np.where(active & free, rho * a, 0.0)
     if terms.ref_delta is None or terms.kl is None:
         return gp, None
-    d = terms.ref_delta
+    return gp, _kl_gradient(terms, o, offsets, answer_means, free)
+
+
+def _kl_gradient(
+    terms: TokenTerms,
+    o: TermOptions,
+    offsets: I64 | None,
+    answer_means: SequenceMeans | None,
+    free: NDArray[np.bool_],
+) -> F64:
+    """``∂kl_loss/∂logp_t`` (:func:`token_gradients`' KL paragraph): the estimator's
+    derivative, 0 where a clamp binds, and the ratio's part with ``kl_bias_correction``."""
+    assert terms.ref_delta is not None and terms.kl is not None
+    d, rho = terms.ref_delta, terms.ratio
     lrc = o.log_ratio_clamp
     if o.kl_estimator == "k1":
         gk = np.ones(d.shape)
@@ -584,7 +618,8 @@ def token_gradients(
                 gk = gk * rho + np.where(free, rho * mean_kl, 0.0)
             else:
                 gk = gk * rho + np.where(free, terms.kl * rho, 0.0)
-    return gp, gk
+    out: F64 = gk
+    return out
 
 
 def require_reference(beta: float, ref_logp: object) -> None:

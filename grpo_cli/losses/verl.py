@@ -19,6 +19,8 @@ from numpy.typing import ArrayLike
 from ..core import clipped_surrogate, segment_sum
 from ..errors import InputError, SettingError, UsageError
 from .registry import (
+    F64,
+    I64,
     CorrectionRow,
     Loss,
     LossCall,
@@ -218,8 +220,25 @@ def clip_cov_terms(
     idx = np.flatnonzero(cand)
     n = idx.shape[0]
     k = max(int(clip_cov_ratio * T), 1)
-    chosen = min(k, n)
+    corr = _kept(T, idx, min(k, n), selection, order)
+    surr = clipped_surrogate(rho, a, clip_eps=clip_low, clip_eps_high=clip_high)
+    active = ((a > 0) & (rho <= 1.0 + clip_high)) | ((a < 0) & (rho >= 1.0 - clip_low))
+    return PolicyTerms(
+        term=_mul(surr, corr),
+        grad=np.where(active, _mul(_mul(rho, a), corr), 0.0),
+        ratio=rho,
+        weight=corr,
+        flags={"candidate": cand, "clipped": origin},
+        values={"selected": 1.0 - corr, "ppo_kl": -delta, "cov": cov},
+    )
+
+
+def _kept(T: int, idx: I64, chosen: int, selection: Selection, order: ArrayLike | None) -> F64:
+    """Each token's factor of Clip-Cov's term: 0 on the candidates chosen (``order``: the
+    trainer's permutation of the candidates ``idx``, its first ``chosen``), else in
+    expectation ``1 − chosen/n`` on every candidate; 1 elsewhere."""
     corr = np.ones(T)
+    n = idx.shape[0]
     if selection == "order":
         if order is None:
             raise UsageError('selection="order" needs order (the trainer\'s permutation)')
@@ -231,16 +250,7 @@ def clip_cov_terms(
         corr[idx[perm[:chosen]]] = 0.0
     elif n:
         corr[idx] = 1.0 - chosen / n
-    surr = clipped_surrogate(rho, a, clip_eps=clip_low, clip_eps_high=clip_high)
-    active = ((a > 0) & (rho <= 1.0 + clip_high)) | ((a < 0) & (rho >= 1.0 - clip_low))
-    return PolicyTerms(
-        term=_mul(surr, corr),
-        grad=np.where(active, _mul(_mul(rho, a), corr), 0.0),
-        ratio=rho,
-        weight=corr,
-        flags={"candidate": cand, "clipped": origin},
-        values={"selected": 1.0 - corr, "ppo_kl": -delta, "cov": cov},
-    )
+    return corr
 
 
 def kl_cov_terms(

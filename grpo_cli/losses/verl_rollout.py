@@ -298,7 +298,6 @@ def verl_rollout_correction(
         _choice("rollout_is", rollout_is, ("token", "sequence"))
     old, roll = x["old_logp"], x["rollout_logp"]
     T = old.shape[0]
-    lens = np.diff(off)
     with np.errstate(over="ignore", invalid="ignore"):
         lr = old - roll
     safe = np.clip(lr, -SAFETY_BOUND, SAFETY_BOUND)
@@ -306,27 +305,10 @@ def verl_rollout_correction(
     metrics: dict[str, float] = {}
     weight = np.ones(T)
     if rollout_is is not None:
-        upper, lower = _is_threshold(rollout_is_threshold)
-        if rollout_is == "token":
-            raw = np.exp(safe)
-        else:
-            raw = _repeat(np.exp(np.clip(lr_sum, -SAFETY_BOUND, SAFETY_BOUND)), off)
-        if lower is None:
-            w = np.minimum(raw, upper)
-        else:
-            w = np.where((raw >= lower) & (raw <= upper), raw, 0.0)
-        metrics.update(_is_metrics(w, raw, lr_sum, off, rollout_is, upper, lower))
-        if rollout_is_batch_normalize:
-            if rollout_is == "token":
-                mean = _verl_mean(w, T)
-            else:
-                mean = float(np.sum(_verl_seq_mean(w, off)) / max(float(len(lens)), 1e-8))
-            if mean > 1e-8:
-                w = w / mean
-                metrics["rollout_is_batch_norm_factor"] = mean
-            else:
-                metrics["rollout_is_batch_norm_factor"] = 1.0
-        weight = w
+        weight = _is_weights(
+            safe, lr_sum, off, rollout_is, rollout_is_threshold, rollout_is_batch_normalize,
+            metrics,
+        )  # fmt: skip
     keep = np.ones(T, dtype=bool)
     if rollout_rs is not None:
         keep, rs = _rejection(safe, off, rollout_rs, rollout_rs_threshold)
@@ -335,6 +317,43 @@ def verl_rollout_correction(
     return Correction(
         weight=weight, keep=keep, metrics={f"rollout_corr/{k}": v for k, v in metrics.items()}
     )
+
+
+def _is_weights(
+    safe: F64,
+    lr_sum: F64,
+    off: I64,
+    level: str,
+    threshold: float | str,
+    batch_normalize: bool,
+    metrics: dict[str, float],
+) -> F64:
+    """verl's IS weights of :func:`verl_rollout_correction` (its docstring's IS bullet),
+    their ``rollout_is_*`` metrics added to ``metrics``."""
+    T = safe.shape[0]
+    upper, lower = _is_threshold(threshold)
+    if level == "token":
+        raw = np.exp(safe)
+    else:
+        raw = _repeat(np.exp(np.clip(lr_sum, -SAFETY_BOUND, SAFETY_BOUND)), off)
+    if lower is None:
+        w = np.minimum(raw, upper)
+    else:
+        w = np.where((raw >= lower) & (raw <= upper), raw, 0.0)
+    metrics.update(_is_metrics(w, raw, lr_sum, off, level, upper, lower))
+    if batch_normalize:
+        if level == "token":
+            mean = _verl_mean(w, T)
+        else:
+            n = float(off.shape[0] - 1)
+            mean = float(np.sum(_verl_seq_mean(w, off)) / max(n, 1e-8))
+        if mean > 1e-8:
+            w = w / mean
+            metrics["rollout_is_batch_norm_factor"] = mean
+        else:
+            metrics["rollout_is_batch_norm_factor"] = 1.0
+    out: F64 = w
+    return out
 
 
 def _is_metrics(
