@@ -184,76 +184,11 @@ class NpzReader:
             )
         n_tokens = declared[0][0] if declared is not None else None
         rname, gname, aname = src.name("reward"), src.name("group"), src.name("advantage")
-        shape: tuple[int, int] | None = None
         cols: dict[str, pa.Array] = {}
-        if reward is not None:
-            r2 = _real(f"{path}", f"array {rname!r}", reward)
-            if r2.ndim == 2 and group is None:
-                if rname in TOKEN_SCORES:
-                    raise InputError(
-                        f"{path}: array {rname!r} holds per-token rewards (N, L): give each "
-                        f"answer's group id as an (N,) array {gname!r} (or --column "
-                        "group=NAME)"
-                    )
-                P, G = r2.shape
-                shape = (P, G)
-                cols[_ROWS] = arrow_of(np.repeat(np.arange(P, dtype=np.int64), G))
-                r = r2.reshape(-1)
-            elif r2.ndim == 2:  # (N, L) per-token rewards, each answer's group given
-                assert group is not None
-                if group.ndim != 1 or group.shape[0] != r2.shape[0]:
-                    raise InputError(
-                        f"{path}: array {rname!r} is 2-D {r2.shape} and {gname!r} has shape "
-                        f"{group.shape}: per-token rewards (N, L) need {gname!r} of shape "
-                        f"({r2.shape[0]},); rewards (P, G), a group a row, take no "
-                        f"{gname!r} array"
-                    )
-                cols[gname] = _group_array(group, str(path), f"array {gname!r}")
-                r, outside = score_sums(
-                    r2.reshape(-1), _padded_offsets(r2.shape), self._mask(src, r2.shape, rname)
-                )
-                cols[rname + OUTSIDE] = flag_array(outside)
-            elif r2.ndim == 1:
-                r = r2
-                if group is None:
-                    raise InputError(
-                        f"{path}: array {rname!r} is 1-D, so an array {gname!r} (N,) of group "
-                        f"ids is required (or give {rname!r} as (P, G))"
-                    )
-                if group.ndim != 1 or group.shape[0] != r.shape[0]:
-                    raise InputError(
-                        f"{path}: array {gname!r} has shape {group.shape}, expected "
-                        f"({r.shape[0]},) like {rname!r}"
-                    )
-                cols[gname] = _group_array(group, str(path), f"array {gname!r}")
-            else:
-                raise InputError(
-                    f"{path}: array {rname!r} has shape {reward.shape}, expected (P, G) or (N,)"
-                )
-            cols[rname] = arrow_of(r)
-        n = r.shape[0] if reward is not None else n_tokens
+        shape, n = self._reward_columns(src, reward, group, cols)
+        n = n_tokens if n is None else n
         if adv is not None:
-            a = _real(str(path), f"array {aname!r}", adv)
-            if a.ndim == 2 and shape is not None and a.shape == shape:
-                a = a.reshape(-1)
-            elif a.ndim == 2 and (n is None or a.shape[0] == n):  # (N, L): one a token
-                if declared is not None and tuple(declared[0]) != a.shape:
-                    raise InputError(
-                        f"{path}: array {aname!r} has shape {a.shape}, but "
-                        f"{src.name('logp')!r} has {tuple(declared[0])}: per-token "
-                        "advantages are (N, L) like the token arrays"
-                    )
-                a, varies, _, _ = constant_advantages(
-                    a.reshape(-1), _padded_offsets(a.shape), self._mask(src, a.shape, aname)
-                )
-                cols[aname + VARIES] = flag_array(varies)
-            if a.ndim != 1 or (n is not None and a.shape[0] != n):
-                raise InputError(
-                    f"{path}: array {aname!r} has shape {adv.shape}, expected ({n},)"
-                    + ("" if n is None else f" or ({n}, L), one value per token")
-                )
-            cols[aname] = arrow_of(a)
-            n = a.shape[0]
+            n = self._advantage_columns(src, adv, shape, n, declared, cols)
         if n is None and not (need_rewards and reward is None):
             raise InputError(f"{path}: no {rname!r}, {aname!r} or {src.name('logp')!r} array found")
         if n_tokens is not None and n is not None and n_tokens != n:
@@ -278,6 +213,96 @@ class NpzReader:
                 f"an (N,) array with a group array {gname!r}",
             )
         return AnswerColumns(tables, names, n, shape, notes=notes)
+
+    def _reward_columns(
+        self, src: Source, reward: np.ndarray | None, group: np.ndarray | None,
+        cols: dict[str, pa.Array],
+    ) -> tuple[tuple[int, int] | None, int | None]:  # fmt: skip
+        """The rewards (and group ids) into ``cols``: ``(P, G)`` a group a row, ``(N,)`` with
+        a group array, or ``(N, L)`` per-token scores summed per answer; returns the
+        ``(P, G)`` shape (None otherwise) and the answers (None: no rewards)."""
+        if reward is None:
+            return None, None
+        path = self.path
+        rname, gname = src.name("reward"), src.name("group")
+        shape: tuple[int, int] | None = None
+        r2 = _real(f"{path}", f"array {rname!r}", reward)
+        if r2.ndim == 2 and group is None:
+            if rname in TOKEN_SCORES:
+                raise InputError(
+                    f"{path}: array {rname!r} holds per-token rewards (N, L): give each "
+                    f"answer's group id as an (N,) array {gname!r} (or --column "
+                    "group=NAME)"
+                )
+            P, G = r2.shape
+            shape = (P, G)
+            cols[_ROWS] = arrow_of(np.repeat(np.arange(P, dtype=np.int64), G))
+            r = r2.reshape(-1)
+        elif r2.ndim == 2:  # (N, L) per-token rewards, each answer's group given
+            assert group is not None
+            if group.ndim != 1 or group.shape[0] != r2.shape[0]:
+                raise InputError(
+                    f"{path}: array {rname!r} is 2-D {r2.shape} and {gname!r} has shape "
+                    f"{group.shape}: per-token rewards (N, L) need {gname!r} of shape "
+                    f"({r2.shape[0]},); rewards (P, G), a group a row, take no "
+                    f"{gname!r} array"
+                )
+            cols[gname] = _group_array(group, str(path), f"array {gname!r}")
+            r, outside = score_sums(
+                r2.reshape(-1), _padded_offsets(r2.shape), self._mask(src, r2.shape, rname)
+            )
+            cols[rname + OUTSIDE] = flag_array(outside)
+        elif r2.ndim == 1:
+            r = r2
+            if group is None:
+                raise InputError(
+                    f"{path}: array {rname!r} is 1-D, so an array {gname!r} (N,) of group "
+                    f"ids is required (or give {rname!r} as (P, G))"
+                )
+            if group.ndim != 1 or group.shape[0] != r.shape[0]:
+                raise InputError(
+                    f"{path}: array {gname!r} has shape {group.shape}, expected "
+                    f"({r.shape[0]},) like {rname!r}"
+                )
+            cols[gname] = _group_array(group, str(path), f"array {gname!r}")
+        else:
+            raise InputError(
+                f"{path}: array {rname!r} has shape {reward.shape}, expected (P, G) or (N,)"
+            )
+        cols[rname] = arrow_of(r)
+        return shape, int(r.shape[0])
+
+    def _advantage_columns(
+        self, src: Source, adv: np.ndarray, shape: tuple[int, int] | None, n: int | None,
+        declared: tuple[tuple[int, ...], np.dtype[Any]] | None, cols: dict[str, pa.Array],
+    ) -> int:  # fmt: skip
+        """The advantages into ``cols``: one an answer (``(N,)``, or ``(P, G)`` like the
+        rewards), or ``(N, L)`` one a token (read as the answer's when constant over its
+        valid tokens); returns the answers."""
+        path = self.path
+        aname = src.name("advantage")
+        a = _real(str(path), f"array {aname!r}", adv)
+        if a.ndim == 2 and shape is not None and a.shape == shape:
+            a = a.reshape(-1)
+        elif a.ndim == 2 and (n is None or a.shape[0] == n):  # (N, L): one a token
+            if declared is not None and tuple(declared[0]) != a.shape:
+                raise InputError(
+                    f"{path}: array {aname!r} has shape {a.shape}, but "
+                    f"{src.name('logp')!r} has {tuple(declared[0])}: per-token "
+                    "advantages are (N, L) like the token arrays"
+                )
+            a, varies, _, _ = constant_advantages(
+                a.reshape(-1), _padded_offsets(a.shape), self._mask(src, a.shape, aname)
+            )
+            cols[aname + VARIES] = flag_array(varies)
+        if a.ndim != 1 or (n is not None and a.shape[0] != n):
+            raise InputError(
+                f"{path}: array {aname!r} has shape {adv.shape}, expected ({n},)"
+                + ("" if n is None else f" or ({n}, L), one value per token")
+            )
+        cols[aname] = arrow_of(a)
+        n = a.shape[0]
+        return n
 
     def _mask(self, src: Source, shape: tuple[int, ...], of: str) -> NDArray[np.bool_] | None:
         """The file's mask, flat, for a per-token answer array of ``shape`` (``of``
