@@ -351,6 +351,14 @@ def from_config(c: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
             f"gspo, {', '.join(k.split('/', 1)[1] for k in LOSSES if k.startswith('verl/'))}): "
             "the numbers follow the clipped surrogate"
         )
+    _kl_keys(c, out, notes)
+    _rollout_keys_of(c, mode, out, notes)
+    return out, notes
+
+
+def _kl_keys(c: Mapping[str, Any], out: dict[str, Any], notes: list[str]) -> None:
+    """The KL in the reward (``use_kl_in_reward``, ``kl_ctrl.kl_coef``, ``kl_penalty``) or
+    the KL loss (``use_kl_loss``, ``kl_loss_coef``, ``kl_loss_type``) into ``out``."""
     if c.get("algorithm.use_kl_in_reward"):
         out["kl_mode"] = "reward"
         if isinstance(c.get("algorithm.kl_ctrl.kl_coef"), int | float):
@@ -374,6 +382,14 @@ def from_config(c: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
             notes.append(
                 f"kl_loss_type {kind!r} is not one grpo-cli computes (kl, mse, low_var_kl)"
             )
+
+
+def _rollout_keys_of(
+    c: Mapping[str, Any], mode: Any, out: dict[str, Any], notes: list[str]
+) -> None:
+    """``algorithm.rollout_correction``: the decoupled correction's IS weights and
+    rejection, or the bypass mode (a loss of its own that replaces ``policy_loss.loss_mode``
+    ``mode``) into ``out``."""
     rc = "algorithm.rollout_correction."
     level, rs = c.get(rc + "rollout_is"), c.get(rc + "rollout_rs")
     bypass = bool(c.get(rc + "bypass_mode"))
@@ -400,7 +416,6 @@ def from_config(c: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
         elif kind is not None:
             notes.append(f"{rc}loss_type {kind!r}: verl's bypass mode takes ppo_clip, reinforce")
         out.update(_rollout_section(c, rc, level, rs))
-    return out, notes
 
 
 def _rollout_section(c: Mapping[str, Any], rc: str, level: Any, rs: Any) -> dict[str, Any]:
