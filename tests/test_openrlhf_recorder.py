@@ -269,9 +269,9 @@ def test_columns_are_the_experiences(tmp_path: Path) -> None:
     # the KL in the reward (OpenRLHF's default): advantages vary over the tokens. The
     # cumulative returns run on through the masked prompt positions; masked values are 0
     adv = np.where(mask, padded([e.advantages for e in exps]), 0.0)
-    assert cols["advantage"] == adv.astype(np.float32).tolist()
+    assert cols["advantage"] == adv.tolist()  # each field at the width it had (float64 here)
     for column, name in (("old_logp", "action_log_probs"), ("rollout_logp", "rollout_log_probs")):
-        expected = padded([getattr(e, name) for e in exps]).astype(np.float32)
+        expected = padded([getattr(e, name) for e in exps])
         assert cols[column] == expected.tolist(), column
     assert "ref_logp" not in cols  # make_experience drops it without --algo.kl.use_loss
     seq = [(s, m) for e in exps for s, m in zip(e.sequences, e.action_mask.bool(), strict=True)]
@@ -424,10 +424,8 @@ def test_install_records_train_step(tmp_path: Path) -> None:
     assert cols["group"] == [f"g000005-p{i // N:05d}" for e in sent for i in e.index]
     mask = padded([e.action_mask for e in sent]).astype(bool)
     adv = np.where(mask, padded([e.advantages for e in sent]), 0.0)
-    assert cols["advantage"] == adv.astype(np.float32).tolist()
-    assert (
-        cols["old_logp"] == padded([e.action_log_probs for e in sent]).astype(np.float32).tolist()
-    )
+    assert cols["advantage"] == adv.tolist()
+    assert cols["old_logp"] == padded([e.action_log_probs for e in sent]).tolist()
     assert cols["reward"] == [float(r) for e in sent for r in e.rewards]
     logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").open()]
     status = {k: v for k, v in got.items() if k != "generated_samples"}

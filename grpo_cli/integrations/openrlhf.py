@@ -211,23 +211,7 @@ def experiences_table(
     if n_samples_per_prompt < 1:
         raise ValueError(f"n_samples_per_prompt: expected >= 1, got {n_samples_per_prompt}")
     experiences = list(experiences)
-    if not experiences:
-        raise ValueError("experiences: empty")
-    masks: list[np.ndarray] = []
-    index: list[int] = []
-    for k, e in enumerate(experiences):
-        if e.action_mask is None:
-            raise ValueError(f"experiences[{k}].action_mask: absent")
-        m = _array(e.action_mask, f"experiences[{k}].action_mask").astype(bool)
-        if e.index is None:
-            raise ValueError(
-                f"experiences[{k}].index: None (balance_experiences drops it); record the "
-                "output of make_experience_batch"
-            )
-        if len(e.index) != m.shape[0]:
-            raise ValueError(f"experiences[{k}].index: {len(e.index)} for {m.shape[0]} samples")
-        masks.append(m)
-        index.extend(int(i) for i in e.index)
+    masks, index = _masks_and_index(experiences)
     width = max(m.shape[1] for m in masks)
     mask = _padded(masks, width)
 
@@ -280,6 +264,29 @@ def experiences_table(
         token_dtype=token_dtype,
     )
     return table, info
+
+
+def _masks_and_index(experiences: Sequence[Any]) -> tuple[list[np.ndarray], list[int]]:
+    """Each experience's action mask (as booleans) and every sample's prompt index
+    (``Experience.index``), checked: a ``ValueError`` naming the experience and field."""
+    if not experiences:
+        raise ValueError("experiences: empty")
+    masks: list[np.ndarray] = []
+    index: list[int] = []
+    for k, e in enumerate(experiences):
+        if e.action_mask is None:
+            raise ValueError(f"experiences[{k}].action_mask: absent")
+        m = _array(e.action_mask, f"experiences[{k}].action_mask").astype(bool)
+        if e.index is None:
+            raise ValueError(
+                f"experiences[{k}].index: None (balance_experiences drops it); record the "
+                "output of make_experience_batch"
+            )
+        if len(e.index) != m.shape[0]:
+            raise ValueError(f"experiences[{k}].index: {len(e.index)} for {m.shape[0]} samples")
+        masks.append(m)
+        index.extend(int(i) for i in e.index)
+    return masks, index
 
 
 _runs: dict[tuple[str, int], tuple[RunWriter, Guard]] = {}
@@ -687,16 +694,38 @@ def install(
     _install_args(directory, every_steps=every_steps, token_dtype=token_dtype, check=check,
                   stop_on_fail=stop_on_fail, on_check=on_check, first_step=first_step)  # fmt: skip
     if _is_actor_trainer(trainer):
-        if check:
-            raise ValueError(
-                "check: install it on the driver's PPOTrainer (an ActorPPOTrainer records "
-                "its micro-batches only)"
-            )
+        if check:  # the driver's PPOTrainer gates; an ActorPPOTrainer records micro-batches
+            raise ValueError("check: install it on the driver's PPOTrainer, not its actors'")
         return _install_actor(
             trainer, directory, every_steps=every_steps, first_step=first_step,
             tokenizer=tokenizer, token_dtype=token_dtype,
         )  # fmt: skip
     config = check_config(check)
+    maker, generator = _driver_parts(trainer, stop_on_fail)
+    previous = getattr(trainer, "_grpo_cli_recorder", None)
+    if isinstance(previous, _Recorder):
+        originals = (previous.train_step, previous.make_experience_batch)
+        if previous.generate_samples is not None:
+            generator.generate_samples = previous.generate_samples
+    else:
+        originals = (trainer.train_step, maker.make_experience_batch)
+    if tokenizer is None:
+        tokenizer = getattr(trainer, "tokenizer", None)
+    rec = _Recorder(trainer, directory, every_steps, tokenizer, token_dtype, originals)
+    if config is not None:
+        rec.gate = Gate(
+            config, trainer=TRAINER, stop_on_fail=stop_on_fail, on_check=on_check,
+            how_stopped="fit() ends now (samples_generator.generate_samples reports the "
+            "prompts exhausted from here on)", column_map=NO_LOGP_COLUMNS, no_logged=NO_LOGP,
+        )  # fmt: skip
+    _hook(trainer, maker, generator, rec, originals, stop_on_fail)
+    trainer._grpo_cli_recorder = rec
+    return trainer
+
+
+def _driver_parts(trainer: Any, stop_on_fail: bool) -> tuple[Any, Any]:
+    """The driver's ``experience_maker`` and ``samples_generator`` :func:`install` hooks
+    (a ``TypeError`` naming what a trainer lacks)."""
     maker: Any = getattr(trainer, "experience_maker", None)
     if not callable(getattr(trainer, "train_step", None)) or not callable(
         getattr(maker, "make_experience_batch", None)
@@ -712,27 +741,15 @@ def install(
             "generate_samples (OpenRLHF 0.11.2's PPOTrainer: fit() stops when it reports "
             "the prompts exhausted)"
         )
-    previous = getattr(trainer, "_grpo_cli_recorder", None)
-    if isinstance(previous, _Recorder):
-        originals = (previous.train_step, previous.make_experience_batch)
-        if previous.generate_samples is not None:
-            generator.generate_samples = previous.generate_samples
-    else:
-        originals = (trainer.train_step, maker.make_experience_batch)
-    if tokenizer is None:
-        tokenizer = getattr(trainer, "tokenizer", None)
-    rec = _Recorder(trainer, directory, every_steps, tokenizer, token_dtype, originals)
-    if config is not None:
-        rec.gate = Gate(
-            config,
-            trainer=TRAINER,
-            stop_on_fail=stop_on_fail,
-            on_check=on_check,
-            how_stopped="fit() ends now (samples_generator.generate_samples reports the "
-            "prompts exhausted from here on)",
-            column_map=NO_LOGP_COLUMNS,
-            no_logged=NO_LOGP,
-        )
+    return maker, generator
+
+
+def _hook(
+    trainer: Any, maker: Any, generator: Any, rec: _Recorder, originals: tuple[Any, Any],
+    stop_on_fail: bool,
+) -> None:  # fmt: skip
+    """Wrap the driver's ``train_step``, ``make_experience_batch`` and (``stop_on_fail``)
+    ``generate_samples`` on the instance (:func:`install`'s docstring)."""
 
     def train_step(rollout_samples: Any, global_step: int) -> Any:
         step = global_step + 1
@@ -771,8 +788,6 @@ def install(
 
         generate_samples.__wrapped__ = generate  # type: ignore[attr-defined]
         generator.generate_samples = generate_samples
-    trainer._grpo_cli_recorder = rec
-    return trainer
 
 
 def _install_args(

@@ -238,24 +238,10 @@ def record(
         ``stop_on_fail`` is given without ``check``.
       grpo_cli.errors.UsageError: the check config cannot be read.
     """
-    _args.directory("directory", directory)
-    _args.count("every_steps", every_steps)
-    _args.flag("completions", completions)
-    _args.function("on_step_written", on_step_written)
-    _args.check_option(check)
-    _args.flag("stop_on_fail", stop_on_fail)
-    _args.function("on_check", on_check)
-    if stop_on_fail and not check:
-        raise ValueError("stop_on_fail: needs check=True or a check config file")
+    _record_args(directory, every_steps, completions, on_step_written, check, stop_on_fail,
+                 on_check)  # fmt: skip
     config = check_config(check)
-    missing = [m for m in (*_HOOKED, "add_callback") if not callable(getattr(trainer, m, None))]
-    if missing or not hasattr(trainer, "state") or not hasattr(trainer, "args"):
-        raise TypeError(
-            f"record: expected a trl GRPOTrainer, got {type(trainer).__name__} "
-            f"(missing {', '.join(missing) or 'state/args'})"
-        )
-    if getattr(trainer, "_grpo_cli_recorder", None) is not None:
-        raise ValueError("record: this trainer is already recorded")
+    _recordable(trainer)
     gate = None
     if config is not None:
         how = "training stops after this step (control.should_training_stop)"
@@ -267,6 +253,34 @@ def record(
     if gate is not None and recorder.guard.active:
         gate.run(recorder.install_gate)
     return trainer
+
+
+def _record_args(
+    directory: Any, every_steps: Any, completions: Any, on_step_written: Any, check: Any,
+    stop_on_fail: Any, on_check: Any,
+) -> None:  # fmt: skip
+    """:func:`record`'s arguments, checked as its docstring's Raises says."""
+    _args.directory("directory", directory)
+    _args.count("every_steps", every_steps)
+    _args.flag("completions", completions)
+    _args.function("on_step_written", on_step_written)
+    _args.check_option(check)
+    _args.flag("stop_on_fail", stop_on_fail)
+    _args.function("on_check", on_check)
+    if stop_on_fail and not check:
+        raise ValueError("stop_on_fail: needs check=True or a check config file")
+
+
+def _recordable(trainer: Any) -> None:
+    """A GRPOTrainer with the methods :func:`record` hooks, not yet recorded."""
+    missing = [m for m in (*_HOOKED, "add_callback") if not callable(getattr(trainer, m, None))]
+    if missing or not hasattr(trainer, "state") or not hasattr(trainer, "args"):
+        raise TypeError(
+            f"record: expected a trl GRPOTrainer, got {type(trainer).__name__} "
+            f"(missing {', '.join(missing) or 'state/args'})"
+        )
+    if getattr(trainer, "_grpo_cli_recorder", None) is not None:
+        raise ValueError("record: this trainer is already recorded")
 
 
 def _trl_version() -> str | None:

@@ -817,14 +817,7 @@ def install(
         grpo_cli.integrations.verl.install(trainer, "runs/exp1")
         trainer.fit()
     """
-    _args.directory("directory", directory)
-    _args.count("every_steps", every_steps)
-    _args.token_type("token_dtype", token_dtype)
-    _args.check_option(check)
-    _args.flag("stop_on_fail", stop_on_fail)
-    _args.function("on_check", on_check)
-    if stop_on_fail and not check:
-        raise ValueError("stop_on_fail: needs check=True or a check config file")
+    _install_args(directory, every_steps, token_dtype, check, stop_on_fail, on_check)
     config = check_config(check)
     update = getattr(trainer, "_update_actor", None)
     if not callable(update):
@@ -844,15 +837,36 @@ def install(
     if config is not None:
         no_logp = loss_fn is None  # recorded from the batch: no current log-probs
         recorder.gate = Gate(
-            config,
-            trainer=TRAINER,
-            stop_on_fail=stop_on_fail,
-            on_check=on_check,
+            config, trainer=TRAINER, stop_on_fail=stop_on_fail, on_check=on_check,
             how_stopped="verl's fit() ends after the next step (trainer.total_training_steps "
             "lowered: verl decides is_last_step before a step generates)",
             column_map=NO_LOGP_COLUMNS if no_logp else None,
             no_logged=NO_LOGP if no_logp else None,
-        )
+        )  # fmt: skip
+
+    trainer._update_actor = _hooked(trainer, recorder, update)
+    trainer._grpo_cli_recorder = recorder
+    return trainer
+
+
+def _install_args(
+    directory: Any, every_steps: Any, token_dtype: Any, check: Any, stop_on_fail: Any,
+    on_check: Any,
+) -> None:  # fmt: skip
+    """:func:`install`'s arguments, checked (``TypeError``/``ValueError`` naming one)."""
+    _args.directory("directory", directory)
+    _args.count("every_steps", every_steps)
+    _args.token_type("token_dtype", token_dtype)
+    _args.check_option(check)
+    _args.flag("stop_on_fail", stop_on_fail)
+    _args.function("on_check", on_check)
+    if stop_on_fail and not check:
+        raise ValueError("stop_on_fail: needs check=True or a check config file")
+
+
+def _hooked(trainer: Any, recorder: _Recorder, update: Any) -> Any:
+    """The trainer's ``_update_actor`` wrapped: each recorded step's loss calls written
+    (:meth:`_Recorder.before` / ``after``), the gate run after it."""
 
     def _update_actor(batch: Any) -> Any:
         step = getattr(trainer, "global_steps", None)
@@ -874,6 +888,4 @@ def install(
         return output
 
     _update_actor.__wrapped__ = update  # type: ignore[attr-defined]
-    trainer._update_actor = _update_actor
-    trainer._grpo_cli_recorder = recorder
-    return trainer
+    return _update_actor

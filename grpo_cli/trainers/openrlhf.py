@@ -495,4 +495,5 @@ TRAINER = Trainer(
     reward_kl="returns",
     dependent=dependent,
     from_config=checked(CONFIG_KEYS, from_config),
+    calls=CALLS,
 )

@@ -650,4 +650,5 @@ TRAINER = Trainer(
     kl_agg_follows_config=True,
     dependent=dependent,
     from_config=checked(CONFIG_KEYS, from_config, (_rollout_keys,)),
+    calls=CALLS,
 )
