@@ -180,8 +180,9 @@ def _errors() -> Iterator[None]:
         typer.echo("grpo-cli: interrupted", err=True)
         raise typer.Exit(130) from None
     finally:
-        if "grpo_cli.engine.ray" in sys.modules:  # stop the Ray this run started or joined
-            sys.modules["grpo_cli.engine.ray"].close()
+        from ..engine.ray import close  # the Ray session this run opened, if any
+
+        close()
 
 
 # rich (tables, progress) and the check rules are imported where they are used: `--json`

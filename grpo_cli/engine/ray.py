@@ -59,6 +59,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "RayColumns",
+    "RaySession",
     "close",
     "connect",
     "fold_blocks",
@@ -71,8 +72,6 @@ T = TypeVar("T")
 Progress = Callable[[int], None]
 
 FANOUT = 8  # partials merged by one merge task
-
-_state: dict[str, Any] = {}  # the Ray this process started or joined: {"owned": bool}
 
 
 class _Interrupts:
@@ -114,54 +113,121 @@ def _ray() -> Any:
 
 
 def connect(engine: EngineOptions) -> tuple[Any, Ran]:
-    """Ray, initialised for this run: the process's Ray when it has one (a library caller
-    that ran ``ray.init``), else ``engine.address``, else a private local Ray; and the
-    cluster's CPUs as a :class:`Ran`'s ``workers`` (no block yet)."""
-    ray = _connect(engine)
+    """Ray, initialised for this run (:meth:`RaySession.open` of the process's session):
+    the process's Ray when it has one (a library caller that ran ``ray.init``), else
+    ``engine.address``, else a private local Ray; and the cluster's CPUs as a
+    :class:`Ran`'s ``workers`` (no block yet)."""
+    ray = RaySession.current().open(engine)
     return ray, Ran(blocks=0, workers=int(ray.cluster_resources().get("CPU", 0)))
 
 
-def _connect(engine: EngineOptions) -> Any:
-    if "ray" not in sys.modules and not engine.address:
-        _private_env()  # before Ray is imported: it reads its config then
-    ray = _ray()
-    if ray.is_initialized():
-        _state.setdefault("owned", False)
-        return ray
-    quiet = {"logging_level": logging.ERROR, "log_to_driver": False}
-    if engine.address:
-        _listening(engine.address)
-        log = tempfile.TemporaryFile(mode="w+b")
+class RaySession:
+    """The Ray one grpo-cli run uses, and what it changed to get it: whether this run
+    started or joined it (``owned``: :meth:`close` shuts it down; a Ray a library caller
+    began is left running), and the environment it set for a private Ray's token
+    authentication (``saved_env``: given back on close, after Ray's threads no longer
+    need it). A process has one at a time (:meth:`current`); the CLI closes it at the end
+    of a command, a library caller with ``with RaySession.current():`` or :func:`close`.
+    """
+
+    _current: RaySession | None = None
+
+    def __init__(self) -> None:
+        self.owned = False
+        self.saved_env: dict[str, str | None] | None = None
+
+    @classmethod
+    def current(cls) -> RaySession:
+        """The process's session (made on first use)."""
+        if cls._current is None:
+            cls._current = cls()
+        return cls._current
+
+    def __enter__(self) -> RaySession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def open(self, engine: EngineOptions) -> Any:
+        """Ray, initialised (see :func:`connect`)."""
+        if "ray" not in sys.modules and not engine.address:
+            self._private_env()  # before Ray is imported: it reads its config then
+        ray = _ray()
+        if ray.is_initialized():
+            return ray
+        quiet = {"logging_level": logging.ERROR, "log_to_driver": False}
+        if engine.address:
+            _join(ray, engine.address, quiet)
+            self.owned = True
+            return ray
+        if self.saved_env is None:
+            self._private_env()
+            reload_auth_config()  # Ray was imported already: have it read the environment again
+        self.owned = True  # shut down by close() even if interrupted while starting
         try:
-            with _Interrupts(), _stderr_to(log):  # Ray's C++ retries log a line a second
-                ray.init(address=engine.address, **quiet)
+            with _Interrupts():
+                ray.init(address="local", include_dashboard=False, **quiet)
         except Exception as exc:
-            log.seek(0)
-            if b"InvalidAuthToken" in log.read():
-                why = (
-                    "the cluster uses token authentication and refused this driver's token: "
-                    "give its token in RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH, with "
-                    "RAY_AUTH_MODE=token (`ray get-auth-token` on the head prints it)"
-                )
-            else:
-                why = _one_line(exc)
-            raise UsageError(f"--ray-address {engine.address}: cannot connect: {why}") from None
-        finally:
-            log.close()
-        _state["owned"] = True
+            self._restore_env()
+            raise UsageError(f"--engine ray: cannot start a local Ray ({_one_line(exc)})") from None
         return ray
-    if "env" not in _state:
-        _private_env()
-        reload_auth_config()  # Ray was imported already: have it read the environment again
-    _state["owned"] = True  # shut down by close() even if interrupted while starting
+
+    def _private_env(self) -> None:
+        """Token authentication with a token of this run's own, in the environment the Ray
+        processes inherit (Ray would otherwise write one to ~/.ray/auth_token)."""
+        self.saved_env = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
+        os.environ["RAY_AUTH_MODE"] = "token"
+        os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+
+    def _restore_env(self) -> None:
+        saved, self.saved_env = self.saved_env, None
+        if saved is None:
+            return
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        if "ray" in sys.modules:
+            reload_auth_config()
+
+    def close(self) -> None:
+        """Shut down the Ray this session started or joined (not one a library caller
+        began), then give the environment back (after: Ray's threads need the token until
+        then)."""
+        owned, self.owned = self.owned, False
+        if owned:
+            import ray
+
+            with _Interrupts():  # a second Ctrl-C must not cut the shutdown short
+                ray.shutdown()
+        self._restore_env()
+        if RaySession._current is self:
+            RaySession._current = None
+
+
+def _join(ray: Any, address: str, quiet: dict[str, Any]) -> None:
+    """``ray.init`` on a running cluster at ``address``: a refusal is one line (token
+    authentication's named)."""
+    _listening(address)
+    log = tempfile.TemporaryFile(mode="w+b")
     try:
-        with _Interrupts():
-            ray.init(address="local", include_dashboard=False, **quiet)
+        with _Interrupts(), _stderr_to(log):  # Ray's C++ retries log a line a second
+            ray.init(address=address, **quiet)
     except Exception as exc:
-        _restore_env()
-        raise UsageError(f"--engine ray: cannot start a local Ray ({_one_line(exc)})") from None
-    _state["owned"] = True
-    return ray
+        log.seek(0)
+        if b"InvalidAuthToken" in log.read():
+            why = (
+                "the cluster uses token authentication and refused this driver's token: "
+                "give its token in RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH, with "
+                "RAY_AUTH_MODE=token (`ray get-auth-token` on the head prints it)"
+            )
+        else:
+            why = _one_line(exc)
+        raise UsageError(f"--ray-address {address}: cannot connect: {why}") from None
+    finally:
+        log.close()
 
 
 def _listening(address: str) -> None:
@@ -192,14 +258,6 @@ def _stderr_to(f: Any) -> Iterator[None]:
         os.close(saved)
 
 
-def _private_env() -> None:
-    """Token authentication with a token of this run's own, in the environment the Ray
-    processes inherit (Ray would otherwise write one to ~/.ray/auth_token)."""
-    _state["env"] = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
-    os.environ["RAY_AUTH_MODE"] = "token"
-    os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
-
-
 def reload_auth_config() -> None:
     """Have an imported Ray read ``RAY_AUTH_MODE`` and its token from the environment again
     (it reads them once, at import)."""
@@ -212,29 +270,10 @@ def reload_auth_config() -> None:
         pass
 
 
-def _restore_env() -> None:
-    saved = _state.pop("env", None)
-    if saved is None:
-        return
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-    if "ray" in sys.modules:
-        reload_auth_config()
-
-
 def close() -> None:
-    """Shut down the Ray this process started or joined (not one a library caller began),
-    then give the environment back (after: Ray's threads need the token until then)."""
-    owned = _state.pop("owned", False)
-    if owned:
-        import ray
-
-        with _Interrupts():  # a second Ctrl-C must not cut the shutdown short
-            ray.shutdown()
-    _restore_env()
+    """Close the process's Ray session (:meth:`RaySession.close`), if one was opened."""
+    if RaySession._current is not None:
+        RaySession._current.close()
 
 
 def _one_line(exc: BaseException) -> str:
