@@ -514,3 +514,39 @@ class ShareReport:
     texts: list[AnswerText] = field(default_factory=list)
     trend: TrendReport | None = None
     notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class RegistryEntry:
+    """One row of the loss registry as ``grpo-cli losses`` lists it: its ``kind`` (loss,
+    correction, mask), ``name``, ``trainer``, what it is in words, its parameters
+    ``(name, default, kind, help)``, the aggregation it forces, whether its ratio is per
+    token, why it needs the whole batch (or None), the metrics its trainer logs for it
+    ``(name, unit, definition)`` at its default parameters, and its clip metric."""
+
+    kind: str
+    name: str
+    trainer: str | None
+    words: str
+    params: tuple[tuple[str, Any, str, str], ...]
+    agg: str | None = None
+    token_ratio: bool = False
+    whole_batch: str | None = None
+    metrics: tuple[tuple[str, str, str], ...] = ()
+    clip: tuple[str, ...] | str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "trainer": self.trainer,
+            "words": self.words,
+            "params": [
+                {"name": n, "default": d, "kind": k, "help": h} for n, d, k, h in self.params
+            ],
+            "agg": self.agg,
+            "token_ratio": self.token_ratio,
+            "whole_batch": self.whole_batch,
+            "metrics": [{"name": n, "unit": u, "definition": d} for n, u, d in self.metrics],
+            "clip": list(self.clip) if isinstance(self.clip, tuple) else self.clip,
+        }

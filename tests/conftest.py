@@ -19,6 +19,9 @@ from .trl_runs import trl_run
 
 __all__ = ["trl_run"]  # real TRL runs, trained once a session (tests/trl_runs.py)
 
+# fixture writers (tests/data/*/make.py import torch): run by hand, never collected
+collect_ignore = ["data"]
+
 SAMPLE = Path(__file__).resolve().parent.parent / "sample_data"
 
 

@@ -804,6 +804,33 @@ def explain(
 
 
 @_command(
+    "The trainers' own losses, corrections and masks, with their parameters.",
+    "grpo-cli losses",
+    "grpo-cli losses --trainer verl --json",
+)
+def losses(
+    trainer: Annotated[
+        str | None,
+        typer.Option(metavar="NAME", help="Only this trainer's rows (and the clipped surrogate)."),
+    ] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """List the loss registry: every loss (--loss), correction (--correction) and policy-term
+    mask with its parameters under the trainer's config names (--loss-param,
+    --correction-param) and their defaults, the aggregation it forces, and the metrics its
+    trainer logs (--json: each parameter's kind and help, each metric's unit and definition)."""
+    with _errors():
+        from ..commands.losses import registry_entries
+        from ..views.json import losses_json
+
+        entries = registry_entries(trainer)
+        if json_out:
+            typer.echo(dumps(losses_json(entries)))
+        else:
+            _stdout().print(_tables().render_losses(entries))
+
+
+@_command(
     "Synthetic rollouts of any size (demos, tests, benchmarks).",
     "grpo-cli sample demo.parquet --groups 16 --extras",
     "grpo-cli sample big.parquet --groups 6400 --mean-len 1367 --max-len 8192",

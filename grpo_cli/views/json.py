@@ -19,6 +19,7 @@ from ..records import (
     Finding,
     KLReport,
     ObjectiveReport,
+    RegistryEntry,
     TrendReport,
 )
 
@@ -33,6 +34,7 @@ __all__ = [
     "dumps",
     "explain_json",
     "kl_json",
+    "losses_json",
     "objective_json",
     "trend_json",
 ]
@@ -301,3 +303,13 @@ def _absent_note(r: ObjectiveReport) -> list[str]:
         absent.append("clip_fraction.dual_clip_lower (dual clip off)")
     absent.append("the last ratio_histogram bin's hi (the bin is open: up to +inf)")
     return ["null as not applicable: " + "; ".join(absent)]
+
+
+def losses_json(entries: list[RegistryEntry]) -> dict[str, Any]:
+    """``grpo-cli losses --json``: every row of the loss registry."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "command": "losses",
+        "rows": [e.to_json() for e in entries],
+        "warnings": [],
+    }

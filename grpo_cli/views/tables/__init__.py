@@ -18,6 +18,7 @@ from .answers import render_advantages, render_answers, render_kl
 from .check import render_check
 from .explain import render_explain
 from .layout import SCREEN
+from .losses import render_losses
 from .objective import render_objective
 from .screen import verdict
 from .trend import render_trend, sparkline
@@ -29,6 +30,7 @@ __all__ = [
     "render_check",
     "render_explain",
     "render_kl",
+    "render_losses",
     "render_objective",
     "render_trend",
     "sparkline",
