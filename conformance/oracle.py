@@ -19,7 +19,8 @@ same rollouts written as parquet, then compares:
   ``__init__``s import DeepSpeed and the Ray actors, so its modules are loaded without
   them (:func:`load_openrlhf`); the code that runs is OpenRLHF's.
 
-Usage: ``python conformance/oracle.py [--markdown FILE]``. Prints one row per comparison
+Usage: ``python conformance/oracle.py [--markdown FILE] [--page FILE | --check-page FILE]``
+(the summary table lives in docs/conformance.md). Prints one row per comparison
 and ``N passed, M failed``; exit 1 when anything differs.
 """
 
@@ -661,7 +662,7 @@ def check_openrlhf(s: Suite) -> None:
 
 
 # -------------------------------------------------------------------------- main
-README_START = "<!-- conformance table: written by conformance/oracle.py --readme -->"
+README_START = "<!-- conformance table: written by conformance/oracle.py --page -->"
 README_END = "<!-- end of conformance table -->"
 
 
@@ -686,7 +687,8 @@ def summary(rows: list[Row], versions: dict[str, str]) -> list[str]:
 
 
 def readme_block(readme: Path, table: list[str], *, write: bool) -> bool:
-    """Whether the README's conformance table is this run's (``write``: make it so)."""
+    """Whether the page's conformance table (docs/conformance.md) is this run's
+    (``write``: make it so)."""
     text = readme.read_text()
     try:
         head, rest = text.split(README_START, 1)
@@ -702,12 +704,15 @@ def readme_block(readme: Path, table: list[str], *, write: bool) -> bool:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--markdown", type=Path, help="write every comparison as markdown here")
+    # the table's home is docs/conformance.md (it was README.md: --readme, --check-readme)
     parser.add_argument(
-        "--readme", type=Path, help="write the summary table into this README (between markers)"
-    )
+        "--page", "--readme", dest="page", type=Path,
+        help="write the summary table into this page (between markers): docs/conformance.md",
+    )  # fmt: skip
     parser.add_argument(
-        "--check-readme", type=Path, help="fail when this README's summary table is not this run's"
-    )
+        "--check-page", "--check-readme", dest="check_page", type=Path,
+        help="fail when this page's summary table is not this run's",
+    )  # fmt: skip
     opts = parser.parse_args()
     torch.set_default_dtype(torch.float64)
     with tempfile.TemporaryDirectory() as tmp:
@@ -733,14 +738,14 @@ def main() -> int:
     if opts.markdown:
         opts.markdown.write_text("\n".join(lines) + "\n")
     table = summary(s.rows, versions)
-    if opts.readme:
-        readme_block(opts.readme, table, write=True)
+    if opts.page:
+        readme_block(opts.page, table, write=True)
     failed = sum(not r.ok for r in s.rows)
     passed = len(s.rows) - failed
-    if opts.check_readme and not readme_block(opts.check_readme, table, write=False):
+    if opts.check_page and not readme_block(opts.check_page, table, write=False):
         print(
-            f"FAIL {opts.check_readme}: its conformance table is not this run's "
-            "(update it: conformance/run --readme README.md)"
+            f"FAIL {opts.check_page}: its conformance table is not this run's "
+            f"(update it: conformance/run --page {opts.check_page})"
         )
         failed += 1
     print(f"conformance: {passed} passed, {failed} failed")
