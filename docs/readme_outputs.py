@@ -1,11 +1,13 @@
-"""Regenerate the README's example outputs: what the commands print at 80 columns.
+"""Regenerate the example outputs of README.md and of the docs pages: what the commands
+print at 80 columns.
 
-    python docs/readme_outputs.py          # rewrite README.md's example blocks
+    python docs/readme_outputs.py          # rewrite every example block
     python docs/readme_outputs.py --check  # exit 1 when a block is not what the command prints
 
-Each example in README.md is a line ``<!-- output: NAME -->`` followed by a fenced block;
-:data:`EXAMPLES` says which command prints it (run in-process, stdout only, trailing
-spaces removed). ``tests/test_views.py`` keeps them in step.
+Each example in README.md or a page under docs/ is a line ``<!-- output: NAME -->``
+followed by a fenced block; :data:`EXAMPLES` says which command prints it (run
+in-process, stdout only, trailing spaces removed). ``tests/test_views.py`` keeps them in
+step, and every example is shown on some page.
 """
 
 from __future__ import annotations
@@ -21,6 +23,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+
+
+def pages() -> list[Path]:
+    """README.md and every Markdown page of the docs site."""
+    return [README, *sorted((ROOT / "docs").rglob("*.md"))]
+
+
 WIDTH = 80
 
 # name: (the command as README shows it, whether it runs in the three-step directory)
@@ -89,7 +98,7 @@ def update(text: str, new: dict[str, str]) -> tuple[str, list[str]]:
     def put(m: re.Match[str]) -> str:
         name = m.group("name")
         if name not in new:
-            raise KeyError(f"README.md: no example named {name!r} in docs/readme_outputs.py")
+            raise KeyError(f"no example named {name!r} in docs/readme_outputs.py")
         body = new[name] + "\n"
         if m.group("body") != body:
             changed.append(name)
@@ -102,16 +111,21 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="only say whether they are current")
     args = ap.parse_args()
-    text = README.read_text()
-    new_text, changed = update(text, outputs())
-    if args.check:
-        if changed:
-            print(f"README.md: examples out of date: {', '.join(changed)}", file=sys.stderr)
-            return 1
-        return 0
-    README.write_text(new_text)
-    print(f"README.md: {len(changed)} example(s) rewritten: {', '.join(changed) or 'none'}")
-    return 0
+    new = outputs()
+    stale = 0
+    for page in pages():
+        text = page.read_text()
+        new_text, changed = update(text, new)
+        if not changed:
+            continue
+        where = page.relative_to(ROOT)
+        if args.check:
+            print(f"{where}: examples out of date: {', '.join(changed)}", file=sys.stderr)
+            stale += 1
+        else:
+            page.write_text(new_text)
+            print(f"{where}: {len(changed)} example(s) rewritten: {', '.join(changed)}")
+    return 1 if stale else 0
 
 
 if __name__ == "__main__":

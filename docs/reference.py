@@ -150,7 +150,9 @@ TREND_WHY = {
 
 def _threshold(c: Any, below: bool = False) -> str:
     op = "<" if below else ">"
-    parts = [f"{k} {op} {_num(v)}" for k, v in (("warn", c.warn), ("fail", c.fail)) if v is not None]
+    parts = [
+        f"{k} {op} {_num(v)}" for k, v in (("warn", c.warn), ("fail", c.fail)) if v is not None
+    ]
     text = ", ".join(parts) or "-"
     if c.params:
         text += " (" + ", ".join(f"`{k}` {_num(v)}" for k, v in c.params.items()) + ")"

@@ -1,7 +1,7 @@
 """``--help`` reads like the anchors' (ruff, typer's docs): each command's summary whole in
 the command list at any width, ``FILES...`` in the usage line, choices listed (never a
 bare type like ``<str>``), an Examples block per command whose options exist, numbers that
-agree with README; and typer >= 0.29 never imports pydantic on a run."""
+agree with the docs (docs/scale.md); and typer >= 0.29 never imports pydantic on a run."""
 
 from __future__ import annotations
 
@@ -93,14 +93,14 @@ def test_choices_are_the_values_accepted() -> None:
     assert all(f in column for f in FIELDS)
 
 
-def test_numbers_agree_with_the_readme() -> None:
+def test_numbers_agree_with_the_docs() -> None:
     text = " ".join(help_of("objective", width=200).split())
     workers = text.split("--workers N")[1].split("--engine")[0]
-    readme = " ".join((ROOT / "README.md").read_text().split())
-    tuning = readme.split("Results depend on the worker count")[1][:400]
+    page = " ".join((ROOT / "docs" / "scale.md").read_text().split())
+    tuning = page.split("Results depend on the worker count")[1][:400]
     for figure in ("1e-15", "1e-12"):
         assert figure in workers and figure in tuning
-    assert "1e-13 level" not in readme
+    assert "1e-13 level" not in page
 
 
 def test_no_pydantic_on_a_run() -> None:

@@ -328,14 +328,21 @@ def test_the_same_number_reads_the_same_on_the_screen_and_in_full() -> None:
     assert not re.search(r"group size +\d+-\d", full)
 
 
-# ---------------------------------------------------------------- README
+# ---------------------------------------------------------------- README and docs
 def test_readme_outputs_are_what_the_commands_print() -> None:
+    """Every example block of README.md and the docs pages is what its command prints, and
+    every example is shown somewhere."""
     spec = importlib.util.spec_from_file_location("readme_outputs", ROOT / "docs" /
                                                   "readme_outputs.py")  # fmt: skip
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    text = (ROOT / "README.md").read_text()
-    assert len(mod.BLOCK.findall(text)) == len(mod.EXAMPLES)
-    _, changed = mod.update(text, mod.outputs())
-    assert changed == [], f"run: python docs/readme_outputs.py ({', '.join(changed)})"
+    new = mod.outputs()
+    shown: set[str] = set()
+    for page in mod.pages():
+        text = page.read_text()
+        shown |= {m.group("name") for m in mod.BLOCK.finditer(text)}
+        _, changed = mod.update(text, new)
+        assert changed == [], f"{page}: run python docs/readme_outputs.py ({', '.join(changed)})"
+    assert shown == set(mod.EXAMPLES)
+    assert "objective" in {m.group("name") for m in mod.BLOCK.finditer(mod.README.read_text())}
