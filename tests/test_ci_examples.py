@@ -65,6 +65,7 @@ def test_workflow_is_a_github_actions_workflow() -> None:
     doc = _workflow()
     # YAML 1.1 reads the key `on` as True: GitHub reads it as `on`
     triggers = doc.get("on", doc.get(True))
+    assert triggers is not None
     assert {"push", "pull_request"} <= set(triggers)
     env, gate, steps = _gate_step(doc)
     assert doc["jobs"]["gate"]["runs-on"] == "ubuntu-latest"

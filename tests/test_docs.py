@@ -94,6 +94,7 @@ def test_trend_rules_table_reads_falling_shares_as_below() -> None:
 
     table = ref.trend_rules()
     for rid, (_, cfg) in TREND_RULES.items():
+        assert cfg.warn is not None and cfg.fail is not None
         op = "<" if cfg.warn > cfg.fail else ">"
         assert _row(table, f"`{rid}`")[1] == f"warn {op} {cfg.warn:g}, fail {op} {cfg.fail:g}"
     assert _row(table, "`entropy-drop`")[1].startswith("warn <")
