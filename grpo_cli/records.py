@@ -406,10 +406,51 @@ class CheckReport:
     objective: ObjectiveReport | None = None  # the same record ``objective`` makes
     why_no_objective: str = ""
     ran: Ran = field(default_factory=Ran)
+    run: RunVerdict | None = None  # a recorded run checked step by step (check RUN)
 
     @property
     def passed(self) -> bool:
         return not any(r.status == "fail" for r in self.results)
+
+
+@dataclass(frozen=True)
+class StepVerdict:
+    """One step of a run as ``check`` judged it alone: the rules that fail, those that
+    warn or fail (``bad``), and why it has no objective ('' when it has one)."""
+
+    step: int
+    name: str
+    passed: bool
+    failing: list[str]
+    bad: list[str]
+    why_no_objective: str = ""
+
+    @classmethod
+    def of(cls, step: int, name: str, results: list[Result], why: str) -> StepVerdict:
+        failing = [r.rule for r in results if r.status == "fail"]
+        bad = [r.rule for r in results if r.status in ("warn", "fail")]
+        return cls(step, name, not failing, failing, bad, why)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "name": self.name,
+            "passed": self.passed,
+            "failing": self.failing,
+            "warning_or_failing": self.bad,
+        }
+
+
+@dataclass(frozen=True)
+class RunVerdict:
+    """``check RUN``: each step's verdict in step order, the first step at which each rule
+    warns (or fails) and fails (None: never), and each step's trend row (its metrics)."""
+
+    root: str
+    steps: list[StepVerdict]
+    first_bad: dict[str, dict[str, int | None]]
+    rows: list[dict[str, Any]]
+    first_failing_step: int | None  # the first step of a rule that fails the run
 
 
 # ---------------------------------------------------------------------- trend
@@ -450,6 +491,8 @@ class TrendReport:
     results: list[Result] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     ran: Ran = field(default_factory=Ran)
+    # trend rule -> the first step at which it warns (or fails) and fails (None: never)
+    first_bad: dict[str, dict[str, int | None]] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:

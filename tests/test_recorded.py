@@ -174,7 +174,7 @@ def test_a_step_not_completely_written(cli: Cli, tmp_path: Path) -> None:
 
 def test_a_run_directory_is_many_steps(cli: Cli, tmp_path: Path) -> None:
     root = _run(tmp_path)
-    cli.error(["objective", str(root)], "a recorded run of 2 step(s): give one step")
+    cli.error(["kl", str(root)], "a recorded run of 2 step(s): give one step")
 
 
 def test_an_unknown_release_warns_and_names_the_conventions(cli: Cli, tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Protocol, TypeVar
 
@@ -50,6 +50,7 @@ from .options import (
     FullOpt,
     GroupScopeOpt,
     JsonOpt,
+    LastOpt,
     LoggedOpt,
     LoggedStepOpt,
     LoggedTolOpt,
@@ -60,11 +61,13 @@ from .options import (
     ReportHtmlOpt,
     ReportOpt,
     RequireOpt,
+    StepsOpt,
     WorkersOpt,
     conventions,
     plain_coercion,
 )
 from .progress import progress_bar, steps_bar
+from .runs import check_a_run, last_step, run_root
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -515,6 +518,9 @@ def objective(
         from ..views.plot import require_plot
 
         require_plot(plot)
+        one, said = last_step(files)
+        _notes(said)
+        inp = replace(inp, files=one)
         _report_command("objective", inp, compute, json_out, objective_json, table,
                         then=lambda r: _plot(plot, "objective", r))  # fmt: skip
 
@@ -539,6 +545,8 @@ def check(
     report_html: ReportHtmlOpt = None,
     require: RequireOpt = None,
     full: FullOpt = False,
+    last: LastOpt = None,
+    steps: StepsOpt = None,
     column: ColumnOpt = None,
     group_scope: GroupScopeOpt = "dataset",
     logged: LoggedOpt = None,
@@ -548,7 +556,9 @@ def check(
     engine: EngineOpt = "local",
     ray_address: RayAddressOpt = None,
 ) -> None:
-    """Gate a rollout log in CI: integrity and training-health rules; exit 1 when one fails."""
+    """Gate a rollout log in CI: integrity and training-health rules; exit 1 when one fails.
+    A recorded run (its directory) is checked step by step: one verdict, the first failing
+    step."""
     from ..check.baseline import read_baseline
     from ..check.config import load_config
     from ..commands.check import run_check
@@ -562,16 +572,25 @@ def check(
             )
         cfg = load_config(config, rule, on_policy, require=require)
         base = None if baseline is None else read_baseline(baseline)
-        src, settings = inp.open()  # the sources and settings the HTML report reads too
-        logged_in = _logged(logged, logged_step, 0.0, src)
-        with progress_bar(progress, src.n_rows(), "check") as tick:
-            report = run_check(src, settings, cfg, baseline=base, progress=tick,
-                               engine=inp.engine_options(), logged=logged_in)  # fmt: skip
         html_path = report_html
         if output_format == "html" and html_path is None:
             html_path = Path("grpo-cli-report.html")
-        if html_path is not None:
-            _write_html(files, src, settings, inp.engine_options(), html_path, check=report)
+        run = run_root(files)
+        if run is not None or last is not None or steps is not None:
+            settings, notes = inp.conventions.for_run(run)
+            report, notes = check_a_run(run, settings, cfg, last, steps, inp.engine_options(),
+                                        inp.progress, base is not None, notes)  # fmt: skip
+            _notes(notes)
+            if html_path is not None:
+                _write_run_html(run, settings, inp.engine_options(), html_path, report)
+        else:
+            src, settings = inp.open()  # the sources and settings the HTML report reads too
+            logged_in = _logged(logged, logged_step, 0.0, src)
+            with progress_bar(progress, src.n_rows(), "check") as tick:
+                report = run_check(src, settings, cfg, baseline=base, progress=tick,
+                                   engine=inp.engine_options(), logged=logged_in)  # fmt: skip
+            if html_path is not None:
+                _write_html(files, src, settings, inp.engine_options(), html_path, check=report)
         fmt = "table" if output_format == "html" else output_format
         out = write_outputs(report, fmt, report_path, github_step_summary())
         if out is None:
@@ -580,6 +599,12 @@ def check(
             sys.stdout.write(out)
     if not report.passed:
         raise typer.Exit(1)
+
+
+def _write_run_html(
+    run: RecordedRun | None, settings: Any, engine: Any, path: Path, check: Any
+) -> None:
+    raise UsageError("--report-html of a recorded run: give one step of the run")
 
 
 def _write_html(

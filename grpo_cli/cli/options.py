@@ -555,6 +555,20 @@ ReportHtmlOpt = Annotated[
         help="Also write the HTML report (grpo-cli report's) to this file: a CI artifact.",
     ),
 ]
+LastOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--last", metavar="N", help="A recorded run: check its last N complete steps only."
+    ),
+]
+StepsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--steps",
+        metavar="A:B",
+        help="A recorded run: check its steps A to B (both included; 10: or :20 too).",
+    ),
+]
 RequireOpt = Annotated[
     list[str] | None,
     typer.Option(

@@ -20,7 +20,7 @@ from ..check.base import RuleConfig, _judge, _skip
 from ..engine.options import EngineOptions, Ran
 from ..errors import InputError, UsageError
 from ..io import InputPath, open_source
-from ..io.run import find_run, recorded_step
+from ..io.run import RecordedRun, RecordedStep, find_run, recorded_step
 from ..io.source import expand_input
 from ..records import ObjectiveReport, Result, StepRow, TrendReport
 from ..settings import Settings
@@ -89,21 +89,10 @@ def trend_report(
             one = None if "://" in s else recorded_step(Path(s))
             paths.extend([Path(s)] if one is not None else expand_input(s))
             continue
-        steps = run.steps()
-        for st in steps:  # a recorded run: its complete, readable steps, in order
-            why = st.problem()
-            if why is None:
-                paths.append(st.directory)
-            elif not st.done:
-                skipped.append(st.directory.name)
-            else:
-                damaged.append(why)
-        if not paths and steps:
-            raise InputError(
-                f"{s}: no step of the run can be read: {len(steps)} step folder(s), "
-                f"{len(skipped)} not completely written (no _DONE marker)"
-                + (f", {len(damaged)} damaged ({damaged[0]})" if damaged else "")
-            )
+        ok, skip, bad = run_steps(run, s)
+        paths += [st.directory for st in ok]
+        skipped += skip
+        damaged += bad
     if not paths:
         raise InputError("no step file given")
     given: dict[str, InputPath] = {}
@@ -133,7 +122,38 @@ def trend_report(
             raise InputError(f"{p}: step {step} again (also {seen[step].name}): one file a step")
         seen[step] = p
     report = _trend(numbered, settings, engine, column_map, rules, progress, on_step, True)
-    notes = list(notes)
+    notes = [*notes, *skip_notes(skipped, damaged)]
+    return replace(report, warnings=[*notes, *report.warnings]) if notes else report
+
+
+def run_steps(run: RecordedRun, label: str) -> tuple[list[RecordedStep], list[str], list[str]]:
+    """A recorded run's complete, readable steps in step order; the names of the steps not
+    completely written (no ``_DONE``) and why each complete but damaged step cannot be
+    read. A run with step folders none of which can be read is one line naming it."""
+    steps = run.steps()
+    ok: list[RecordedStep] = []
+    skipped: list[str] = []
+    damaged: list[str] = []
+    for st in steps:
+        why = st.problem()
+        if why is None:
+            ok.append(st)
+        elif not st.done:
+            skipped.append(st.directory.name)
+        else:
+            damaged.append(why)
+    if not ok and steps:
+        raise InputError(
+            f"{label}: no step of the run can be read: {len(steps)} step folder(s), "
+            f"{len(skipped)} not completely written (no _DONE marker)"
+            + (f", {len(damaged)} damaged ({damaged[0]})" if damaged else "")
+        )
+    return ok, skipped, damaged
+
+
+def skip_notes(skipped: Sequence[str], damaged: Sequence[str]) -> list[str]:
+    """The notes of a run's steps left out (:func:`run_steps`)."""
+    notes = []
     if skipped:
         notes.append(
             f"{len(skipped)} recorded step(s) skipped, not completely written (no _DONE "
@@ -142,7 +162,7 @@ def trend_report(
     notes += [f"recorded step skipped: {why}" for why in damaged[:5]]
     if len(damaged) > 5:
         notes.append(f"... and {len(damaged) - 5} more recorded step(s) skipped as damaged")
-    return replace(report, warnings=[*notes, *report.warnings]) if notes else report
+    return notes
 
 
 def _step_report(
@@ -198,10 +218,8 @@ def _trend(
             warnings.append(
                 f"{key} is null for step(s) {_steps(missing)}: not in the input (or not finite)"
             )
-    results = (
-        [] if rules is None else [fn(steps, rules[rid]) for rid, (fn, _) in TREND_RULES.items()]
-    )
-    return TrendReport(settings, engine, steps, results, warnings, ran)
+    results, first = ([], {}) if rules is None else judge_trend(steps, rules)
+    return TrendReport(settings, engine, steps, results, warnings, ran, first)
 
 
 MAX_OPEN_STEPS = 128  # step files written at once; more steps take more passes
@@ -298,3 +316,47 @@ TREND_RULES: dict[str, tuple[Callable[[list[StepRow], RuleConfig], Result], Rule
     "clip-growth": (rule_clip_growth, RuleConfig(warn=0.1, fail=0.3)),
     "zero-variance-growth": (rule_zero_variance_growth, RuleConfig(warn=0.25, fail=0.5)),
 }
+
+
+# the step metric each trend rule reads (at the first and the last step that have it)
+TREND_KEYS = {
+    "entropy-drop": "entropy_mean",
+    "kl-growth": "kl_mean",
+    "clip-growth": "clip_fraction_region",
+    "zero-variance-growth": "frac_zero_variance_groups",
+}
+
+
+def first_bad(steps: list[StepRow], rid: str, c: RuleConfig) -> dict[str, int | None]:
+    """The first step at which trend rule ``rid``, judged from the run's first step to that
+    one, warns (``warn``: warns or fails) and fails. The rules read their metric at the
+    first and the last step that have it, so each later step is judged against the first
+    alone: one pass over the steps."""
+    fn, key = TREND_RULES[rid][0], TREND_KEYS[rid]
+    rows = [row for row in steps if row[key] is not None and math.isfinite(row[key])]
+    out: dict[str, int | None] = {"warn": None, "fail": None}
+    for row in rows[1:]:
+        status = fn([rows[0], row], c).status
+        if status in ("warn", "fail") and out["warn"] is None:
+            out["warn"] = row["step"]
+        if status == "fail":
+            out["fail"] = row["step"]
+            break
+    return out
+
+
+def judge_trend(
+    steps: list[StepRow], rules: dict[str, RuleConfig]
+) -> tuple[list[Result], dict[str, dict[str, int | None]]]:
+    """Every trend rule's verdict over ``steps``, its message naming the first step at
+    which it warns and fails (:func:`first_bad`); and those steps by rule."""
+    results, first = [], {}
+    for rid, (fn, _) in TREND_RULES.items():
+        res = fn(steps, rules[rid])
+        at = first_bad(steps, rid, rules[rid]) if res.status != "skip" else {}
+        said = [f"{k}s from step {v}" for k, v in at.items() if v is not None]
+        if said:
+            res = replace(res, message=f"{res.message}; {', '.join(said)}")
+        results.append(res)
+        first[rid] = at or {"warn": None, "fail": None}
+    return results, first

@@ -196,6 +196,11 @@ def check_json(r: CheckReport) -> dict[str, Any]:
     statuses = ("pass", "warn", "fail", "skip")
     warnings = [] if r.objective is not None else [f"objective: {r.why_no_objective}"]
     warnings.append(CHECK_NULLS)
+    if r.run is not None:
+        warnings.append(
+            "null as not applicable: run.first_failing_step when no rule fails the run; "
+            "run.first_bad_step's warn / fail when the rule never warns / fails"
+        )
     return {
         "schema_version": SCHEMA_VERSION,
         "command": "check",
@@ -207,6 +212,20 @@ def check_json(r: CheckReport) -> dict[str, Any]:
         "settings": None if r.settings is None else r.settings.to_json(),
         "engine": None if r.engine is None else r.engine.to_json(r.ran),
         "warnings": warnings,
+        **({} if r.run is None else {"run": _run_json(r)}),
+    }
+
+
+def _run_json(r: CheckReport) -> dict[str, Any]:
+    """``check RUN``'s own block: the first failing step, each rule's first warning and
+    failing steps, each step's verdict."""
+    assert r.run is not None
+    return {
+        "root": r.run.root,
+        "steps_checked": len(r.run.steps),
+        "first_failing_step": r.run.first_failing_step,
+        "first_bad_step": r.run.first_bad,
+        "steps": [v.to_json() for v in r.run.steps],
     }
 
 
@@ -225,10 +244,22 @@ def trend_json(r: TrendReport, *, checked: bool) -> dict[str, Any]:
         doc["check"] = {
             "passed": r.passed,
             "results": [
-                {k: v for k, v in x.to_json().items() if k != "examples"} for x in r.results
+                {
+                    **{k: v for k, v in x.to_json().items() if k != "examples"},
+                    "first_warn_step": r.first_bad.get(x.rule, {}).get("warn"),
+                    "first_fail_step": r.first_bad.get(x.rule, {}).get("fail"),
+                }
+                for x in r.results
             ],
         }
+        doc["warnings"] = [*r.warnings, FIRST_STEP_NULLS]
     return doc
+
+
+FIRST_STEP_NULLS = (
+    "null as not applicable: first_warn_step / first_fail_step of a rule that never warns "
+    "/ fails over the steps (or was skipped)"
+)
 
 
 def answers_json(r: AnswersReport) -> dict[str, Any]:

@@ -52,7 +52,9 @@ def render_check(
     if full:
         return _check_full(r)
     parts: list[RenderableType] = []
-    if r.objective is not None:
+    if r.run is not None:
+        parts += _run_head(r)
+    elif r.objective is not None:
         parts += summary(r.objective, title="check")
     else:
         parts.append(Text(f"grpo-cli check  {r.source}", style="bold"))
@@ -86,8 +88,26 @@ def render_check(
     return Group(*parts)
 
 
+def _run_head(r: CheckReport) -> list[RenderableType]:
+    """A run's head: its steps checked, and its first failing step (or none)."""
+    assert r.run is not None
+    steps = r.run.steps
+    span = f"steps {steps[0].step}–{steps[-1].step}" if len(steps) > 1 else f"step {steps[0].step}"
+    failing = sum(not v.passed for v in steps)
+    first = r.run.first_failing_step
+    said = "no step fails" if first is None else f"first failing step {first}"
+    return [
+        Text(f"grpo-cli check  {r.source}", style="bold"),
+        Text(f"a recorded run: {plural(len(steps), 'step')} checked ({span}), "
+             f"{failing} failing; {said}"),
+    ]  # fmt: skip
+
+
 def _check_full(r: CheckReport) -> RenderableType:
-    lines: list[RenderableType] = [Text(f"grpo-cli check  {r.source}", style="bold"), Text("")]
+    head = (
+        _run_head(r) if r.run is not None else [Text(f"grpo-cli check  {r.source}", style="bold")]
+    )
+    lines: list[RenderableType] = [*head, Text("")]
     for res in r.results:
         lines.append(rule_head([res]))
         lines.append(Indented(Text(res.message), 6))

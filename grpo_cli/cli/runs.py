@@ -1,0 +1,69 @@
+"""A recorded run's directory given to a command of one step or of the whole run:
+``check RUN`` (every complete step, one verdict) and ``objective RUN`` (its last step)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..engine.options import EngineOptions
+from ..errors import InputError, UsageError
+from ..io.run import RecordedRun, find_run
+from ..records import CheckReport
+from ..settings import Settings
+from .progress import steps_bar
+
+__all__ = ["check_a_run", "last_step", "run_root"]
+
+
+def run_root(files: Sequence[str]) -> RecordedRun | None:
+    """The recorded run the one input is (its own directory, with ``meta.json``), or None."""
+    if len(files) != 1 or "://" in files[0] or not Path(files[0]).is_dir():
+        return None
+    return find_run(Path(files[0]))
+
+
+def last_step(files: list[str]) -> tuple[list[str], list[str]]:
+    """``objective RUN``: the run's last complete step and a note saying so; other inputs
+    as they are, no note."""
+    from ..commands.trend import run_steps
+
+    run = run_root(files)
+    if run is None:
+        return files, []
+    ok = run_steps(run, files[0])[0]
+    if not ok:
+        raise InputError(f"{files[0]}: a recorded run with no step folder (step_N)")
+    note = (
+        f"{files[0]} is a recorded run of {len(ok)} complete step(s): objective gives its "
+        f"last, {ok[-1].directory} (check or trend: every step)"
+    )
+    return [str(ok[-1].directory)], [note]
+
+
+def check_a_run(
+    run: RecordedRun | None,
+    settings: Settings,
+    cfg: Any,
+    last: int | None,
+    steps: str | None,
+    engine: EngineOptions,
+    progress: bool,
+    baseline: bool,
+    notes: list[str],
+) -> tuple[CheckReport, list[str]]:
+    """``check RUN``: every complete step (``--last``, ``--steps``) with a steps bar, one
+    verdict; the report and the notes (``notes``, the run's settings', first)."""
+    from ..commands.check_run import check_run, parse_span
+
+    if run is None:
+        raise UsageError("--last and --steps take a recorded run's directory (with meta.json)")
+    if baseline:
+        raise UsageError("--baseline compares one step's report: give one step of the run")
+    span = parse_span(steps)
+    with steps_bar(progress) as on_step:
+        report, more = check_run(
+            run, settings, cfg, last=last, span=span, engine=engine, on_step=on_step
+        )
+    return report, [*notes, *more]
