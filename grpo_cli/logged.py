@@ -13,20 +13,18 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .causes import CauseContext, explain
 from .errors import InputError
 from .io.bounded import MAX_DOCUMENT, BeyondFloat, loads, read_document, regular
 from .records import LoggedComparison, LoggedReport
 
 if TYPE_CHECKING:
     from .io.run import RecordedStep
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = [
     "ABS_FLOOR",
@@ -272,6 +270,7 @@ def compare_logged(
     recomputed: dict[str, float],
     *,
     tolerance: float = 1e-3,
+    causes: Callable[[], CauseContext] | None = None,
 ) -> LoggedReport:
     """Compare each logged metric with grpo-cli's value of the same name.
 
@@ -281,8 +280,13 @@ def compare_logged(
     difference there is), or for a ``loss`` logged with at most 4 decimals when they
     differ by at most half its last decimal (transformers 4.x's ``Trainer`` logs
     ``round(loss, 4)``).
+
+    ``causes``: what a difference may come from (built only when a metric differs); each
+    differing metric then gets its :class:`~grpo_cli.records.Cause`
+    (:func:`grpo_cli.causes.explain`).
     """
     out = []
+    ctx: CauseContext | None = None
     for name, value in logged.items():
         mine = recomputed.get(name)
         if mine is None:
@@ -298,7 +302,11 @@ def compare_logged(
         # at most 4 decimals carries no more than half a unit of its last decimal
         rounded = name == "loss" and round(value, 4) == value and abs(diff) <= ROUNDED_LOSS
         verdict = "match" if rel <= tolerance or near or rounded else "differs"
-        out.append(LoggedComparison(name, value, mine, diff, rel, verdict))
+        cause = None
+        if verdict == "differs" and causes is not None:
+            ctx = causes() if ctx is None else ctx
+            cause = explain(name, value, mine, ctx)
+        out.append(LoggedComparison(name, value, mine, diff, rel, verdict, cause))
     out.sort(key=lambda c: (c.recomputed is None, c.metric))
     return LoggedReport(file, step, tolerance, out)
 

@@ -6,6 +6,7 @@ each command's module for its own), never patched afterwards.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,7 @@ __all__ = [
     "AnswerText",
     "AnswersReport",
     "Calls",
+    "Cause",
     "CheckReport",
     "ClipFractions",
     "Distribution",
@@ -284,6 +286,9 @@ class ObjectiveReport:
     # d = ref_logp − logp (values ascending, counts)
     log_ratio_bins: tuple[float, F64, I64] | None = field(default=None, compare=False, repr=False)
     kl_bins: tuple[F64, I64] | None = field(default=None, compare=False, repr=False)
+    # what a logged difference may come from, built when asked (grpo_cli.causes: only a
+    # differing metric asks); not in JSON
+    causes: Callable[[], Any] | None = field(default=None, compare=False, repr=False)
 
     @property
     def loss(self) -> float:
@@ -336,6 +341,27 @@ class Calls:
 
 
 @dataclass(frozen=True)
+class Cause:
+    """Why a logged metric differs (:func:`grpo_cli.causes.explain`): ``found`` when one
+    known explanation reproduces the logged value within float32 rounding (its ``id``,
+    words, the trainer line behind it, the value it predicts and how close); else the
+    ratio logged / recomputed (None when the recomputed value is 0)."""
+
+    metric: str
+    found: bool
+    id: str
+    words: str
+    cite: str | None
+    predicted: float | None
+    relative: float | None
+    ratio: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "metric"}
+        return {k: v for k, v in out.items() if v is not None}  # absent, never null
+
+
+@dataclass(frozen=True)
 class LoggedComparison:
     """One logged metric: its value, grpo-cli's, their difference and the verdict
     (``match``, ``differs``, or ``not recomputed`` when grpo-cli has no such metric)."""
@@ -346,9 +372,13 @@ class LoggedComparison:
     difference: float | None
     relative: float | None
     verdict: str
+    cause: Cause | None = None  # why it differs (only when it does): grpo_cli.causes
 
     def to_json(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "cause"}
+        if self.cause is not None:
+            out["cause"] = self.cause.to_json()
+        return out
 
 
 @dataclass(frozen=True)

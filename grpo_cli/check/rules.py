@@ -380,24 +380,30 @@ def rule_logged_metrics(f: Facts, c: RuleConfig) -> Result:
         return _skip(rid, "no trainer named (--preset or --trainer): nothing to compare")
     lg = f.logged
     cmp = compare_logged(
-        lg.file, lg.metrics, lg.step, f.report.trainer_metrics, tolerance=c.fail or 0.0
-    )
+        lg.file, lg.metrics, lg.step, f.report.trainer_metrics, tolerance=c.fail or 0.0,
+        causes=f.report.causes,
+    )  # fmt: skip
     if not cmp.compared:
         names = ", ".join(sorted(lg.metrics)) or "none"
         return _skip(rid, f"none of the logged metrics ({names}) is one grpo-cli recomputes")
     value = cmp.max_relative
     assert value is not None
-    ex = [
+    ex: list[dict[str, Any]] = [
         {"metric": m.metric, "logged": m.logged, "recomputed": m.recomputed, "relative": m.relative}
         for m in sorted(cmp.compared, key=lambda m: -(m.relative or 0.0))
     ]
     at = f" (step {lg.step})" if lg.step is not None else ""
+    why = ""
+    cause = next((m.cause for m in cmp.compared if m.metric == ex[0]["metric"]), None)
+    if cause is not None:
+        ex[0]["cause"] = cause.to_json()
+        why = f"; why: {cause.words}"
     return _judge(
         rid,
         c,
         value,
         f"{len(cmp.compared)} logged metric(s){at} against grpo-cli's: largest relative "
-        f"difference {value:.3g} ({ex[0]['metric']})",
+        f"difference {value:.3g} ({ex[0]['metric']}){why}",
         ex,
     )
 

@@ -814,8 +814,9 @@ def explain(
     inp = _Input(files, column, group_scope, conventions, progress, workers, engine, ray_address)
 
     def compute(src: Source, settings: Settings, tick: Tick) -> ObjectiveReport:
-        return objective_report(src, settings, progress=tick,
-                                engine=inp.engine_options(), gradient=True)  # fmt: skip
+        # a recorded step's own metrics.jsonl: a logged difference is a finding, with its cause
+        return objective_report(src, settings, progress=tick, engine=inp.engine_options(),
+                                gradient=True, logged=_logged(None, None, 1e-3, src))  # fmt: skip
 
     with _errors():
         _report_command(

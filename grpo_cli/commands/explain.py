@@ -213,9 +213,31 @@ def _lengths(r: ObjectiveReport) -> list[Finding]:
 
 
 # every finding's test, in the order explain lists findings of one severity
+def _logged_causes(r: ObjectiveReport) -> list[Finding]:
+    """A logged metric that differs from the recomputed one, and why
+    (:mod:`grpo_cli.causes`): the explanation that reproduces it, or its ratio."""
+    out: list[Finding] = []
+    for m in r.logged.metrics if r.logged is not None else []:
+        c = m.cause
+        if c is None:
+            continue
+        said = (
+            f"{c.words}; {c.cite}" if c.found
+            else f"{c.words}: a wrong preset or config key, another batch, or a formula "
+            "grpo-cli does not know"
+        )  # fmt: skip
+        out.append(Finding(
+            "logged-factor" if c.found else "logged-differs", "warn",
+            f"logged {m.metric} {m.logged:.7g} ≠ recomputed {m.recomputed:.7g}: {said}",
+            {"metric": m.metric, "logged": m.logged, "recomputed": m.recomputed,
+             "relative": m.relative, "cause": c.to_json()},
+        ))  # fmt: skip
+    return out
+
+
 FINDERS: tuple[Callable[[ObjectiveReport], list[Finding]], ...] = (
     _negative_loss, _near_zero_loss, _groups, _clipping, _kl_drift, _ratio_outliers,
-    _sampler_mismatch, _lengths, _entropy_collapse, _residual_advantages,
+    _sampler_mismatch, _lengths, _entropy_collapse, _residual_advantages, _logged_causes,
 )  # fmt: skip
 
 

@@ -4,10 +4,12 @@ the merged partial and pass 1, with its warnings."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..causes import ALTERNATIVES, Alternative, CauseContext, factors_of
 from ..core import AGGREGATIONS, EXP_MAX
 from ..core.stats import Histogram
 from ..engine.options import EngineOptions, Ran
@@ -288,15 +290,51 @@ def input_warnings(src: Source, acc: TokenPartial, empty: int) -> list[str]:
     return out
 
 
+def cause_context(
+    src: Source,
+    settings: Settings,
+    acc: TokenPartial,
+    metrics: dict[str, float],
+    whole_step: dict[str, float] | None,
+    calls: int | None,
+) -> CauseContext:
+    """What a logged difference may come from (:mod:`grpo_cli.causes`): the counts of the
+    recorded step and its config, the step's tokens as one batch (``whole_step``, when the
+    metrics come from several loss calls), and, for a step of one call, the loss and the
+    policy term under every other aggregation (the metrics equal to this aggregation's)."""
+    rec = src.recorded
+    config = rec.run.config if rec is not None else {}
+    world = rec.run.world_size if rec is not None else None
+    alts: list[Alternative] = []
+    if whole_step:
+        words, cite = ALTERNATIVES["whole-step"]
+        alts.append(Alternative("whole-step", words, cite, whole_step))
+    if not calls or calls == 1:
+        words, cite = ALTERNATIVES["aggregation"]
+        loss, policy = -acc.objective(settings.agg), -acc.aggregate("policy", settings.agg)
+        for a in AGGREGATIONS:
+            if a == settings.agg:
+                continue
+            other = {k: -acc.objective(a) for k, v in metrics.items() if v == loss}
+            other |= {k: -acc.aggregate("policy", a) for k, v in metrics.items() if v == policy}
+            if other:
+                alts.append(Alternative(f"aggregation:{a}", words.format(agg=a), cite, other))
+    return CauseContext(factors_of(config, calls=calls, world_size=world), tuple(alts))
+
+
 def logged_comparison(
-    logged: LoggedInput, metrics: dict[str, float], warnings: list[str]
+    logged: LoggedInput,
+    metrics: dict[str, float],
+    warnings: list[str],
+    causes: Callable[[], CauseContext] | None = None,
 ) -> LoggedReport:
     """The trainer's metrics against what it logged (``--logged``), its notes added to
-    ``warnings``."""
+    ``warnings``; a differing metric gets its cause from ``causes`` (called only then)."""
     warnings += logged.notes
     compared = compare_logged(
-        logged.file, logged.metrics, logged.step, metrics, tolerance=logged.tolerance
-    )
+        logged.file, logged.metrics, logged.step, metrics, tolerance=logged.tolerance,
+        causes=causes,
+    )  # fmt: skip
     if not metrics:
         warnings.append(
             "--logged: no trainer metrics to compare (name the trainer: --preset or --trainer)"
@@ -344,7 +382,12 @@ def objective_record(
     warnings += input_warnings(src, acc, empty)
     warnings += data_mistakes(src, acc, group_summary)
     warnings += acc.loss_metrics.notes()
-    compared = None if logged is None else logged_comparison(logged, metrics, warnings)
+    n_calls = None if calls is None else calls.calls
+
+    def causes() -> CauseContext:
+        return cause_context(src, settings, acc, metrics, whole_step, n_calls)
+
+    compared = None if logged is None else logged_comparison(logged, metrics, warnings, causes)
     has_kl = acc.kl_values.n > 0
     b = math.log(ratio_band)
     return ObjectiveReport(
@@ -370,7 +413,7 @@ def objective_record(
         loss_clip=loss_clip(settings, acc.loss_metrics.values()), length_counts=acc.lengths,
         length_adv=acc.length_adv.counts, length_adv_edges=(LENGTH_EDGES, ADV_EDGES),
         log_ratio_bins=_occupied_bins(acc.delta.hist) if acc.tokens else None,
-        kl_bins=_kl_bins(acc) if has_kl else None,
+        kl_bins=_kl_bins(acc) if has_kl else None, causes=causes,
     )  # fmt: skip
 
 

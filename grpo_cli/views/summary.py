@@ -123,6 +123,12 @@ def headline(f: Finding) -> str:
                 f"{g('answers'):,} answers of zero-variance groups with A ≠ 0 logged "
                 f"(up to {num(g('max_abs'), 3)})"
             )
+        if f.id == "logged-factor":
+            return str(g("cause")["words"]).replace("logged", f"logged {g('metric')}", 1)
+        if f.id == "logged-differs":
+            ratio = g("cause").get("ratio")
+            at = f"logged / recomputed = {num(ratio, 6)}, " if ratio is not None else ""
+            return f"logged {g('metric')} ≠ recomputed: {at}no known factor"
     except (TypeError, ValueError, ZeroDivisionError):
         pass
     return f.message.split(": ", 1)[0]

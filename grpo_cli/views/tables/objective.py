@@ -4,6 +4,7 @@ trainer's own metrics, logged vs recomputed); ``--compare`` the aggregations."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from rich import box
@@ -11,7 +12,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from ...records import EXTREME, Finding, GroupSummary, LoggedReport, ObjectiveReport
+from ...records import EXTREME, Cause, Finding, GroupSummary, LoggedReport, ObjectiveReport
 from ..format import num, pct, span
 from .layout import Col, FitTable, dist_table, kv_table, table
 from .screen import finding_lines, summary, verdict
@@ -84,10 +85,25 @@ def _logged_block(lg: LoggedReport, *, limit: int) -> list[RenderableType]:
                 Text(m.verdict, style=style),
             )
         out.append(t)
+    out += [_cause_line(m.cause) for m in shown if m.cause is not None]
     more = len([m for m in lg.metrics if m.recomputed is not None]) - len(shown)
     if more > 0:
         out.append(Text(f"  … {more} more compared (--full lists them)", style="dim"))
     return out
+
+
+def _cause_line(c: Cause) -> Text:
+    """Why a logged metric differs, in one line: the explanation found and its trainer
+    line, or that none reproduces it and the ratio."""
+    line = Text("  why ", style="bold")
+    line.append(f"{c.metric}: ")
+    if c.found:
+        refs = dict.fromkeys(re.findall(r"[A-Za-z-]+(?: PR)? #\d+", c.cite or ""))
+        line.append(c.words)
+        line.append(f" (rel {num(c.relative, 2)}; {', '.join(refs) or c.cite})", style="dim")
+    else:
+        line.append(c.words, style="yellow")
+    return line
 
 
 def _objective_tables(r: ObjectiveReport) -> list[RenderableType]:
