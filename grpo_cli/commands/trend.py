@@ -82,6 +82,7 @@ def trend_report(
     engine = (engine or EngineOptions()).resolved()
     paths: list[InputPath] = []
     skipped: list[str] = []
+    marker = "_DONE"  # the marker a complete step has (a trainer's layout names its own)
     damaged: list[str] = []  # complete steps that cannot be read (a file cut after _DONE)
     for s in specs:
         run = None if "://" in s or not Path(s).is_dir() else find_run(Path(s))
@@ -90,6 +91,7 @@ def trend_report(
             paths.extend([Path(s)] if one is not None else expand_input(s))
             continue
         steps = run.steps()
+        marker = steps[0].marker if steps else marker
         for st in steps:  # a recorded run: its complete, readable steps, in order
             why = st.problem()
             if why is None:
@@ -101,7 +103,7 @@ def trend_report(
         if not paths and steps:
             raise InputError(
                 f"{s}: no step of the run can be read: {len(steps)} step folder(s), "
-                f"{len(skipped)} not completely written (no _DONE marker)"
+                f"{len(skipped)} not completely written (no {marker} marker)"
                 + (f", {len(damaged)} damaged ({damaged[0]})" if damaged else "")
             )
     if not paths:
@@ -136,7 +138,7 @@ def trend_report(
     notes = list(notes)
     if skipped:
         notes.append(
-            f"{len(skipped)} recorded step(s) skipped, not completely written (no _DONE "
+            f"{len(skipped)} recorded step(s) skipped, not completely written (no {marker} "
             f"marker): {', '.join(skipped[:5])}{' ...' if len(skipped) > 5 else ''}"
         )
     notes += [f"recorded step skipped: {why}" for why in damaged[:5]]
