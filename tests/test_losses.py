@@ -653,7 +653,7 @@ def test_every_metric_table_entry_reads_a_quantity_its_loss_returns() -> None:
         "verl/geo_mean": terms["geo_mean"],
         "verl/dro": terms["dro"],
         "verl/cispo": terms["cispo"],
-        "slime/policy_loss": LS.slime_policy_terms(lp, b["old"], adv, off),
+        "slime/ppo_eps_clip": LS.slime_policy_terms(lp, b["old"], adv, off),
         "slime/cispo": terms["cispo"],
         "verl/bypass_mode/ppo_clip": LVR.verl_bypass_mode(lp, roll, adv, off)[0],
         "verl/bypass_mode/reinforce": LVR.verl_bypass_mode(

@@ -300,8 +300,8 @@ class TisParams(Params):
     )  # fmt: skip
     tis_clip: float = param(2.0, Spec(low=0.0, help="the weights' upper bound"))
     tis_clip_low: float = param(0.0, Spec(low=0.0, closed=True, help="their lower bound"))
-    calculate_per_token_loss: bool = param(
-        False, Spec("bool", "metrics as token means (slime's per-token reducer)")
+    tis_per_token: bool = param(
+        False, Spec("bool", "metrics as token means (slime's --calculate-per-token-loss)")
     )
 
     def check(self) -> None:
@@ -313,7 +313,7 @@ def _tis(old: F64, rollout: F64, offsets: I64, p: Params) -> Correction:
     assert isinstance(p, TisParams)
     return slime_tis(
         old, rollout, offsets, kind=p.tis_kind,  # type: ignore[arg-type]
-        tis_clip=p.tis_clip, tis_clip_low=p.tis_clip_low, per_token=p.calculate_per_token_loss,
+        tis_clip=p.tis_clip, tis_clip_low=p.tis_clip_low, per_token=p.tis_per_token,
     )  # fmt: skip
 
 
@@ -337,7 +337,7 @@ def _opsm(c: LossCall) -> F64:
 
 
 LOSSES = (
-    Loss("slime/policy_loss", _ppo,
+    Loss("slime/ppo_eps_clip", _ppo,
          "slime's PPO clip (eps_clip, eps_clip_high, the dual clip eps_clip_c; GSPO's "
          "sequence ratio at --ratio-level sequence)",
          params=ClipParams, metrics=_clip_metrics, clip=("train/pg_clipfrac",)),
@@ -352,7 +352,7 @@ CORRECTIONS = (
         "slime-tis", "slime", _tis,
         "slime's TIS / ICEPOP weights exp(old − rollout) and its mismatch metrics",
         params=TisParams,
-        per_answer=lambda p: not getattr(p, "calculate_per_token_loss", False),
+        per_answer=lambda p: not getattr(p, "tis_per_token", False),
         metric_kind=_tis_kind,
     ),
 )  # fmt: skip
