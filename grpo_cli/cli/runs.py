@@ -27,11 +27,11 @@ def run_root(files: Sequence[str]) -> RecordedRun | None:
 def last_step(files: list[str]) -> tuple[list[str], list[str]]:
     """``objective RUN``: the run's last complete step and a note saying so; other inputs
     as they are, no note."""
-    from ..commands.trend import run_steps
-
     run = run_root(files)
     if run is None:
         return files, []
+    from ..commands.trend import run_steps  # only for a run: a file's --json stays light
+
     ok = run_steps(run, files[0])[0]
     if not ok:
         raise InputError(f"{files[0]}: a recorded run with no step folder (step_N)")
