@@ -4,6 +4,7 @@ policy-term mask with its parameters, the aggregation it forces and its logged m
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from ..errors import UsageError
@@ -15,10 +16,7 @@ __all__ = ["registry_entries"]
 
 
 def _params(cls: type[Params]) -> tuple[tuple[str, Any, str, str], ...]:
-    defaults = {
-        f: getattr(cls, "__dataclass_fields__")[f].default  # noqa: B009 (a dataclass's)
-        for f in cls.names()
-    }
+    defaults = {f.name: f.default for f in dataclasses.fields(cls)}
     return tuple((n, defaults[n], s.kind, s.help) for n, s in cls.specs().items())
 
 
