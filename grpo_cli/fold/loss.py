@@ -117,8 +117,9 @@ def correction_of(
     rollout = fields.get("rollout_logp")
     if rollout is None:
         raise InputError(
-            f"--correction {s.correction} needs the sampler's log-probs: the input has no "
-            "rollout_logp column (--column rollout_logp=NAME)"
+            f"the correction {s.correction} ({'set by ' + s.origin if s.origin else '--correction'}) "
+            "needs the sampler's log-probs: the input has no rollout_logp column "
+            "(--column rollout_logp=NAME)"
         )
     old = fields.get("old_logp", fields["logp"])
     f64 = np.float64

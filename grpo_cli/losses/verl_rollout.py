@@ -570,8 +570,9 @@ def _bypass(c: LossCall) -> OwnCorrection:
     rollout = c.fields.get("rollout_logp")
     if rollout is None:
         raise InputError(
-            "--loss verl/bypass_mode needs the sampler's log-probs: the input has no "
-            "rollout_logp column (--column rollout_logp=NAME)"
+            "the loss verl/bypass_mode (--loss, or a recorded verl config's "
+            "algorithm.rollout_correction.bypass_mode) needs the sampler's log-probs: the "
+            "input has no rollout_logp column (--column rollout_logp=NAME)"
         )
     t, corr = verl_bypass_mode(
         c.logp, rollout, c.adv, c.offsets, loss_type=p.bypass_loss_type,  # type: ignore[arg-type]
