@@ -608,7 +608,9 @@ def _settings(
     try:
         if run is not None:
             kw.pop("trainer", None)  # the run's own (checked above)
-            return resolve_run_settings(run.trainer, run.trainer_version, run.config, **kw)
+            return resolve_run_settings(
+                run.trainer, run.trainer_version, run.config, origin=run.config_file, **kw
+            )
         with warnings.catch_warnings():  # a release preset's warning: Conventions.notes
             warnings.simplefilter("ignore", UserWarning)
             return resolve_settings(preset, **kw)

@@ -82,6 +82,7 @@ def trend_report(
     engine = (engine or EngineOptions()).resolved()
     paths: list[InputPath] = []
     skipped: list[str] = []
+    marker = "_DONE"  # the marker a complete step has (a trainer's layout names its own)
     damaged: list[str] = []  # complete steps that cannot be read (a file cut after _DONE)
     for s in specs:
         run = None if "://" in s or not Path(s).is_dir() else find_run(Path(s))
@@ -93,6 +94,8 @@ def trend_report(
         paths += [st.directory for st in ok]
         skipped += skip
         damaged += bad
+        steps = run.steps()
+        marker = steps[0].marker if steps else marker
     if not paths:
         raise InputError("no step file given")
     given: dict[str, InputPath] = {}
@@ -122,7 +125,7 @@ def trend_report(
             raise InputError(f"{p}: step {step} again (also {seen[step].name}): one file a step")
         seen[step] = p
     report = _trend(numbered, settings, engine, column_map, rules, progress, on_step, True)
-    notes = [*notes, *skip_notes(skipped, damaged)]
+    notes = [*notes, *skip_notes(skipped, damaged, marker)]
     return replace(report, warnings=[*notes, *report.warnings]) if notes else report
 
 
@@ -145,18 +148,18 @@ def run_steps(run: RecordedRun, label: str) -> tuple[list[RecordedStep], list[st
     if not ok and steps:
         raise InputError(
             f"{label}: no step of the run can be read: {len(steps)} step folder(s), "
-            f"{len(skipped)} not completely written (no _DONE marker)"
+            f"{len(skipped)} not completely written (no {steps[0].marker} marker)"
             + (f", {len(damaged)} damaged ({damaged[0]})" if damaged else "")
         )
     return ok, skipped, damaged
 
 
-def skip_notes(skipped: Sequence[str], damaged: Sequence[str]) -> list[str]:
+def skip_notes(skipped: Sequence[str], damaged: Sequence[str], marker: str = "_DONE") -> list[str]:
     """The notes of a run's steps left out (:func:`run_steps`)."""
     notes = []
     if skipped:
         notes.append(
-            f"{len(skipped)} recorded step(s) skipped, not completely written (no _DONE "
+            f"{len(skipped)} recorded step(s) skipped, not completely written (no {marker} "
             f"marker): {', '.join(skipped[:5])}{' ...' if len(skipped) > 5 else ''}"
         )
     notes += [f"recorded step skipped: {why}" for why in damaged[:5]]

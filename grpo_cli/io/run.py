@@ -10,6 +10,12 @@ A step directory given as input is read as one dataset of its files (every micro
 the step), with the run's ``meta.json`` at hand for the settings
 (:func:`grpo_cli.trainers.base.Trainer.settings_from_config`) and its ``metrics.jsonl``
 for ``--logged``.
+
+A trainer's own output directory that holds the same things in its own layout (prime-rl's
+``token_exports/step_N/`` with its ``STABLE`` marker, its ``configs/trainer.json`` and
+``metrics.jsonl``) is a :class:`Layout`: its reader module registers one with
+:func:`register_layout` (in :mod:`grpo_cli.io.readers`), and :func:`find_run` and
+:func:`recorded_step` ask each after grpo-cli's own ``meta.json``.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
 from ..errors import InputError
 from .arrow import why
@@ -26,11 +32,13 @@ from .bounded import MAX_DOCUMENT, BeyondFloat, loads, mib, read_document
 
 __all__ = [
     "FORMAT",
+    "Layout",
     "RecordedRun",
     "RecordedStep",
     "file_info",
     "find_run",
     "recorded_step",
+    "register_layout",
     "step_of_dir",
 ]
 
@@ -71,8 +79,18 @@ class RecordedRun:
         return w if isinstance(w, int) and w >= 1 else 1
 
     @property
+    def config_file(self) -> str:
+        """The file the run's config comes from, as the settings name it."""
+        return "meta.json"
+
+    @property
     def metrics_path(self) -> Path:
         return self.root / "metrics.jsonl"
+
+    def latest(self) -> RecordedStep | None:
+        """The step a command given the run's own directory reads (None: it is refused as
+        many steps; a layout may read its last complete one)."""
+        return None
 
     def steps(self) -> list[RecordedStep]:
         """Every step directory of the run, in step order (complete or not)."""
@@ -94,6 +112,8 @@ class RecordedStep:
     directory: Path
     files: tuple[Path, ...]
     done: bool
+    # the file whose presence says every rank finished writing the step
+    marker: ClassVar[str] = DONE
 
     def calls(self) -> dict[int, list[int]]:
         """The loss calls of the step: call index (micro-batch) → the indices in ``files``
@@ -175,12 +195,30 @@ def _bad_meta(meta: dict[str, Any]) -> str | None:
     return None
 
 
+class Layout(Protocol):
+    """A trainer's own output directory read as a recorded run: its run and step
+    directories (None: ``d`` is not one of its)."""
+
+    def find_run(self, d: Path) -> RecordedRun | None: ...
+    def recorded_step(self, d: Path) -> RecordedStep | None: ...
+
+
+_LAYOUTS: list[Layout] = []
+
+
+def register_layout(layout: Layout) -> None:
+    """Add a trainer's output layout (once: the readers' registry calls it at import)."""
+    if layout not in _LAYOUTS:
+        _LAYOUTS.append(layout)
+
+
 def find_run(d: Path) -> RecordedRun | None:
-    """The recorded run rooted at directory ``d`` (its ``meta.json``), or None. A
-    ``meta.json`` that is not a regular file (a FIFO, a device) is refused."""
+    """The recorded run rooted at directory ``d`` (its ``meta.json``, else a registered
+    trainer layout's), or None. A ``meta.json`` that is not a regular file (a FIFO, a
+    device) is refused."""
     meta_path = d / "meta.json"
     if not meta_path.exists():
-        return None
+        return next((r for lay in _LAYOUTS if (r := lay.find_run(d)) is not None), None)
     meta = _read_meta(meta_path)
     return None if meta is None else RecordedRun(d, meta)
 
@@ -257,4 +295,6 @@ def recorded_step(d: Path) -> RecordedStep | None:
     if step is None or not d.is_dir():
         return None
     run = find_run(d.parent)
-    return None if run is None else _step(run, d, step)
+    if run is None:
+        return next((s for lay in _LAYOUTS if (s := lay.recorded_step(d)) is not None), None)
+    return _step(run, d, step)

@@ -168,6 +168,10 @@ def _recorded(specs: Sequence[str | InputPath]) -> RecordedStep | None:
     if not d.is_dir():
         return None
     run = find_run(d)
+    latest = None if run is None else run.latest()
+    if latest is not None:  # a trainer's output directory: its last complete step
+        latest.require_readable()
+        return latest
     if run is not None:
         steps = run.steps()
         example = steps[-1].directory if steps else d / "step_000001"

@@ -9,7 +9,7 @@ environment in conformance/releases (its README).
 
 from __future__ import annotations
 
-from . import openrlhf, trl, verl
+from . import openrlhf, prime_rl, trl, verl
 from .base import MetricInputs, Release, RewardKL, Trainer, parse_version
 
 __all__ = [
@@ -22,7 +22,9 @@ __all__ = [
     "trainer_of",
 ]
 
-TRAINERS: dict[str, Trainer] = {t.name: t for t in (trl.TRAINER, verl.TRAINER, openrlhf.TRAINER)}
+TRAINERS: dict[str, Trainer] = {
+    t.name: t for t in (trl.TRAINER, verl.TRAINER, openrlhf.TRAINER, prime_rl.TRAINER)
+}
 
 
 def trainer_of(name: str | None) -> Trainer | None:

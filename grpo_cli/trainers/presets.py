@@ -297,13 +297,16 @@ def resolve_run_settings(
     trainer: str | None,
     version: str | None,
     config: dict[str, Any],
+    *,
+    origin: str = "meta.json",
     **overrides: Any,
 ) -> tuple[Settings, list[str]]:
     """The settings of a recorded run: its trainer's preset, then what the trainer's config
     (``meta.json``) sets (:attr:`grpo_cli.trainers.Trainer.from_config`), then every
     non-None override (flags); and notes on what the config asks that is not computed.
     A config names every loss's parameters: those of the loss, correction and masks it
-    chooses are taken.
+    chooses are taken. ``origin`` names the config's file (a trainer's own layout has its
+    own).
 
     Raises:
         UsageError: the run's trainer is not one grpo-cli knows.
@@ -324,7 +327,7 @@ def resolve_run_settings(
     typed = {k for k in given if k not in _FIELDS}  # parameters the user typed: strict
     with warnings.catch_warnings():  # preset_for said it already
         warnings.simplefilter("ignore", UserWarning)
-        settings = _resolve(preset, {**values, **given, "origin": "meta.json"}, strict=False)
+        settings = _resolve(preset, {**values, **given, "origin": origin}, strict=False)
     if typed:  # a typed parameter the run's loss, correction and masks do not take
         _route({k: given[k] for k in typed}, settings.loss, settings.correction, strict=True)
     return settings, notes

@@ -10,11 +10,14 @@ a reader that claims files by their content comes before the one that takes the 
 from __future__ import annotations
 
 from ..paths import InputPath
+from ..run import register_layout
 from .base import AnswerColumns, ReadColumns, Reader, Unit, claims
 from .jsonl import JsonlReader
 from .nemo_rl import NemoRLReader
 from .npz import NpzReader
 from .parquet import ParquetReader
+from .prime_rl import LAYOUT as PRIME_RL_LAYOUT
+from .prime_rl import PrimeRLReader
 
 __all__ = [
     "READERS",
@@ -29,9 +32,12 @@ __all__ = [
 READERS: tuple[type[Reader], ...] = (
     ParquetReader,
     NpzReader,
+    PrimeRLReader,  # prime-rl's token_exports/step_N/rank_R.jsonl, told apart by its path
     NemoRLReader,  # NeMo-RL's train_data_step{N}.jsonl, told apart by its fields
     JsonlReader,  # every other .jsonl: grpo-cli's own fields
 )
+
+register_layout(PRIME_RL_LAYOUT)  # prime-rl's output directory (token_exports/step_N)
 
 
 def reader_for(p: InputPath) -> type[Reader] | None:
