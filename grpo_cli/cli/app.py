@@ -268,6 +268,13 @@ def _recorded_run(specs: Sequence[str]) -> RecordedRun | None:
         step = recorded_step(Path(spec)) if run is None else None
         if run is not None or step is not None:
             return run if run is not None else step.run  # type: ignore[union-attr]
+    from ..io.readers import run_of  # a dump naming its trainer's options (slime's args.json)
+
+    for spec in specs:
+        if "://" not in spec and Path(spec).exists():
+            found = run_of(Path(spec))
+            if found is not None:
+                return found
     return None
 
 

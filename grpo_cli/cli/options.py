@@ -695,7 +695,8 @@ class Conventions:
     def for_source(self, src: Source) -> tuple[Settings, Source]:
         """The settings for ``src`` (:meth:`for_run` of its recorded run, if it is one), and
         the source carrying their notes."""
-        settings, notes = self.for_run(None if src.recorded is None else src.recorded.run)
+        run = src.recorded.run if src.recorded is not None else getattr(src.reader, "run", None)
+        settings, notes = self.for_run(run)
         if src.recorded is None:
             notes = [*self.notes(), *notes]
         if notes:

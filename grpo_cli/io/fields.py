@@ -49,7 +49,7 @@ PER_TOKEN = ("reward", "advantage")
 # (what its loss's ``curr_logprobs`` equal at the first update: logp, the file holding no
 # other), ``generation_logprobs`` the sampler's.
 ALIASES: dict[str, tuple[str, ...]] = {
-    "group": ("group", "groups", "group_id", "prompt_id", "uid"),
+    "group": ("group", "groups", "group_id", "prompt_id", "uid", "group_index"),
     "reward": (
         "reward",
         "filtered_rewards",
@@ -68,6 +68,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
         "ref_per_token_logps",
         "base_action_log_probs",
         "reference_policy_logprobs",
+        "ref_log_probs",
     ),
     "rollout_logp": (
         "rollout_logp",
@@ -85,6 +86,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
         "action_mask",
         "loss_mask",
         "token_loss_mask",
+        "loss_masks",
     ),
 }
 

@@ -17,7 +17,7 @@ from numpy.typing import NDArray
 from ..errors import InputError, UsageError
 from .fields import ALIASES, map_columns
 from .paths import InputPath, RemoteFile, expand
-from .readers import Reader, Unit, reader_for, suffix_list
+from .readers import Reader, Unit, directory_files, reader_for, suffix_list
 from .run import RecordedStep, find_run, recorded_step
 
 if TYPE_CHECKING:
@@ -155,7 +155,10 @@ def _looks_like(src: Source, field: str) -> str | None:
 
 def expand_input(spec: str) -> list[InputPath]:
     """The files one input argument names (a file, a directory of files some reader
-    takes, a glob, a URI)."""
+    takes, a glob, a URI, a directory a reader knows by its layout: a slime dump)."""
+    found = None if "://" in spec else directory_files(Path(spec))
+    if found is not None:
+        return list(found)
     return expand(spec, lambda p: reader_for(p) is not None, suffix_list())
 
 

@@ -12,7 +12,7 @@ loss.
 from __future__ import annotations
 
 from ..errors import UsageError
-from . import openrlhf, prime_rl, trl, verl, verl_rollout
+from . import openrlhf, prime_rl, slime, trl, verl, verl_rollout
 from .registry import CorrectionRow, Loss, Mask, Metric
 
 __all__ = ["CLIP", "CORRECTIONS", "LOSSES", "MASKS", "MODULES", "NONE", "logged_metrics"]
@@ -20,7 +20,7 @@ __all__ = ["CLIP", "CORRECTIONS", "LOSSES", "MASKS", "MODULES", "NONE", "logged_
 CLIP = Loss("clip", None, "the clipped surrogate min(ρA, clip(ρ)A)", clip="core")
 NONE = "none"  # no correction
 
-MODULES = (trl, verl, verl_rollout, openrlhf, prime_rl)
+MODULES = (trl, verl, verl_rollout, openrlhf, prime_rl, slime)
 
 LOSSES: dict[str, Loss] = {r.name: r for r in (CLIP, *(x for m in MODULES for x in m.LOSSES))}
 CORRECTIONS: dict[str, CorrectionRow] = {r.name: r for m in MODULES for r in m.CORRECTIONS}

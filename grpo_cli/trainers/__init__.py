@@ -9,7 +9,7 @@ environment in conformance/releases (its README).
 
 from __future__ import annotations
 
-from . import openrlhf, prime_rl, trl, verl
+from . import openrlhf, prime_rl, slime, trl, verl
 from .base import MetricInputs, Release, RewardKL, Trainer, parse_version
 
 __all__ = [
@@ -23,7 +23,8 @@ __all__ = [
 ]
 
 TRAINERS: dict[str, Trainer] = {
-    t.name: t for t in (trl.TRAINER, verl.TRAINER, openrlhf.TRAINER, prime_rl.TRAINER)
+    t.name: t
+    for t in (trl.TRAINER, verl.TRAINER, openrlhf.TRAINER, prime_rl.TRAINER, slime.TRAINER)
 }
 
 

@@ -1,0 +1,416 @@
+"""slime's ``--dump-details DIR``: ``DIR/train_data/{rollout_id}.pt`` joined to
+``DIR/rollout_data/{rollout_id}.pt``, read with no flag, without torch and without running
+pickle code (:mod:`grpo_cli.io.torch_pickle`).
+
+The writers (slime, THUDM, commit 624b824a): ``save_debug_rollout_data``
+(``slime/observability/rollout_data_utils.py:140-153``) writes ``{"rollout_id", "samples":
+[Sample.to_dict(), ...]}``; ``save_debug_train_data`` (``train_data_utils.py:112-242``)
+writes ``{"format_version": 2, "rollout_id", "rank", "samples": [one dict per training
+sample], "dp_shards": [one per DP rank], "raw_reward"}``. A train sample holds
+``rollout_position`` (its index in the rollout dump's ``samples``), ``sample_index``
+(``Sample.index``, may be None), ``loss_masks``, ``log_probs`` (the *old* policy's),
+``advantages``, ``rollout_mask_sums`` and, when the run had them, ``rollout_log_probs``,
+``ref_log_probs``, ``entropy``. A rollout sample holds ``group_index`` and the raw
+``reward``. ``conformance/frontier/LAYOUTS.md`` ("slime") has every field with its line.
+
+Read as (one row per training sample of the rollout's first optimizer step)::
+
+    group_index   rollout sample's group_index                      -> group
+    reward        rollout sample's reward (raw; the train row's
+                  ``rewards`` is the group-normalised one)          -> reward
+    advantages    per token, what the loss used                     -> advantage
+    log_probs     per token: the old policy's, which step 0's
+                  forward equals (same weights)                     -> logp
+    ref_log_probs, rollout_log_probs, entropy (when dumped)         -> ref_logp,
+                                                                       rollout_logp, entropy
+    loss_masks    per token                                         -> mask
+
+One rollout file is one step of ``trend`` (its step 0): the dump holds the old log-probs
+only, so steps ≥ 1 of a rollout (``global_batch_size`` < the rollout) have no current
+log-probs; they are left out, with a note. The step's samples come from the dumped
+schedule (``dp_shards``: each rank's first ``num_microbatches[0]`` micro-batches). The
+reducer's per-sample denominators (``rollout_mask_sums``) must be each sample's own loss
+tokens (one sample a rollout: slime's default), which makes slime's loss grpo-cli's
+seq-mean-token-mean; samples sharing a rollout id are refused, naming it.
+
+Conventions: ``args.json`` beside ``train_data/`` (``vars(args)`` under slime's option
+names), else slime's argparse defaults, said in a note (:func:`dump_run`). Memory: one
+rollout's two files at a time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+import pyarrow as pa
+
+from ...errors import InputError
+from ..bounded import loads, read_document
+from ..fields import ANSWER_FIELDS
+from ..lists import answer_table, raw_record_batch
+from ..paths import InputPath
+from ..run import RecordedRun
+from ..torch_pickle import load
+from .base import AnswerColumns, ReadColumns, Unit, token_columns
+
+if TYPE_CHECKING:
+    from ...batch import RawBatch
+    from .base import Source
+
+__all__ = ["SlimeReader", "dump_files", "dump_run"]
+
+TRAIN, ROLLOUT, ARGS = "train_data", "rollout_data", "args.json"
+_ID = re.compile(r"^(\d{1,18})\.pt$")
+FORMAT_VERSION = 2
+COMMIT = "624b824a"
+VERSION = "0.3.1"
+# written into the config by the reader (not a slime option): whether the dump holds the
+# sampler's log-probs, so that slime's mismatch metric is computed when it can be
+HAS_ROLLOUT = "_dump_has_rollout_log_probs"
+# the table's columns: slime's own names (``reward``, ``group_index``: the rollout side's)
+TOKEN_KEYS = ("log_probs", "ref_log_probs", "rollout_log_probs", "entropy", "advantages")
+NAMES = {
+    "group": "group_index",
+    "reward": "reward",
+    "advantage": "advantages",
+    "logp": "log_probs",
+    "ref_logp": "ref_log_probs",
+    "rollout_logp": "rollout_log_probs",
+    "entropy": "entropy",
+    "mask": "loss_masks",
+}
+
+
+def _is_train_file(p: Path) -> bool:
+    return _ID.match(p.name) is not None and p.parent.name == TRAIN
+
+
+def dump_files(p: Path) -> list[Path] | None:
+    """The ``train_data/{id}.pt`` files of a dump directory ``p`` (one holding
+    ``train_data/``), in rollout id order; None when ``p`` is not one."""
+    d = p / TRAIN
+    if not p.is_dir() or not d.is_dir():
+        return None
+    files = [q for q in d.iterdir() if q.is_file() and _ID.match(q.name)]
+    if not files:
+        raise InputError(f"{d}: no {{rollout_id}}.pt file: not a slime --dump-details directory")
+    return sorted(files, key=lambda q: int(q.stem))
+
+
+def _root(p: Path) -> Path | None:
+    """The dump directory of a dump directory, its ``train_data/`` or one of its files."""
+    if p.is_dir():
+        if (p / TRAIN).is_dir():
+            return p
+        return p.parent if p.name == TRAIN else None
+    return p.parent.parent if _is_train_file(p) else None
+
+
+def dump_run(p: Path) -> RecordedRun | None:
+    """slime's conventions for a dump (``p``: its directory, ``train_data/`` or a file):
+    the trainer ``slime`` and the options of ``args.json`` beside ``train_data/`` (slime's
+    argparse defaults when there is none); None when ``p`` is no slime dump."""
+    root = _root(p)
+    if root is None:
+        return None
+    args = root / ARGS
+    config: dict[str, Any] = {}
+    if args.exists():
+        got = loads(read_document(args, "args.json"), str(args))
+        if not isinstance(got, dict):
+            raise InputError(
+                f"{args}: expected a JSON object of slime's options (vars(args)), found "
+                f"{type(got).__name__}"
+            )
+        config = got
+    # the dump names no slime version: the one whose code was read (setup.py at COMMIT)
+    meta = {"trainer": "slime", "trainer_version": VERSION, "config": config}
+    return RecordedRun(root, meta)
+
+
+def _field(d: Any, key: str, where: str, kinds: tuple[type, ...] | type) -> Any:
+    if not isinstance(d, dict) or key not in d:
+        raise InputError(
+            f"{where}: no field {key!r} (not a slime dump of format {FORMAT_VERSION}?)"
+        )
+    v = d[key]
+    if not isinstance(v, kinds) or (isinstance(v, bool) and kinds is int):
+        raise InputError(f"{where}: field {key!r} is {type(v).__name__}, not what slime writes")
+    return v
+
+
+def _step0(train: Mapping[str, Any], label: str) -> tuple[list[int], int, int]:
+    """The rollout positions of the first optimizer step (each rank's first
+    ``num_microbatches[0]`` micro-batches of its ``partition``), its rollout count
+    (``global_batch_sizes[0]``) and the number of steps."""
+    shards = _field(train, "dp_shards", label, list)
+    positions: list[int] = []
+    steps, gbs = 0, 0
+    for r, sh in enumerate(shards):
+        at = f"{label}: dp_shards[{r}]"
+        part = _field(sh, "partition", at, list)
+        mbs = _field(sh, "micro_batch_indices", at, list)
+        nmb = _field(sh, "num_microbatches", at, list)
+        sizes = _field(sh, "global_batch_sizes", at, list)
+        if not nmb or not sizes or not all(isinstance(x, int) for x in [*nmb, *sizes]):
+            raise InputError(f"{at}: num_microbatches / global_batch_sizes: no steps")
+        steps, gbs = len(nmb), int(sizes[0])
+        for mb in mbs[: int(nmb[0])]:
+            if not isinstance(mb, list) or not all(
+                isinstance(i, int) and 0 <= i < len(part) for i in mb
+            ):
+                raise InputError(
+                    f"{at}: micro_batch_indices holds {mb!r}: not indices into partition"
+                )
+            positions += [int(part[i]) for i in mb]
+    return positions, gbs, steps
+
+
+def _tokens(row: Mapping[str, Any], key: str, n: int, where: str) -> np.ndarray | None:
+    v = row.get(key)
+    if v is None:
+        return None
+    a = np.asarray(v)
+    if a.ndim != 1 or a.shape[0] != n or not np.issubdtype(a.dtype, np.number):
+        raise InputError(
+            f"{where}: field {key!r} has shape {a.shape} ({a.dtype}), expected {n} numbers "
+            "(response_lengths)"
+        )
+    return a
+
+
+def _join(
+    train: Mapping[str, Any], rollout: list[Any], label: str, rlabel: str
+) -> dict[int, tuple[dict[str, Any], dict[str, Any]]]:
+    """Each train row with its rollout sample, by ``rollout_position`` (or ``sample_index``
+    ↔ ``index``); a row that joins nothing or twice is named."""
+    rows = _field(train, "samples", label, list)
+    by_index = {s.get("index"): i for i, s in enumerate(rollout) if isinstance(s, dict)}
+    out: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
+    for j, row in enumerate(rows):
+        at = f"{label}: samples[{j}]"
+        if not isinstance(row, dict):
+            raise InputError(f"{at}: is {type(row).__name__}, not a sample dict")
+        pos = row.get("rollout_position")
+        if pos is None and row.get("sample_index") is not None:
+            pos = by_index.get(row["sample_index"])
+        if not isinstance(pos, int) or not 0 <= pos < len(rollout):
+            raise InputError(
+                f"{at}: joins no sample of {rlabel} (rollout_position "
+                f"{row.get('rollout_position')!r}, sample_index {row.get('sample_index')!r}; "
+                f"it holds {len(rollout)} samples)"
+            )
+        if pos in out:
+            raise InputError(f"{at}: rollout position {pos} again: two train rows join one sample")
+        out[pos] = (row, rollout[pos])
+    return out
+
+
+def _answer(
+    row: Mapping[str, Any], sample: Any, pos: int, label: str, rlabel: str
+) -> dict[str, Any]:
+    """One training sample's columns (see the module's table)."""
+    at = f"{label}: sample at rollout position {pos}"
+    mask = np.asarray(row.get("loss_masks"))
+    if row.get("loss_masks") is None or mask.ndim != 1:
+        raise InputError(f"{at}: field 'loss_masks' is missing or not one list of 0/1")
+    n = int(mask.shape[0])
+    out: dict[str, Any] = {"loss_masks": mask.astype(np.int64)}
+    for key in TOKEN_KEYS:
+        v = _tokens(row, key, n, at)
+        if v is None and key in ("log_probs", "advantages"):
+            raise InputError(f"{at}: field {key!r} is missing: slime writes it for every sample")
+        out[key] = None if v is None else v.astype(np.float64)
+    sums = row.get("rollout_mask_sums")
+    if sums is None or np.asarray(sums).size != 1:
+        raise InputError(f"{at}: field 'rollout_mask_sums' is missing or not one number")
+    if float(np.asarray(sums)) != float(mask.sum()):
+        raise InputError(
+            f"{at}: rollout_mask_sums is {float(np.asarray(sums))} but the sample has "
+            f"{int(mask.sum())} loss tokens: samples share a rollout id (slime's reducer then "
+            "divides by the rollout's tokens), which no grpo-cli aggregation computes"
+        )
+    rat = f"{rlabel}: samples[{pos}]"
+    if not isinstance(sample, dict):
+        raise InputError(f"{rat}: is {type(sample).__name__}, not a Sample dict")
+    reward, group = sample.get("reward"), sample.get("group_index")
+    if isinstance(reward, dict):
+        raise InputError(
+            f"{rat}: reward is a dict ({', '.join(map(str, reward))}): the run used --reward-key; "
+            "grpo-cli reads one number a sample"
+        )
+    if not isinstance(reward, int | float) or isinstance(reward, bool):
+        raise InputError(f"{rat}: reward is {reward!r}, not a number")
+    if not isinstance(group, int) or isinstance(group, bool):
+        raise InputError(f"{rat}: group_index is {group!r}: slime's dump names each sample's group")
+    out["reward"], out["group_index"] = float(reward), group
+    return out
+
+
+def _table(path: Path) -> tuple[pa.Table, tuple[str, ...]]:
+    """The first optimizer step's training samples of one rollout, joined, as a table of
+    the module's columns, and the notes on what was left out."""
+    label = str(path)
+    train = load(path)
+    if not isinstance(train, dict):
+        raise InputError(f"{label}: holds {type(train).__name__}, not slime's train dump dict")
+    version = train.get("format_version")
+    if version != FORMAT_VERSION:
+        raise InputError(
+            f"{label}: format_version is {version!r}; grpo-cli reads slime's train dump "
+            f"format {FORMAT_VERSION} (slime {COMMIT})"
+        )
+    rid = _field(train, "rollout_id", label, int)
+    rpath = path.parent.parent / ROLLOUT / f"{rid}.pt"
+    if not rpath.exists():
+        raise InputError(
+            f"{label}: no {ROLLOUT}/{rid}.pt beside it: the groups and rewards are in slime's "
+            "rollout dump (--dump-details writes both)"
+        )
+    rollout = _field(load(rpath), "samples", str(rpath), list)
+    joined = _join(train, rollout, label, str(rpath))
+    positions, gbs, steps = _step0(train, label)
+    if len(positions) != gbs or len(set(positions)) != gbs:
+        raise InputError(
+            f"{label}: dp_shards' first step holds {len(positions)} samples but "
+            f"global_batch_sizes[0] is {gbs}: not slime's schedule of one sample a rollout"
+        )
+    cols: dict[str, list[Any]] = {
+        k: [] for k in ("group_index", "reward", "loss_masks", *TOKEN_KEYS)
+    }
+    for pos in sorted(positions):
+        if pos not in joined:
+            raise InputError(
+                f"{label}: the schedule names rollout position {pos}, no train row has it"
+            )
+        one = _answer(*joined[pos], pos, label, str(rpath))
+        for k, v in one.items():
+            cols[k].append(v)
+    present = {k: v for k, v in cols.items() if not all(x is None for x in v)}
+    for k, v in present.items():
+        if any(x is None for x in v):
+            raise InputError(f"{label}: field {k!r} is dumped for some samples only")
+    table = pa.table({k: pa.array(v) for k, v in present.items()})
+    notes = [
+        f"{label}: rollout {rid}, its first optimizer step ({gbs} of {len(rollout)} samples, "
+        f"the schedule's dp_shards): logp is the dump's log_probs (the old policy's, which "
+        "step 0's forward equals)"
+        + (f"; {_later(steps)} left out: the current log-probs are not dumped" if steps > 1 else "")
+    ]
+    return table, tuple(notes)
+
+
+def _later(steps: int) -> str:
+    return "step 1" if steps == 2 else f"steps 1-{steps - 1}"
+
+
+@dataclasses.dataclass(frozen=True)
+class SlimeReader:
+    """One slime ``train_data/{rollout_id}.pt`` (one rollout: one step)."""
+
+    format: ClassVar[str] = "slime"
+    suffixes: ClassVar[tuple[str, ...]] = (".pt",)
+    what: ClassVar[str] = "field"
+    unit: ClassVar[str] = "sample"
+    datasets: ClassVar[bool] = False
+    remote: ClassVar[bool] = False
+
+    paths: tuple[InputPath, ...]
+    table: pa.Table = dataclasses.field(compare=False, repr=False)
+    notes: tuple[str, ...] = ()
+    run: RecordedRun | None = dataclasses.field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def claims(cls, p: InputPath) -> bool:
+        """A slime train dump: ``{rollout_id}.pt`` in a ``train_data`` directory."""
+        return isinstance(p, Path) and _is_train_file(p)
+
+    @classmethod
+    def directory_files(cls, p: Path) -> list[Path] | None:
+        return dump_files(p)
+
+    @classmethod
+    def run_of(cls, p: Path) -> RecordedRun | None:
+        return dump_run(p)
+
+    @classmethod
+    def open(cls, paths: Sequence[InputPath]) -> SlimeReader:
+        if len(paths) > 1:
+            root = Path(str(paths[0])).parent.parent
+            ids = ", ".join(Path(str(p)).stem for p in paths[:5]) + (
+                " ..." if len(paths) > 5 else ""
+            )
+            raise InputError(
+                f"{root}: a slime dump of {len(paths)} rollouts ({ids}): each rollout is one "
+                f"step; give one {TRAIN}/{{id}}.pt, or grpo-cli trend {root}"
+            )
+        p = Path(str(paths[0]))
+        table, notes = _table(p)
+        run = dump_run(p)
+        if run is not None and not run.config:
+            notes = (
+                *notes,
+                f"no {ARGS} in {run.root}: slime's argparse defaults ({COMMIT}) hold; write "
+                "one with the run's options (docs/trainers/slime.md)",
+            )
+        if run is not None:
+            has = "rollout_log_probs" in table.column_names
+            config = {**run.config, HAS_ROLLOUT: has}
+            run = RecordedRun(run.root, {**run.meta, "config": config})
+        return cls(tuple(paths), table, notes, run)
+
+    def names(self) -> list[str]:
+        return list(self.table.column_names)
+
+    def default_name(self, field: str) -> str:
+        return NAMES.get(field, field)
+
+    def rows_per_file(self) -> list[int] | None:
+        return [self.table.num_rows]
+
+    def _answers(self, src: Source) -> tuple[pa.Table, dict[str, str]]:
+        names = {f: src.name(f) for f in ANSWER_FIELDS if src.has(f)}
+        mname = src.name("mask") if src.has("mask") else None
+        return answer_table(self.table, names, mname, str(self.paths[0]), 0, what=self.what), names
+
+    def read_file_columns(self, src: Source, i: int, cols: list[str]) -> pa.Table:
+        del i, cols
+        return self._answers(src)[0]
+
+    def answer_columns(
+        self, src: Source, need_rewards: bool, allow_nonfinite: bool, read: ReadColumns | None
+    ) -> AnswerColumns:
+        del need_rewards, allow_nonfinite, read
+        table, names = self._answers(src)
+        return AnswerColumns([table], names, table.num_rows, notes=self.notes)
+
+    def units(self, src: Source) -> list[Unit]:
+        n = self.table.num_rows
+        tokens = int(sum(len(m) for m in self.table.column("loss_masks").to_pylist()))
+        return [Unit(0, -1, 0, n, tokens)]
+
+    def raw_batches(
+        self, src: Source, units: Sequence[Unit] | None, fields: Sequence[str], batch_tokens: int
+    ) -> Iterator[RawBatch]:
+        """The step's samples in rollout order, about ``batch_tokens`` tokens a batch."""
+        del units
+        wanted = [f for f in fields if src.has(f)]
+        if not wanted:
+            return
+        names, mname, cols, answer = token_columns(src, wanted)
+        n = self.table.num_rows
+        per_row = max(1, self.units(src)[0].tokens // max(n, 1))
+        rows = max(1, batch_tokens // per_row)
+        start = 0
+        for rb in self.table.select(cols).to_batches(max_chunksize=rows):
+            if not rb.num_rows:
+                continue
+            yield raw_record_batch(
+                rb, wanted, names, mname, start, str(self.paths[0]), answer, 0, what=self.what
+            )
+            start += rb.num_rows
