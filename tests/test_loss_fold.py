@@ -20,7 +20,9 @@ from grpo_cli.errors import SettingError
 from grpo_cli.losses import LOSSES as ROWS
 from grpo_cli.losses import logged_metrics
 from grpo_cli.losses import openrlhf as LO
+from grpo_cli.losses import prime_rl as LP
 from grpo_cli.losses import registry as LR
+from grpo_cli.losses import slime as LS
 from grpo_cli.losses import trl as LT
 from grpo_cli.losses import verl as LV
 from grpo_cli.losses import verl_rollout as LVR
@@ -130,6 +132,16 @@ def _by_hand(name: str, f: dict[str, np.ndarray], a: np.ndarray, off: np.ndarray
         "verl/dro": lambda: LV.dro_terms(lp, old, a, off, beta=0.3),
         "verl/cispo": lambda: LT.cispo_terms(lp, old, a, off, lower=0.8, upper=1.2,
                                             log_ratio_clamp=20.0),
+        # slime's eps_clip / eps_clip_high / eps_clip_c; its CISPO is [1 − eps_clip,
+        # 1 + eps_clip_high] with no log-ratio clamp (slime 624b824a ppo_utils.py:124-171)
+        "slime/ppo_eps_clip": lambda: LS.slime_policy_terms(lp, old, a, off, eps_clip=0.1,
+                                                            eps_clip_high=0.25, eps_clip_c=3.0),
+        "slime/cispo": lambda: LT.cispo_terms(lp, old, a, off, lower=0.8, upper=1.28),
+        # prime-rl's DefaultLossConfig / IPOLossConfig names (559b4477 configs/trainer.py)
+        "prime_rl/dppo_tv": lambda: LP.dppo_binary_terms(lp, old, a, off, mask_low=0.1,
+                                                         mask_high=0.3, kl_tau=0.01),
+        "prime_rl/ipo": lambda: LP.dppo_binary_terms(lp, old, a, off, rule="ipo",
+                                                     ipo_threshold=0.05, adv_tau=0.5),
     }[name]()  # fmt: skip
 
 
@@ -148,6 +160,11 @@ FLAGS: dict[str, list[str]] = {
     "verl/geo_mean": ["--clip-eps", "0.1", "--clip-eps-high", "0.25"],
     "verl/dro": ["--loss-param", "dro_beta=0.3"],
     "verl/cispo": [],
+    "slime/ppo_eps_clip": ["--clip-eps", "0.1", "--clip-eps-high", "0.25", "--dual-clip", "3"],
+    "slime/cispo": ["--clip-eps-high", "0.28"],
+    "prime_rl/dppo_tv": ["--loss-param", "dppo_mask_low=0.1", "--loss-param",
+                         "dppo_mask_high=0.3", "--loss-param", "kl_tau=0.01"],
+    "prime_rl/ipo": ["--loss-param", "ipo_threshold=0.05", "--loss-param", "adv_tau=0.5"],
 }  # fmt: skip
 # verl's bypass mode takes its correction's settings too: test_bypass_mode_*
 NON_CLIP = [x for x in LOSSES if x not in ("clip", "verl/bypass_mode")]
@@ -260,6 +277,11 @@ CORRECTIONS = {
                      "--correction-param", "is_correction_low=0.8"],
                     lambda o, r, off: LO.openrlhf_is_correction(
                         o, r, off, level="token", threshold=(0.8, 1.3))),
+    "slime-tis": (["--correction-param", "tis_clip=1.5", "--correction-param", "tis_clip_low=0.5"],
+                  lambda o, r, off: LS.slime_tis(o, r, off, tis_clip=1.5, tis_clip_low=0.5)),
+    "slime-tis/icepop": (["--correction-param", "tis_kind=icepop",
+                          "--correction-param", "tis_clip=1.2"],
+                         lambda o, r, off: LS.slime_tis(o, r, off, kind="icepop", tis_clip=1.2)),
 }  # fmt: skip
 
 
@@ -272,7 +294,8 @@ def test_each_correction_over_many_batches(
     f, off = _flat(d)
     flags, fn = CORRECTIONS[name]
     corr = fn(f["old_logp"], f["rollout_logp"], off)
-    masks = name.startswith(("trl", "openrlhf"))  # a mask binds on some tokens, not all
+    # a mask binds on some tokens, not all
+    masks = name.startswith(("trl", "openrlhf")) or name == "slime-tis/icepop"
     assert 0 < np.count_nonzero(corr.weight == 0) < corr.weight.shape[0] or not masks
     dk = f["ref_logp"] - f["logp"]
     kl = np.exp(dk) - dk - 1.0
@@ -707,6 +730,12 @@ def test_names_map_one_to_one_and_the_trainer_disambiguates() -> None:
     assert resolve_settings("verl", loss="cispo").loss == "verl/cispo"
     assert resolve_settings(loss="verl/cispo").loss == "verl/cispo"
     assert resolve_settings(loss="gpg").loss == "verl/gpg"  # one trainer has it
+    assert resolve_settings("slime", loss="cispo").loss == "slime/cispo"
+    assert resolve_settings("prime-rl", loss="dppo_tv").loss == "prime_rl/dppo_tv"
+    assert resolve_settings(loss="ipo").loss == "prime_rl/ipo"
+    assert resolve_settings(loss="ppo_eps_clip").loss == "slime/ppo_eps_clip"
+    with pytest.raises(SettingError, match="verl/dppo_tv or prime_rl/dppo_tv"):
+        resolve_settings(loss="dppo_tv")
     with pytest.raises(SettingError, match="trl/sapo or verl/sapo"):
         resolve_settings(loss="sapo")
     with pytest.raises(SettingError, match=r"^loss: trl/cispo is trl's"):
@@ -722,7 +751,7 @@ def test_names_map_one_to_one_and_the_trainer_disambiguates() -> None:
         Settings(loss="verl/dro")
     with pytest.raises(SettingError, match=r"^correction: "):
         Settings(trainer="verl", correction="trl-vllm")
-    assert CORRECTION_NAMES == ("none", "trl-vllm", "verl-rollout", "openrlhf-is")
+    assert CORRECTION_NAMES == ("none", "trl-vllm", "verl-rollout", "openrlhf-is", "slime-tis")
     assert [r.name for r in ROWS.values() if r.whole_batch] == list(BATCH_LOSSES)
     # the JSON settings gain keys after the existing ones, "from" still last
     keys = list(Settings().to_json())

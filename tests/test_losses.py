@@ -17,6 +17,7 @@ from grpo_cli.core import aggregate, token_terms
 from grpo_cli.losses import LOSSES as ROWS
 from grpo_cli.losses import logged_metrics
 from grpo_cli.losses import openrlhf as LO
+from grpo_cli.losses import prime_rl as LP
 from grpo_cli.losses import registry as LR
 from grpo_cli.losses import slime as LS
 from grpo_cli.losses import trl as LT
@@ -655,6 +656,8 @@ def test_every_metric_table_entry_reads_a_quantity_its_loss_returns() -> None:
         "verl/cispo": terms["cispo"],
         "slime/ppo_eps_clip": LS.slime_policy_terms(lp, b["old"], adv, off),
         "slime/cispo": terms["cispo"],
+        "prime_rl/dppo_tv": LP.dppo_binary_terms(lp, b["old"], adv, off),
+        "prime_rl/ipo": LP.dppo_binary_terms(lp, b["old"], adv, off, rule="ipo"),
         "verl/bypass_mode/ppo_clip": LVR.verl_bypass_mode(lp, roll, adv, off)[0],
         "verl/bypass_mode/reinforce": LVR.verl_bypass_mode(
             lp, roll, adv, off, loss_type="reinforce"

@@ -74,3 +74,20 @@ def test_table_names_every_row_at_80_columns() -> None:
     assert max(len(line) for line in res.stdout.splitlines()) <= 80
     for name in [*LOSSES, *CORRECTIONS, *MASKS]:
         assert name in res.stdout
+
+
+def test_slime_and_prime_rl_list_their_own_rows() -> None:
+    """``losses --trainer slime`` / ``prime_rl``: exactly the rows whose trainer it is
+    (their losses, slime's TIS correction and OPSM mask), and the shared clip."""
+    for trainer in ("slime", "prime_rl"):
+        want = {
+            (kind, name)
+            for kind, table in (("loss", LOSSES), ("correction", CORRECTIONS), ("mask", MASKS))
+            for name, row in table.items()
+            if row.trainer == trainer
+        }
+        rows = _listed("--trainer", trainer)["rows"]
+        assert {(r["kind"], r["name"]) for r in rows if r["trainer"] == trainer} == want
+        assert {r["name"] for r in rows if r["trainer"] is None} == {"clip"}
+    slime = {r["name"] for r in _listed("--trainer", "slime")["rows"]}
+    assert {"slime/ppo_eps_clip", "slime/cispo", "slime-tis", "slime/opsm"} <= slime

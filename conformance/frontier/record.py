@@ -689,6 +689,9 @@ def prime_case(
                 }
             )
         # packing: each rank two micro-batches of consecutive samples, padded to seq_len
+        # as prime-rl's pad_micro_batch pads (trainer/batch.py:692-736): pad token 1,
+        # position ids restarting at 0, env "", and the padding added to the *last*
+        # sequence's length (no sequence of its own, so no per-sample metric of its own)
         per_rank = len(branches) // ranks
         seq_len = 64
         rank_mbs: list[list[dict[str, Any]]] = []
@@ -699,7 +702,7 @@ def prime_case(
             for part in (mine[:half], mine[half:]):
                 lens = [len(b["token_ids"]) for b in part]
                 pad = seq_len - sum(lens)
-                ids = [t for b in part for t in b["token_ids"]] + [0] * pad
+                ids = [t for b in part for t in b["token_ids"]] + [1] * pad
                 mbs.append(
                     {
                         "branches": part,
@@ -719,7 +722,8 @@ def prime_case(
                         "temperatures": torch.ones(1, seq_len),
                         "env_names": [f"env{b['group'] % 2}" for b in part for _ in b["token_ids"]]
                         + [""] * pad,
-                        "sequence_lengths": [*lens, pad],
+                        "sequence_lengths": [*lens[:-1], lens[-1] + pad],
+                        "pad": pad,
                         "rl_weights": None,
                         "ce_weights": None,
                         "ref_kl_weights": None,
@@ -739,7 +743,7 @@ def prime_case(
                     if b["index"] % 4 == 1:  # a trainer far from the sampler: DPPO's masks bite
                         x = 4.0 * x
                     rows.append(torch.tensor(bf16_rounded(x) if bf16 else x, dtype=torch.float32))
-                pad = mb["sequence_lengths"][-1]
+                pad = mb["pad"]
                 logits = torch.cat([*rows, torch.zeros(pad, vocab)])[None]
                 labels = P.loss.shift_tensor_left(mb["input_ids"])
                 scaled = logits / mb["temperatures"].unsqueeze(-1)
@@ -1032,7 +1036,8 @@ def main() -> int:
             "reproduced": {
                 "Tensors.compute_stats (trainer/utils.py:245-281)": "one process, ranks in order",
                 "train.py:301-323": "rl_scale: the global loss-mask count",
-                "the packer": "consecutive samples, padded to seq_len with token 0, env ''",
+                "the packer": "consecutive samples, padded to seq_len as pad_micro_batch "
+                "(trainer/batch.py:692-736): token 1, env '', the last sequence's length",
                 "traces.jsonl": "Episode.to_record's fields a reader needs (see write_traces)",
                 "configs/trainer.json": "its loss section and enable_token_export only",
             },

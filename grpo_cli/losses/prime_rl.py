@@ -119,7 +119,7 @@ def dppo_binary_terms(
     Example:
         >>> t = dppo_binary_terms(np.log([0.5, 0.9]), np.log([0.5, 0.5]), [1.0], [0, 2])
         >>> t.flags["is_masked"].tolist(), t.term.round(4).tolist()
-        [[False, True], [1.0, -0.0003]]
+        ([False, True], [1.0, -0.0003])
     """
     off, a, x = _inputs(offsets, adv, logp=logp, old_logp=old_logp)
     assert a is not None
@@ -127,10 +127,8 @@ def dppo_binary_terms(
         _positive(name, v, zero=True)
     lp, old = x["logp"], x["old_logp"]
     with np.errstate(invalid="ignore"):
-        lr = lp - old
+        lr, delta = lp - old, _exp(lp) - _exp(old)
     rho = _exp(lr)
-    with np.errstate(invalid="ignore"):
-        delta = _exp(lp) - _exp(old)
     pos, neg = a > 0, a < 0
     up, down = delta > mask_high, delta < -mask_low
     masked = np.where(pos, up, down) if rule == "tv" else (np.abs(delta) > ipo_threshold)

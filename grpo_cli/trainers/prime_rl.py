@@ -165,7 +165,8 @@ def from_config(c: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     check_config(CONFIG_KEYS, c, WHERE)
     out: dict[str, Any] = {}
     notes: list[str] = []
-    kind = c.get("loss.type", "default" if any(k.startswith("loss.") for k in c) else None)
+    section = any(k in c for k in CONFIG_KEYS if k.startswith("loss."))
+    kind = c.get("loss.type", "default" if section else None)
     if kind is None:
         notes.append(f"no {WHERE} loss section: prime-rl's defaults (DefaultLossConfig: "
                      f"{_DEFAULTS})")  # fmt: skip
