@@ -208,6 +208,15 @@ PRESET_MIRRORS = {
     "-10 10`, `--algo.kl.estimator k1`, `--init_kl_coef 0.01`; its `--algo.kl.use_loss "
     "--algo.kl.estimator k3` setup is `--kl-mode loss --kl-estimator k3` (the KL loss "
     "aggregated per token whatever the policy loss)",
+    "slime": "slime 624b824a argparse defaults: `--advantage-estimator grpo` (torch's unbiased "
+    "std + 1e-6), `--eps-clip 0.2`, no `--eps-clip-c`, no `--use-kl-loss`, the reducer "
+    "`get_sum_of_sample_mean` (a per-sample token mean, summed over the step's samples over "
+    "`global_batch_size`); a dump's `args.json` gives the run's own options",
+    "prime_rl": "prime-rl 559b4477 `DefaultLossConfig`: DPPO-Binary-TV masks "
+    "(`dppo_mask_low=0.2`, `dppo_mask_high=0.2`), `adv_tau=1.0`, `kl_tau=1e-3`, the step's "
+    "loss over its loss-token count (`rl_scale`), ρ against the sampler; `configs/trainer.json`'s "
+    "`loss` section gives the run's own",
+    "prime-rl": "the same as `prime_rl` (the name prime-rl's project uses)",
 }
 _NOT_CONVENTIONS = {"preset", "trainer", "mirrors", "origin", "folds"}
 

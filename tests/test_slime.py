@@ -168,3 +168,109 @@ def test_gspo_fixture_ran_at_the_default_clip() -> None:
     assert not _close(as_named["pg_loss"], mb["log"]["pg_loss"])
     at_default = {**case, "args": {**case["args"], "eps_clip": 0.2, "eps_clip_high": 0.2}}
     assert _close(_micro_batch(at_default, mb["positions"])["pg_loss"], mb["log"]["pg_loss"])
+
+
+# ------------------------------------------------- a dump directory read with no flag
+# Every metric slime logged at each dumped rollout's first step (its own
+# reduce_train_step_metrics, fixtures' "dumps"), but train/entropy_loss: the training
+# forward's entropy is dumped only with --use-rollout-entropy (said in a note).
+NOT_IN_A_DUMP = {"train/entropy_loss"}
+
+
+def _logged(dump: str, rid: int) -> dict[str, float]:
+    step = DUMPS[f"{dump}/{rid}"]["steps"][0]
+    assert step["step"] == 0
+    logged: dict[str, float] = step["logged"]
+    return logged
+
+
+@pytest.mark.parametrize("dump", ["slime_dump", "slime_dump_tis"])
+def test_a_dump_file_gives_slime_s_loss_and_metrics_with_no_flag(cli: Any, dump: str) -> None:
+    """``objective train_data/{id}.pt``: the loss and every logged train/* metric of the
+    rollout's first step within float32 rounding of slime's own; what the dump cannot give
+    is said."""
+    for rid in (0, 1):
+        doc = cli.json("objective", FIX / dump / "train_data" / f"{rid}.pt")
+        logged = _logged(dump, rid)
+        got = doc["trainer_metrics"]["metrics"]
+        assert doc["trainer_metrics"]["trainer"] == "slime"
+        assert set(got) == set(logged) - NOT_IN_A_DUMP, (dump, rid)
+        for k, v in got.items():
+            assert _close(v, logged[k]), (dump, rid, k, v, logged[k])
+        assert _close(doc["loss"], logged["train/loss"])
+        assert any("train/entropy_loss" in w and "--use-rollout-entropy" in w
+                   for w in doc["warnings"])  # fmt: skip
+        origin = "args.json" if dump == "slime_dump_tis" else "slime's defaults (no args.json)"
+        assert doc["settings"]["from"] == origin, doc["settings"]["from"]
+        if dump == "slime_dump":
+            assert any("no args.json" in w and "argparse defaults" in w for w in doc["warnings"])
+
+
+@pytest.mark.parametrize("dump", ["slime_dump", "slime_dump_tis"])
+def test_a_dump_directory_is_a_run_for_every_command(cli: Any, dump: str, tmp_path: Path) -> None:
+    """The directory with no flag: ``objective`` its last rollout (said), ``trend`` and
+    ``check`` every rollout (one step each), ``report`` an HTML page."""
+    d = FIX / dump
+    r = cli("objective", d, "--json")
+    assert r.exit_code == 0, r.stderr
+    assert _close(json.loads(r.stdout)["loss"], _logged(dump, 1)["train/loss"])
+    assert "objective gives its last" in r.stderr and "train_data/1.pt" in r.stderr
+    trend = cli.json("trend", d)
+    assert [s["step"] for s in trend["steps"]] == [0, 1]
+    for s in trend["steps"]:
+        assert _close(s["loss"], _logged(dump, s["step"])["train/loss"])
+    r = cli("check", d, "--format", "json")
+    assert r.exit_code in (0, 1), r.stderr
+    checked = json.loads(r.stdout)
+    assert checked["run"]["steps_checked"] == 2
+    assert [v["step"] for v in checked["run"]["steps"]] == [0, 1]
+    html = tmp_path / "r.html"
+    r = cli("report", d, "--html", html)
+    assert r.exit_code == 0, r.stderr
+    assert html.stat().st_size > 1000
+
+
+def test_use_rollout_logprobs_is_read_from_args_json(cli: Any, tmp_path: Path) -> None:
+    """``use_rollout_logprobs`` in args.json: slime's old log-probs are the sampler's, so
+    the first step's ρ = exp(log_probs − rollout_log_probs); the loss and metrics are
+    slime's functions (proved above on slime's own use_rollout_logprobs case) on the
+    fixture's per-sample data, summed over the step's micro-batches over its rollouts."""
+    d = tmp_path / "dump"
+    for sub in ("train_data", "rollout_data"):
+        (d / sub).mkdir(parents=True)
+        for rid in (0, 1):
+            (d / sub / f"{rid}.pt").write_bytes(
+                (FIX / "slime_dump" / sub / f"{rid}.pt").read_bytes()
+            )
+    (d / "args.json").write_text(json.dumps({"use_rollout_logprobs": True}))
+    case = DUMPS["slime_dump/0"]
+    case = {**case, "args": {**case["args"], "use_rollout_logprobs": True}}
+    step = case["steps"][0]
+    sums: dict[str, float] = {}
+    for mb in step["micro_batches"]:
+        for k, v in _micro_batch(case, mb["positions"]).items():
+            sums[k] = sums.get(k, 0.0) + v
+    want = {k: v / step["global_batch_size"] for k, v in sums.items()}
+    doc = cli.json("objective", d / "train_data" / "0.pt")
+    got = doc["trainer_metrics"]["metrics"]
+    assert want["pg_clipfrac"] > 0 and abs(want["ppo_kl"]) > 1e-3  # ρ ≠ 1: not on-policy
+    for k in ("pg_loss", "pg_clipfrac", "ppo_kl"):
+        assert _close(got[f"train/{k}"], want[k]), (k, got[f"train/{k}"], want[k])
+    assert any("use_rollout_logprobs" in w and "rollout_log_probs" in w for w in doc["warnings"])
+    # slime's abs-diff metric is then over the training forward: said, not computed
+    assert "train/train_rollout_logprob_abs_diff" not in got
+
+
+def test_args_json_errors_name_args_json(cli: Any, tmp_path: Path) -> None:
+    d = tmp_path / "dump"
+    for sub in ("train_data", "rollout_data"):
+        (d / sub).mkdir(parents=True)
+        (d / sub / "0.pt").write_bytes((FIX / "slime_dump" / sub / "0.pt").read_bytes())
+    (d / "args.json").write_text(json.dumps({"eps_clip": "wide"}))
+    for cmd in ("check", "trend"):
+        cli.error([cmd, str(d)], "args.json: config key 'eps_clip' is 'wide'")
+    cli.error(["objective", str(d / "train_data" / "0.pt")], "args.json: config key 'eps_clip'")
+    (d / "args.json").write_text("[1]")
+    cli.error(["check", str(d)], "args.json: expected a JSON object of slime's options")
+    (d / "args.json").write_text(json.dumps({"use_kl_loss": True, "kl_loss_type": "k9"}))
+    cli.error(["check", str(d)], "args.json: config key 'kl_loss_type' is 'k9'")

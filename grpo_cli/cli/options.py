@@ -247,7 +247,7 @@ KLClampOpt = Annotated[
 TrainerOpt = Annotated[
     str | None,
     typer.Option(
-        metavar="[trl|verl|openrlhf]",
+        metavar="[" + "|".join(TRAINER_NAMES) + "]",
         rich_help_panel="Conventions",
         help=f"Also report the metrics this trainer logs ({', '.join(TRAINER_NAMES)}), under its "
         f"names; the {_trainer_presets()} presets name theirs.",

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .base import MetricInputs, Release, Trainer, with_loss_metrics
-from .config import Key, boolean, checked, choice, number, text
+from .config import Key, boolean, check_config, choice, number, text
 
 COMMIT = "624b824a898ab0ec1fcb4d373004c7f3852bf515"
 METRICS = (
@@ -162,11 +162,13 @@ def _kl(c: Mapping[str, Any], out: dict[str, Any], notes: list[str]) -> None:
 
 
 def _correction(c: Mapping[str, Any], out: dict[str, Any], notes: list[str]) -> None:
-    if c.get("use_rollout_logprobs"):
+    if c.get("use_rollout_logprobs"):  # the reader reads the sampler's as old_logp
         notes.append(
-            "args.json: use_rollout_logprobs: slime's old log-probs are the sampler's: pass "
-            "--column old_logp=rollout_log_probs"
+            "args.json: use_rollout_logprobs: train/train_rollout_logprob_abs_diff is then "
+            "slime's reducer of |logp − rollout_logp| over the training forward, not "
+            "recomputed"
         )
+        return
     if not (c.get("use_tis") or c.get("get_mismatch_metrics")):
         if c.get(HAS_ROLLOUT):  # slime logs |old − rollout| whenever it has the log-probs
             out["correction"], out["tis_kind"] = "slime-tis", "off"
@@ -195,6 +197,7 @@ def from_config(c: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     ``use_unbiased_kl``, ``use_tis`` / ``tis_clip`` / ``tis_clip_low`` /
     ``custom_tis_function_path`` (icepop), ``use_opsm`` / ``opsm_delta``; what is not
     computed is named in a note."""
+    check_config(CONFIG_KEYS, c, WHERE)
     out: dict[str, Any] = {}
     notes: list[str] = []
     _policy(c, out, notes)
@@ -205,6 +208,7 @@ def from_config(c: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     return out, notes
 
 
+WHERE = "args.json"  # the file beside a dump holding vars(args) (docs/trainers/slime.md)
 # Every slime option this module reads (argparse dest names), with its type and range
 CONFIG_KEYS: dict[str, Key] = {
     "advantage_estimator": text(null=True),
@@ -231,9 +235,11 @@ CONFIG_KEYS: dict[str, Key] = {
     HAS_ROLLOUT: boolean(),
 }
 
+from_config.keys = CONFIG_KEYS  # type: ignore[attr-defined]
+
 TRAINER = Trainer(
     name="slime",
     releases=RELEASES,
     presets={"slime": PRESET},
-    from_config=checked(CONFIG_KEYS, from_config),
+    from_config=from_config,
 )

@@ -21,6 +21,7 @@ from .npz import NpzReader
 from .parquet import ParquetReader
 from .prime_rl import LAYOUT as PRIME_RL_LAYOUT
 from .prime_rl import PrimeRLReader
+from .slime import LAYOUT as SLIME_LAYOUT
 from .slime import SlimeReader
 
 __all__ = [
@@ -45,6 +46,7 @@ READERS: tuple[type[Reader], ...] = (
 )
 
 register_layout(PRIME_RL_LAYOUT)  # prime-rl's output directory (token_exports/step_N)
+register_layout(SLIME_LAYOUT)  # slime's --dump-details directory (train_data/{id}.pt)
 
 
 def reader_for(p: InputPath) -> type[Reader] | None:

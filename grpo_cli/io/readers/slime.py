@@ -54,7 +54,7 @@ from ..bounded import loads, read_document
 from ..fields import ANSWER_FIELDS
 from ..lists import answer_table, raw_record_batch
 from ..paths import InputPath
-from ..run import RecordedRun
+from ..run import RecordedRun, RecordedStep
 from ..torch_pickle import load
 from .base import AnswerColumns, ReadColumns, Unit, token_columns
 
@@ -62,7 +62,7 @@ if TYPE_CHECKING:
     from ...batch import RawBatch
     from .base import Source
 
-__all__ = ["SlimeReader", "dump_files", "dump_run"]
+__all__ = ["LAYOUT", "SlimeReader", "SlimeRun", "SlimeStep", "dump_files", "dump_run"]
 
 TRAIN, ROLLOUT, ARGS = "train_data", "rollout_data", "args.json"
 _ID = re.compile(r"^(\d{1,18})\.pt$")
@@ -111,26 +111,95 @@ def _root(p: Path) -> Path | None:
     return p.parent.parent if _is_train_file(p) else None
 
 
-def dump_run(p: Path) -> RecordedRun | None:
+@dataclasses.dataclass(frozen=True)
+class SlimeRun(RecordedRun):
+    """A ``--dump-details`` directory as a recorded run: one step a rollout
+    (``train_data/{id}.pt``, in id order: each its first optimizer step), its settings
+    from ``args.json`` (slime's argparse defaults without one, said in a note)."""
+
+    @property
+    def config_file(self) -> str:
+        return ARGS if (self.root / ARGS).exists() else f"slime's defaults (no {ARGS})"
+
+    def steps(self) -> list[RecordedStep]:
+        files = dump_files(self.root) or []
+        return [SlimeStep(self, int(f.stem), f, (f,), True) for f in files]
+
+    def latest(self) -> RecordedStep | None:
+        """The last rollout (a command given the directory reads it, said in a note)."""
+        steps = self.steps()
+        return steps[-1] if steps else None
+
+
+@dataclasses.dataclass(frozen=True)
+class SlimeStep(RecordedStep):
+    """One rollout of a dump: its ``train_data/{id}.pt`` (``directory`` is the file:
+    torch.save writes one file, no marker)."""
+
+    marker: ClassVar[str] = f"{TRAIN}/{{id}}.pt"
+
+    def calls(self) -> dict[int, list[int]]:
+        return {0: [0]}
+
+    def require_done(self) -> None:
+        return None
+
+    def require_readable(self) -> None:
+        if not self.directory.is_file():
+            raise InputError(f"{self.directory}: not a file (slime writes one .pt a rollout)")
+
+
+def _has_rollout(train: Path) -> bool:
+    """Whether a train dump's samples hold the sampler's log-probs (slime's mismatch metric
+    is logged whenever they do)."""
+    got = load(train)
+    rows = got.get("samples") if isinstance(got, dict) else None
+    return isinstance(rows, list) and any(
+        isinstance(r, dict) and r.get("rollout_log_probs") is not None for r in rows
+    )
+
+
+def dump_run(p: Path, has_rollout: bool | None = None) -> SlimeRun | None:
     """slime's conventions for a dump (``p``: its directory, ``train_data/`` or a file):
     the trainer ``slime`` and the options of ``args.json`` beside ``train_data/`` (slime's
-    argparse defaults when there is none); None when ``p`` is no slime dump."""
+    argparse defaults when there is none), with whether the dump holds rollout log-probs
+    (``has_rollout``; None: read from ``p``'s first train file); None when ``p`` is no
+    slime dump."""
     root = _root(p)
     if root is None:
         return None
     args = root / ARGS
     config: dict[str, Any] = {}
     if args.exists():
-        got = loads(read_document(args, "args.json"), str(args))
+        got = loads(read_document(args, ARGS), str(args))
         if not isinstance(got, dict):
             raise InputError(
                 f"{args}: expected a JSON object of slime's options (vars(args)), found "
                 f"{type(got).__name__}"
             )
         config = got
+    if has_rollout is None:
+        files = [p] if p.is_file() else dump_files(root) or []
+        has_rollout = bool(files) and _has_rollout(files[0])
+    config = {**config, HAS_ROLLOUT: has_rollout}
     # the dump names no slime version: the one whose code was read (setup.py at COMMIT)
     meta = {"trainer": "slime", "trainer_version": VERSION, "config": config}
-    return RecordedRun(root, meta)
+    return SlimeRun(root, meta)
+
+
+class _Layout:
+    """slime's dump layout, for :func:`grpo_cli.io.run.find_run` (a step is a file, never
+    a directory: :func:`~grpo_cli.io.run.recorded_step` has none)."""
+
+    def find_run(self, d: Path) -> RecordedRun | None:
+        return dump_run(d) if d.is_dir() and (d / TRAIN).is_dir() else None
+
+    def recorded_step(self, d: Path) -> RecordedStep | None:
+        del d
+        return None
+
+
+LAYOUT = _Layout()
 
 
 def _field(d: Any, key: str, where: str, kinds: tuple[type, ...] | type) -> Any:
@@ -252,9 +321,10 @@ def _answer(
     return out
 
 
-def _table(path: Path) -> tuple[pa.Table, tuple[str, ...]]:
+def _table(path: Path, rollout_old: bool = False) -> tuple[pa.Table, tuple[str, ...]]:
     """The first optimizer step's training samples of one rollout, joined, as a table of
-    the module's columns, and the notes on what was left out."""
+    the module's columns, and the notes on what was left out; with ``rollout_old``
+    (``use_rollout_logprobs``) an ``old_logp`` column of the sampler's log-probs."""
     label = str(path)
     train = load(path)
     if not isinstance(train, dict):
@@ -295,6 +365,14 @@ def _table(path: Path) -> tuple[pa.Table, tuple[str, ...]]:
     for k, v in present.items():
         if any(x is None for x in v):
             raise InputError(f"{label}: field {k!r} is dumped for some samples only")
+    if rollout_old:
+        if "rollout_log_probs" not in present:
+            raise InputError(
+                f"{label}: {ARGS} sets use_rollout_logprobs (slime's old policy is the "
+                "sampler's) but the dump holds no rollout_log_probs: fix args.json, or give "
+                "the dump of the run that had them"
+            )
+        present["old_logp"] = present["rollout_log_probs"]
     table = pa.table({k: pa.array(v) for k, v in present.items()})
     notes = [
         f"{label}: rollout {rid}, its first optimizer step ({gbs} of {len(rollout)} samples, "
@@ -302,6 +380,18 @@ def _table(path: Path) -> tuple[pa.Table, tuple[str, ...]]:
         "step 0's forward equals)"
         + (f"; {_later(steps)} left out: the current log-probs are not dumped" if steps > 1 else "")
     ]
+    if "entropy" not in present:
+        notes.append(
+            f"{label}: no entropy dumped (slime dumps it with --use-rollout-entropy only): "
+            "train/entropy_loss, slime's reducer of the training forward's entropy, cannot "
+            "be recomputed"
+        )
+    if rollout_old:
+        notes.append(
+            f"{ARGS}: use_rollout_logprobs: old_logp is the dump's rollout_log_probs (slime's "
+            "old policy is the sampler's), logp its log_probs: ρ = exp(log_probs − "
+            "rollout_log_probs), as slime's first step computes it"
+        )
     return table, tuple(notes)
 
 
@@ -350,18 +440,16 @@ class SlimeReader:
                 f"step; give one {TRAIN}/{{id}}.pt, or grpo-cli trend {root}"
             )
         p = Path(str(paths[0]))
-        table, notes = _table(p)
-        run = dump_run(p)
-        if run is not None and not run.config:
+        args = dump_run(p, has_rollout=False)
+        rollout_old = args is not None and args.config.get("use_rollout_logprobs") is True
+        table, notes = _table(p, rollout_old)
+        run = dump_run(p, "rollout_log_probs" in table.column_names)
+        if run is not None and not (run.root / ARGS).exists():
             notes = (
                 *notes,
                 f"no {ARGS} in {run.root}: slime's argparse defaults ({COMMIT}) hold; write "
                 "one with the run's options (docs/trainers/slime.md)",
             )
-        if run is not None:
-            has = "rollout_log_probs" in table.column_names
-            config = {**run.config, HAS_ROLLOUT: has}
-            run = RecordedRun(run.root, {**run.meta, "config": config})
         return cls(tuple(paths), table, notes, run)
 
     def names(self) -> list[str]:
