@@ -114,3 +114,16 @@ def test_the_output_directory_is_a_run_for_every_command(cli: Cli, tmp_path: Pat
     html = tmp_path / "r.html"
     assert cli("report", run, "--html", html).exit_code == 0
     assert html.stat().st_size > 1000
+
+
+def test_one_step_directory_for_check_and_trend(cli: Cli) -> None:
+    step = RUN / "token_exports" / "step_1"
+    r = cli("check", step, "--format", "json")
+    doc = json.loads(r.stdout)
+    assert "run" not in doc
+    logged = next(x for x in doc["results"] if x["rule"] == "logged-metrics")
+    assert logged["status"] == "pass", logged
+    trend = cli.json("trend", step)
+    assert [s["step"] for s in trend["steps"]] == [1]
+    want = sum(mb["loss"] for mb in DEFAULT["steps"][0]["micro_batches"])
+    assert trend["steps"][0]["loss"] == pytest.approx(want, rel=1e-5, abs=1e-7)

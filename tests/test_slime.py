@@ -274,3 +274,20 @@ def test_args_json_errors_name_args_json(cli: Any, tmp_path: Path) -> None:
     cli.error(["check", str(d)], "args.json: expected a JSON object of slime's options")
     (d / "args.json").write_text(json.dumps({"use_kl_loss": True, "kl_loss_type": "k9"}))
     cli.error(["check", str(d)], "args.json: config key 'kl_loss_type' is 'k9'")
+
+
+def test_one_train_file_for_check_trend_and_report(cli: Any, tmp_path: Path) -> None:
+    """One ``train_data/{id}.pt``: check judges it (its args.json's settings), trend is one
+    step with slime's loss, report writes its page."""
+    # rollout 0 (rollout 1's crafted sampler has a log-prob > 0: check's integrity rule
+    # fails it, and then computes no objective)
+    f = FIX / "slime_dump_tis" / "train_data" / "0.pt"
+    r = cli("check", f, "--format", "json")
+    assert r.exit_code in (0, 1), r.stderr
+    doc = json.loads(r.stdout)
+    assert "run" not in doc and doc["settings"]["from"] == "args.json"
+    assert _close(doc["objective"]["loss"], _logged("slime_dump_tis", 0)["train/loss"])
+    trend = cli.json("trend", f)
+    assert [s["step"] for s in trend["steps"]] == [0]
+    assert _close(trend["steps"][0]["loss"], _logged("slime_dump_tis", 0)["train/loss"])
+    assert cli("report", f, "--html", tmp_path / "r.html").exit_code == 0
