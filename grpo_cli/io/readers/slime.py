@@ -34,8 +34,12 @@ tokens (one sample a rollout: slime's default), which makes slime's loss grpo-cl
 seq-mean-token-mean; samples sharing a rollout id are refused, naming it.
 
 Conventions: ``args.json`` beside ``train_data/`` (``vars(args)`` under slime's option
-names), else slime's argparse defaults, said in a note (:func:`dump_run`). Memory: one
-rollout's two files at a time.
+names), else slime's argparse defaults, said in a note (:func:`dump_run`); with its
+``use_rollout_logprobs`` the old policy is the sampler's: ``rollout_log_probs`` is also
+read as ``old_logp`` (ρ = exp(log_probs − rollout_log_probs), slime's first step). The
+dump directory is a recorded run (:class:`SlimeRun`, registered as a layout): ``objective``
+reads its last rollout, ``check`` and ``trend`` every rollout. Memory: one rollout's two
+files at a time.
 """
 
 from __future__ import annotations
