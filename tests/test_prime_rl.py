@@ -127,3 +127,19 @@ def test_one_step_directory_for_check_and_trend(cli: Cli) -> None:
     assert [s["step"] for s in trend["steps"]] == [1]
     want = sum(mb["loss"] for mb in DEFAULT["steps"][0]["micro_batches"])
     assert trend["steps"][0]["loss"] == pytest.approx(want, rel=1e-5, abs=1e-7)
+
+
+def test_an_unexported_sequence_is_said_not_guessed(cli: Cli, tmp_path: Path) -> None:
+    """A packed sequence with no loss token is not exported, yet prime-rl's compute_loss
+    gives it per-sample metrics of 0: a gap in micro_sequence_idx is named in a note."""
+    run = tmp_path / "outputs"
+    shutil.copytree(RUN, run)
+    f = run / "token_exports" / "step_1" / "rank_0.jsonl"
+    recs = [json.loads(x) for x in f.read_text().splitlines()]
+    last = max(i for i, r in enumerate(recs) if r["micro_step"] == 0)
+    recs[last]["micro_sequence_idx"] += 1  # one sequence before it left no record
+    f.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in recs))
+    doc = cli.json("objective", run / "token_exports" / "step_1")
+    assert any("1 packed sequence(s) without a loss token" in w for w in doc["warnings"])
+    plain = cli.json("objective", RUN / "token_exports" / "step_1")
+    assert not any("packed sequence" in w for w in plain["warnings"])

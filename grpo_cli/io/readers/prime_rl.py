@@ -503,7 +503,7 @@ def _read_step(stamp: tuple[tuple[str, int, int], ...]) -> Step:
     step = step_of_dir(d)
     assert step is not None
     records: list[_Record] = []
-    batches: set[tuple[int, int]] = set()
+    batches: dict[tuple[int, int], set[int]] = {}  # (rank, micro_step) -> its sequences
     weighted = 0
     per_file = []
     for p in files:
@@ -513,7 +513,9 @@ def _read_step(stamp: tuple[tuple[str, int, int], ...]) -> Step:
             rec = loads(line, str(p), n)
             r = _record(rec, where, step)
             records.append(r)
-            batches.add((rec["rank"], rec["micro_step"]))
+            seq = rec.get("micro_sequence_idx")
+            got = batches.setdefault((rec["rank"], rec["micro_step"]), set())
+            got.add(seq if isinstance(seq, int) and not isinstance(seq, bool) else -1 - len(got))
             weighted += r.weighted
     if not records:
         raise InputError(f"{d}: no token record in its rank files (a STABLE step exports every "
@@ -529,7 +531,15 @@ def _read_step(stamp: tuple[tuple[str, int, int], ...]) -> Step:
     micro_batches = sum(k + 1 for k in ranks.values())
     if micro_batches > len(batches):
         notes.append(f"{micro_batches - len(batches)} micro-batch(es) exported no sequence "
-                     "(prime-rl's dummy micro-batches); counted for loss/mean")  # fmt: skip
+                     "(prime-rl's dummy micro-batches); counted for loss/mean; their "
+                     "sequences also add 0s to prime-rl's per-sample /mean metrics, in a "
+                     "number the export does not show")  # fmt: skip
+    hidden = sum(max(seqs) + 1 - len(seqs) for seqs in batches.values() if min(seqs) >= 0)
+    if hidden:  # a gap in micro_sequence_idx: a packed sequence without a loss token
+        notes.append(f"{hidden} packed sequence(s) without a loss token were not exported "
+                     "(gaps in micro_sequence_idx): prime-rl's per-sample /mean metrics "
+                     "(is_masked*, masked_*, *_mismatch_kl) count each as a 0, so its logged "
+                     "means are below these, which are over the exported samples")  # fmt: skip
     table = _table(records, groups, rewards)
     return Step(table, micro_batches, tuple(notes), bool(groups), counts)
 
