@@ -174,7 +174,7 @@ def test_gspo_fixture_ran_at_the_default_clip() -> None:
 # Every metric slime logged at each dumped rollout's first step (its own
 # reduce_train_step_metrics, fixtures' "dumps"), but train/entropy_loss: the training
 # forward's entropy is dumped only with --use-rollout-entropy (said in a note).
-NOT_IN_A_DUMP = {"train/entropy_loss"}
+NOT_IN_A_DUMP = {"entropy_loss"}
 
 
 def _logged(dump: str, rid: int) -> dict[str, float]:
@@ -192,11 +192,11 @@ def test_a_dump_file_gives_slime_s_loss_and_metrics_with_no_flag(cli: Any, dump:
     for rid in (0, 1):
         doc = cli.json("objective", FIX / dump / "train_data" / f"{rid}.pt")
         logged = _logged(dump, rid)
-        got = doc["trainer_metrics"]["metrics"]
+        got = doc["trainer_metrics"]["metrics"]  # slime's keys less its "train/" prefix
         assert doc["trainer_metrics"]["trainer"] == "slime"
-        assert set(got) == set(logged) - NOT_IN_A_DUMP, (dump, rid)
+        assert set(got) == {k.removeprefix("train/") for k in logged} - NOT_IN_A_DUMP
         for k, v in got.items():
-            assert _close(v, logged[k]), (dump, rid, k, v, logged[k])
+            assert _close(v, logged[f"train/{k}"]), (dump, rid, k, v, logged[f"train/{k}"])
         assert _close(doc["loss"], logged["train/loss"])
         assert any("train/entropy_loss" in w and "--use-rollout-entropy" in w
                    for w in doc["warnings"])  # fmt: skip
@@ -255,10 +255,10 @@ def test_use_rollout_logprobs_is_read_from_args_json(cli: Any, tmp_path: Path) -
     got = doc["trainer_metrics"]["metrics"]
     assert want["pg_clipfrac"] > 0 and abs(want["ppo_kl"]) > 1e-3  # ρ ≠ 1: not on-policy
     for k in ("pg_loss", "pg_clipfrac", "ppo_kl"):
-        assert _close(got[f"train/{k}"], want[k]), (k, got[f"train/{k}"], want[k])
+        assert _close(got[k], want[k]), (k, got[k], want[k])
     assert any("use_rollout_logprobs" in w and "rollout_log_probs" in w for w in doc["warnings"])
     # slime's abs-diff metric is then over the training forward: said, not computed
-    assert "train/train_rollout_logprob_abs_diff" not in got
+    assert "train_rollout_logprob_abs_diff" not in got
 
 
 def test_args_json_errors_name_args_json(cli: Any, tmp_path: Path) -> None:
@@ -291,3 +291,16 @@ def test_one_train_file_for_check_trend_and_report(cli: Any, tmp_path: Path) -> 
     assert [s["step"] for s in trend["steps"]] == [0]
     assert _close(trend["steps"][0]["loss"], _logged("slime_dump_tis", 0)["train/loss"])
     assert cli("report", f, "--html", tmp_path / "r.html").exit_code == 0
+
+
+def test_logged_train_metrics_are_compared(cli: Any, tmp_path: Path) -> None:
+    """``--logged`` with slime's own logged values under its own keys (``train/pg_loss``,
+    ...): every recomputed one matches, ``train/entropy_loss`` is not recomputed."""
+    logged = _logged("slime_dump_tis", 0)
+    f = tmp_path / "logged.json"
+    f.write_text(json.dumps({"step": 0, **logged}))
+    doc = cli.json("objective", FIX / "slime_dump_tis" / "train_data" / "0.pt", "--logged", f)
+    rows = {m["metric"]: m for m in doc["logged"]["metrics"]}
+    assert set(rows) == {k.removeprefix("train/") for k in logged}
+    assert {k for k, m in rows.items() if m["verdict"] == "match"} == set(rows) - NOT_IN_A_DUMP
+    assert rows["entropy_loss"]["verdict"] == "not recomputed"

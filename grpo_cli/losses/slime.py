@@ -262,8 +262,8 @@ class ClipParams(Params):
 def _clip_metrics(p: Params) -> tuple[Metric, ...]:
     u = _unit(p)
     return (
-        Metric("train/pg_clipfrac", "clipped", u, "tokens whose clipped loss is the larger"),
-        Metric("train/ppo_kl", "ppo_kl", u, "old_logp − logp"),
+        Metric("pg_clipfrac", "clipped", u, "tokens whose clipped loss is the larger"),
+        Metric("ppo_kl", "ppo_kl", u, "old_logp − logp"),
     )
 
 
@@ -286,8 +286,8 @@ def _cispo(c: LossCall) -> PolicyTerms:
 def _cispo_metrics(p: Params) -> tuple[Metric, ...]:
     u = _unit(p)
     return (
-        Metric("train/pg_clipfrac", "clipped", u, "tokens whose weight differs from ρ"),
-        Metric("train/ppo_kl", "ppo_kl", u, "old_logp − logp"),
+        Metric("pg_clipfrac", "clipped", u, "tokens whose weight differs from ρ"),
+        Metric("ppo_kl", "ppo_kl", u, "old_logp − logp"),
     )
 
 
@@ -340,12 +340,12 @@ LOSSES = (
     Loss("slime/ppo_eps_clip", _ppo,
          "slime's PPO clip (eps_clip, eps_clip_high, the dual clip eps_clip_c; GSPO's "
          "sequence ratio at --ratio-level sequence)",
-         params=ClipParams, metrics=_clip_metrics, clip=("train/pg_clipfrac",)),
+         params=ClipParams, metrics=_clip_metrics, clip=("pg_clipfrac",)),
     Loss("slime/cispo", _cispo,
          "slime's CISPO (the ratio clipped to [1 − eps_clip, 1 + eps_clip_high], detached, "
          "times A·logp)",
          params=ClipParams, token_ratio=True, metrics=_cispo_metrics,
-         clip=("train/pg_clipfrac",)),
+         clip=("pg_clipfrac",)),
 )  # fmt: skip
 CORRECTIONS = (
     CorrectionRow(

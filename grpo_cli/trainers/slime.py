@@ -11,6 +11,9 @@ step's micro-batches and DP ranks and divided by ``global_batch_size`` — with 
 rollout (``D_i`` its own loss tokens) grpo-cli's ``seq-mean-token-mean`` over the step's
 samples; with ``--calculate-per-token-loss`` ``Σ x / Σ max(Σ_t m, 1)``, its token-mean.
 ``train/loss = pg_loss − entropy_coef·entropy_loss + kl_loss_coef·kl_loss``.
+
+Metric names are slime's log keys without the ``train/`` prefix slime logs them under
+(``train/pg_loss`` is ``pg_loss``): ``--logged`` drops that prefix, as a logger's.
 """
 
 from __future__ import annotations
@@ -23,23 +26,21 @@ from .config import Key, boolean, check_config, choice, number, text
 
 COMMIT = "624b824a898ab0ec1fcb4d373004c7f3852bf515"
 METRICS = (
-    "train/loss",
-    "train/pg_loss",
-    "train/pg_clipfrac",
-    "train/ppo_kl",
-    "train/kl_loss",
-    "train/entropy_loss",
-    "train/train_rollout_logprob_abs_diff",
-    "train/tis",
-    "train/tis_clipfrac",
-    "train/tis_abs",
-    "train/ois",
+    "loss",
+    "pg_loss",
+    "pg_clipfrac",
+    "ppo_kl",
+    "kl_loss",
+    "entropy_loss",
+    "train_rollout_logprob_abs_diff",
+    "tis",
+    "tis_clipfrac",
+    "tis_abs",
+    "ois",
 )
-_LOSS_METRICS = ("train/pg_clipfrac", "train/ppo_kl")
-_RENAMED = ("train_rollout_logprob_abs_diff", "tis", "tis_clipfrac", "tis_abs")
 
 MISSING = {
-    "train/entropy_loss": (
+    "entropy_loss": (
         "slime's reducer of the training forward's entropy: the dump holds an entropy only "
         "with --use-rollout-entropy, and slime's per-sample mean of it (seq-mean) is not one "
         "of the fold's sums: given with --calculate-per-token-loss only"
@@ -50,26 +51,23 @@ MISSING = {
 def metrics(m: MetricInputs) -> dict[str, float | None]:
     """slime 624b824a's ``train/*`` of one optimizer step (module docstring): the loss
     row's ``pg_clipfrac`` and ``ppo_kl``, the KL loss with ``--use-kl-loss`` (β ≠ 0), the
-    ``slime-tis`` correction's mismatch and TIS metrics under their logged names, ``ois`` =
+    ``slime-tis`` correction's mismatch and TIS metrics, ``ois`` =
     the reducer of ρ (1 on-policy: a dump's first step)."""
     s, acc = m.settings, m.acc
     per_token = s.agg == "token-mean"
     pg = -m.policy_term
-    out: dict[str, float | None] = {"train/pg_loss": pg}
+    out: dict[str, float | None] = {"pg_loss": pg}
     kl = acc.aggregate("kl", s.kl_aggregation) if s.beta != 0.0 else None
     if kl is not None:
-        out["train/kl_loss"] = kl
+        out["kl_loss"] = kl
     ent = acc.entropy
     has_entropy = getattr(ent, "n", 0) > 0
-    out["train/entropy_loss"] = ent.mean if (per_token and has_entropy) else None
+    out["entropy_loss"] = ent.mean if (per_token and has_entropy) else None
     out = with_loss_metrics(out, m, ())
-    for name in _RENAMED:
-        if name in out:
-            out["train/" + name] = out.pop(name)
     lr = acc.log_ratios
-    if "train/tis" in out and lr.delta == 0.0 and acc.tokens:  # every ρ = 1: on-policy
-        out["train/ois"] = 1.0
-    out["train/loss"] = pg + (s.beta * kl if kl is not None else 0.0)
+    if "tis" in out and lr.delta == 0.0 and acc.tokens:  # every ρ = 1: on-policy
+        out["ois"] = 1.0
+    out["loss"] = pg + (s.beta * kl if kl is not None else 0.0)
     return {k: out[k] for k in (*METRICS, *out) if k in out}
 
 
