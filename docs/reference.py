@@ -343,6 +343,34 @@ def cli() -> str:
     return "\n\n".join(parts)
 
 
+# ------------------------------------------------------------------ the version
+def _version() -> str:
+    from grpo_cli._version import __version__
+
+    return __version__
+
+
+def version_example() -> str:
+    """What ``grpo-cli --version`` prints, with the version of ``grpo_cli/_version.py`` (the
+    one place it is written) and the kernel an x86-64 machine with AVX2 runs."""
+    return f"```console\n$ grpo-cli --version\ngrpo-cli {_version()} (token kernel: c+avx2)\n```"
+
+
+def pre_commit_config() -> str:
+    """A ``.pre-commit-config.yaml`` using the hook, at this version's tag."""
+    return "\n".join((
+        "```yaml",
+        "repos:",
+        "  - repo: https://github.com/grpo-cli/grpo-cli",
+        f"    rev: v{_version()}",
+        "    hooks:",
+        "      - id: grpo-check",
+        "        files: ^rollouts/.*\\.parquet$",
+        "        # args: [--rule, kl-mean.fail=0.5]",
+        "```",
+    ))  # fmt: skip
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "check-rules": check_rules,
     "trend-rules": trend_rules,
@@ -350,6 +378,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "releases": releases,
     "losses": losses,
     "cli": cli,
+    "version": version_example,
+    "pre-commit-config": pre_commit_config,
 }
 
 
