@@ -343,6 +343,54 @@ def cli() -> str:
     return "\n\n".join(parts)
 
 
+# ------------------------------------------------------------------ the gate's metrics
+def gate_metrics() -> str:
+    """What the in-training gate logs into the trainer's metrics
+    (grpo_cli.integrations._gate.KEYS, its words included)."""
+    from grpo_cli.integrations._gate import KEYS
+
+    return _table(("key", "value"), ((f"`{k}`", v) for k, v in KEYS.items()))
+
+
+# ------------------------------------------------------------------ limits on JSON inputs
+# Why each limit of grpo_cli/io/bounded.py is there (the values are read from it).
+JSON_LIMITS = {
+    "MAX_DEPTH": (
+        "nesting",
+        "pyarrow's JSON parser recurses per level (20,000 levels: SIGSEGV), Python's raises; "
+        "grpo-cli's formats nest 3",
+    ),
+    "MAX_LINE": (
+        "a JSONL / NeMo-RL line",
+        "the text of one answer is parsed whole with its arrays: memory",
+    ),
+    "MAX_DOCUMENT": (
+        "a document or line read into Python objects",
+        "`meta.json`, a metrics line, `trainer_state.json`: Python objects take ~10× their text",
+    ),
+}
+
+
+def json_limits() -> str:
+    """The bounds every JSON input passes (grpo_cli.io.bounded's ``MAX_*``), and the file
+    kind it accepts."""
+    from grpo_cli.io import bounded
+
+    limits = [n for n in bounded.__all__ if n.startswith("MAX_")]
+    _same_keys("limits (grpo_cli/io/bounded.py MAX_*)", limits, JSON_LIMITS)
+    rows = []
+    for name in JSON_LIMITS:
+        what, why = JSON_LIMITS[name]
+        n = getattr(bounded, name)
+        value = f"{n} levels" if name == "MAX_DEPTH" else bounded.mib(n)
+        rows.append((what, f"{value} (`{name}`)", why))
+    rows.append((
+        "the file", "a regular file", "a FIFO would block, `/dev/zero` never ends: `--logged "
+        "/dev/zero` is `a device, not a regular file`, at once",
+    ))  # fmt: skip
+    return _table(("limit", "value", "why"), rows)
+
+
 # ------------------------------------------------------------------ the version
 def _version() -> str:
     from grpo_cli._version import __version__
@@ -378,6 +426,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "releases": releases,
     "losses": losses,
     "cli": cli,
+    "gate-metrics": gate_metrics,
+    "json-limits": json_limits,
     "version": version_example,
     "pre-commit-config": pre_commit_config,
 }
