@@ -391,6 +391,42 @@ def json_limits() -> str:
     return _table(("limit", "value", "why"), rows)
 
 
+# ------------------------------------------------------------------ quantile histograms
+def _e(x: float, keep: bool = False) -> str:
+    """``1e-4`` for 0.0001 (no padded exponent; ``keep``: ``5.0e-5``, its digit kept)."""
+    m, e = f"{x:.1e}".split("e")
+    return f"{m if keep else m.rstrip('0').rstrip('.')}e{int(e)}"
+
+
+def _range(lo: float, hi: float) -> str:
+    return f"[{lo:g}, {hi:g})".replace("-", "−")
+
+
+def histograms() -> str:
+    """The fixed histograms behind streamed quantiles (grpo_cli/fold/parts.py's ``*_BINS``)
+    and the largest error of a quantile read from each: half a bin."""
+    import math
+
+    from grpo_cli.fold.parts import ANSWER_BINS, ENTROPY_BINS, LOG_RATIO_BINS
+
+    def bins(lo: float, hi: float, n: int) -> tuple[str, float]:
+        return f"{n:,} bins of width {_e((hi - lo) / n)} on {_range(lo, hi)}", (hi - lo) / n / 2
+
+    ratio, h = bins(*LOG_RATIO_BINS)
+    answer, ha = bins(*ANSWER_BINS)
+    entropy, he = bins(*ENTROPY_BINS)
+    rows = [
+        ("ratio ρ", f"log-ratio Δ in {ratio}",
+         f"relative: |ρ̂/ρ − 1| ≤ e^({_e(h)}) − 1 ≈ {_e(math.expm1(h), keep=True)}"),
+        ("per-token KL", "d = ref_logp − logp, same bins; KL = f(d)",
+         f"|f(d ± {_e(h)}) − f(d)|: for k3 about {_e(h)}·|e^d − 1|"),
+        ("per-answer mean KL", answer, f"absolute {_e(ha)}"),
+        ("per-token entropy", entropy, f"absolute {_e(he)}"),
+        ("lengths", "exact integer counts", "exact"),
+    ]  # fmt: skip
+    return _table(("distribution", "histogram", "maximum error of a reported quantile"), rows)
+
+
 # ------------------------------------------------------------------ the version
 def _version() -> str:
     from grpo_cli._version import __version__
@@ -428,6 +464,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "cli": cli,
     "gate-metrics": gate_metrics,
     "json-limits": json_limits,
+    "histograms": histograms,
     "version": version_example,
     "pre-commit-config": pre_commit_config,
 }
