@@ -191,6 +191,12 @@ def trend_rules() -> str:
 # ------------------------------------------------------------------ presets
 # The trainer configuration each preset of grpo_cli.trainers.presets.PRESETS mirrors.
 PRESET_MIRRORS = {
+    "slime": "slime's defaults: GRPO advantages with torch's unbiased std + 1e-6, the PPO clip "
+    "0.2 on both sides (no dual clip), `--use-kl-loss` off (`--kl-loss-type k1`, "
+    "`--kl-loss-coef 0`)",
+    "prime_rl": "prime-rl's `DefaultLossConfig` (commit 559b4477): the DPPO-Binary-TV loss and "
+    "its KL term, a token mean over the whole step, no reference policy",
+    "prime-rl": "the same as `prime_rl` (prime-rl's own spelling)",
     "deepseekmath": "the DeepSeekMath paper (Shao et al. 2024): the defaults",
     "trl": 'TRL `GRPOConfig` defaults: `scale_rewards="group"`, `loss_type="dapo"`, '
     "`beta=0.0`, `epsilon=0.2`, `use_bias_correction_kl=True`",
@@ -346,6 +352,118 @@ def cli() -> str:
     return "\n\n".join(parts)
 
 
+# ------------------------------------------------------------------ the gate's metrics
+def gate_metrics() -> str:
+    """What the in-training gate logs into the trainer's metrics
+    (grpo_cli.integrations._gate.KEYS, its words included)."""
+    from grpo_cli.integrations._gate import KEYS
+
+    return _table(("key", "value"), ((f"`{k}`", v) for k, v in KEYS.items()))
+
+
+# ------------------------------------------------------------------ limits on JSON inputs
+# Why each limit of grpo_cli/io/bounded.py is there (the values are read from it).
+JSON_LIMITS = {
+    "MAX_DEPTH": (
+        "nesting",
+        "pyarrow's JSON parser recurses per level (20,000 levels: SIGSEGV), Python's raises; "
+        "grpo-cli's formats nest 3",
+    ),
+    "MAX_LINE": (
+        "a JSONL / NeMo-RL line",
+        "the text of one answer is parsed whole with its arrays: memory",
+    ),
+    "MAX_DOCUMENT": (
+        "a document or line read into Python objects",
+        "`meta.json`, a metrics line, `trainer_state.json`: Python objects take ~10× their text",
+    ),
+}
+
+
+def json_limits() -> str:
+    """The bounds every JSON input passes (grpo_cli.io.bounded's ``MAX_*``), and the file
+    kind it accepts."""
+    from grpo_cli.io import bounded
+
+    limits = [n for n in bounded.__all__ if n.startswith("MAX_")]
+    _same_keys("limits (grpo_cli/io/bounded.py MAX_*)", limits, JSON_LIMITS)
+    rows = []
+    for name in JSON_LIMITS:
+        what, why = JSON_LIMITS[name]
+        n = getattr(bounded, name)
+        value = f"{n} levels" if name == "MAX_DEPTH" else bounded.mib(n)
+        rows.append((what, f"{value} (`{name}`)", why))
+    rows.append((
+        "the file", "a regular file", "a FIFO would block, `/dev/zero` never ends: `--logged "
+        "/dev/zero` is `a device, not a regular file`, at once",
+    ))  # fmt: skip
+    return _table(("limit", "value", "why"), rows)
+
+
+# ------------------------------------------------------------------ quantile histograms
+def _e(x: float, keep: bool = False) -> str:
+    """``1e-4`` for 0.0001 (no padded exponent; ``keep``: ``5.0e-5``, its digit kept)."""
+    m, e = f"{x:.1e}".split("e")
+    return f"{m if keep else m.rstrip('0').rstrip('.')}e{int(e)}"
+
+
+def _range(lo: float, hi: float) -> str:
+    return f"[{lo:g}, {hi:g})".replace("-", "−")
+
+
+def histograms() -> str:
+    """The fixed histograms behind streamed quantiles (grpo_cli/fold/parts.py's ``*_BINS``)
+    and the largest error of a quantile read from each: half a bin."""
+    import math
+
+    from grpo_cli.fold.parts import ANSWER_BINS, ENTROPY_BINS, LOG_RATIO_BINS
+
+    def bins(lo: float, hi: float, n: int) -> tuple[str, float]:
+        return f"{n:,} bins of width {_e((hi - lo) / n)} on {_range(lo, hi)}", (hi - lo) / n / 2
+
+    ratio, h = bins(*LOG_RATIO_BINS)
+    answer, ha = bins(*ANSWER_BINS)
+    entropy, he = bins(*ENTROPY_BINS)
+    rows = [
+        ("ratio ρ", f"log-ratio Δ in {ratio}",
+         f"relative: |ρ̂/ρ − 1| ≤ e^({_e(h)}) − 1 ≈ {_e(math.expm1(h), keep=True)}"),
+        ("per-token KL", "d = ref_logp − logp, same bins; KL = f(d)",
+         f"|f(d ± {_e(h)}) − f(d)|: for k3 about {_e(h)}·|e^d − 1|"),
+        ("per-answer mean KL", answer, f"absolute {_e(ha)}"),
+        ("per-token entropy", entropy, f"absolute {_e(he)}"),
+        ("lengths", "exact integer counts", "exact"),
+    ]  # fmt: skip
+    return _table(("distribution", "histogram", "maximum error of a reported quantile"), rows)
+
+
+# ------------------------------------------------------------------ the version
+def _version() -> str:
+    from grpo_cli._version import __version__
+
+    return __version__
+
+
+def version_example() -> str:
+    """What ``grpo-cli --version`` prints, with the version of ``grpo_cli/_version.py`` (the
+    one place it is written) and the kernel an x86-64 machine with AVX2 runs."""
+    return f"```console\n$ grpo-cli --version\ngrpo-cli {_version()} (token kernel: c+avx2)\n```"
+
+
+def pre_commit_config() -> str:
+    """A ``.pre-commit-config.yaml`` using the hook, at this version's tag."""
+    return "\n".join((
+        "```yaml",
+        "repos:",
+        "  - repo: https://github.com/grpo-cli/grpo-cli",
+        f"    rev: v{_version()}",
+        "    hooks:",
+        "      - id: grpo-check",
+        "        files: ^rollouts/.*\\.parquet$",
+        "        # args: [--rule, kl-mean.fail=0.5]",
+        "```",
+    ))  # fmt: skip
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "check-rules": check_rules,
     "trend-rules": trend_rules,
@@ -353,6 +471,11 @@ TABLES: dict[str, Callable[[], str]] = {
     "releases": releases,
     "losses": losses,
     "cli": cli,
+    "gate-metrics": gate_metrics,
+    "json-limits": json_limits,
+    "histograms": histograms,
+    "version": version_example,
+    "pre-commit-config": pre_commit_config,
 }
 
 

@@ -181,6 +181,44 @@ def test_cli_reference_is_every_commands_help() -> None:
         assert option in objective
 
 
+def test_gate_metrics_table_is_the_gates_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    from grpo_cli.integrations import _gate
+
+    table = ref.gate_metrics()
+    assert re.findall(r"^\| `(grpo_cli/\w+)`", table, re.M) == list(_gate.KEYS)
+    assert _row(table, "`grpo_cli/ratio_p99`")[1] == _gate.KEYS["grpo_cli/ratio_p99"]
+    monkeypatch.setattr(_gate, "KEYS", {**_gate.KEYS, "grpo_cli/new_key": "a new number"})
+    page = ref.expand((DOCS / "recording.md").read_text())
+    assert "| `grpo_cli/new_key` | a new number |" in page
+
+
+def test_json_limits_table_is_bounded_py(monkeypatch: pytest.MonkeyPatch) -> None:
+    from grpo_cli.io import bounded
+
+    table = ref.json_limits()
+    assert _row(table, "nesting")[1] == f"{bounded.MAX_DEPTH} levels (`MAX_DEPTH`)"
+    line = _row(table, "a JSONL / NeMo-RL line")[1]
+    assert line == f"{bounded.MAX_LINE / 2**20:g} MiB (`MAX_LINE`)"
+    monkeypatch.setattr(bounded, "MAX_LINE", 3 << 19)
+    page = ref.expand((DOCS / "formats.md").read_text())
+    assert "| a JSONL / NeMo-RL line | 1.5 MiB (`MAX_LINE`) |" in page
+
+
+def test_histograms_table_is_the_bins_of_the_fold(monkeypatch: pytest.MonkeyPatch) -> None:
+    from grpo_cli.fold import parts
+
+    table = ref.histograms()
+    lo, hi, n = parts.LOG_RATIO_BINS
+    assert f"{n:,} bins of width 1e-4 on [−20, 20)" in _row(table, "ratio ρ")[1]
+    assert (hi - lo) / n == pytest.approx(1e-4, rel=1e-12)  # what the page says
+    # half a bin of log-ratio is a relative error e^(w/2) - 1 of the ratio
+    assert "≈ 5.0e-5" in _row(table, "ratio ρ")[2]
+    assert _row(table, "per-answer mean KL")[2] == "absolute 5e-5"
+    monkeypatch.setattr(parts, "ENTROPY_BINS", (0.0, 10.0, 50_000))
+    page = ref.expand((DOCS / "scale.md").read_text())
+    assert "| per-token entropy | 50,000 bins of width 2e-4 on [0, 10) | absolute 1e-4 |" in page
+
+
 # ------------------------------------------------------------------ the site
 def test_every_page_is_in_the_nav_and_every_nav_entry_exists() -> None:
     config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
