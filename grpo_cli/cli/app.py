@@ -67,7 +67,7 @@ from .options import (
     plain_coercion,
 )
 from .progress import progress_bar, steps_bar
-from .runs import check_a_run, last_step, run_root
+from .runs import check_a_run, last_step, report_run, run_html, run_root, write_page
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -611,7 +611,11 @@ def check(
 def _write_run_html(
     run: RecordedRun | None, settings: Any, engine: Any, path: Path, check: Any
 ) -> None:
-    raise UsageError("--report-html of a recorded run: give one step of the run")
+    """``check RUN --report-html``: the run's page of the steps checked."""
+    assert run is not None
+    text, notes = run_html(run, settings, engine, check, False)
+    _notes(notes)
+    write_page(path, text)
 
 
 def _write_html(
@@ -675,6 +679,10 @@ def report(
     with _errors():
         if top < 1:
             raise UsageError(f"--top: expected a positive number of answers, got {top}")
+        if (run := run_root(files)) is not None:  # a recorded run: check RUN, its page
+            text, notes = report_run(run, *conventions.for_run(run), inp.engine_options(), progress)
+            _notes(notes)
+            return write_page(html, text)
         src, settings = inp.open()
         _notes(src.notes)
         eng = inp.engine_options()
