@@ -41,7 +41,7 @@ from ..io import open_source
 from ..io.fields import TOKEN_VALUES
 from ..settings import Settings
 from .answers import GradientWeights, answer_stats, gradient_weights
-from .share import PROMPT_COLUMNS, TEXT_COLUMNS, TOKEN_COLUMNS, _row_values
+from .share import PROMPT_COLUMNS, TEXT_COLUMNS, TOKEN_COLUMNS
 
 if TYPE_CHECKING:
     from ..io import Source
@@ -84,7 +84,26 @@ def _r(x: float | None, digits: int = 4) -> float | None:
 
 
 def _rl(a: F64 | None, digits: int = 4) -> list[float | None] | None:
-    return None if a is None else [_r(float(v), digits) for v in a.tolist()]
+    """:func:`_r` of each value, vectorised: ``x`` rounded at its own ``digits``-th
+    significant digit (an integer over an exact power of ten, so the shortest repr is
+    the rounded decimal)."""
+    if a is None:
+        return None
+    x = np.asarray(a, dtype=np.float64)
+    fin = np.isfinite(x) & (x != 0)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        mag = np.where(fin, np.floor(np.log10(np.abs(np.where(fin, x, 1.0)))), 0).astype(int)
+        k = digits - 1 - mag
+        up = np.clip(k, 0, 300)
+        down = np.clip(-k, 0, 300)
+        y = np.where(
+            k >= 0, np.round(x * 10.0**up) / 10.0**up, np.round(x / 10.0**down) * 10.0**down
+        )
+    y = np.where(fin, y, x)
+    out: list[float | None] = y.tolist()
+    if not np.isfinite(x).all():
+        out = [v if math.isfinite(v) else None for v in out]  # type: ignore[arg-type]
+    return out
 
 
 # ------------------------------------------------------------------ token layers
@@ -243,9 +262,11 @@ def _score(a: _Answer) -> float:
     return max(fin) if fin else 0.0
 
 
-def _summaries(b: Batch, adv: F64, s: Settings, gw: GradientWeights | None) -> list[_Answer]:
+def _summaries(
+    b: Batch, adv: F64, s: Settings, gw: GradientWeights | None, compiled: bool
+) -> list[_Answer]:
     """Every answer's summary, from ``answers``' own statistics (:func:`answer_stats`)."""
-    st = answer_stats(b, adv, s, grad=gw, compiled=False)
+    st = answer_stats(b, adv, s, grad=gw, compiled=compiled)
     groups, rewards = b.answer.get("group"), b.answer.get("reward")
     gv = [None] * b.n if groups is None else groups.to_pylist()
     rw: list[Any] = [None] * b.n if rewards is None else rewards.to_pylist()
@@ -294,11 +315,18 @@ def _hold(acc: _Step, rows: list[_Answer], zero: set[str], keep: int) -> None:
 
 
 def _fold_batch(
-    acc: _Step, b: Batch, adv: F64, s: Settings, gw: GradientWeights | None, p1: Any, keep: int
+    acc: _Step,
+    b: Batch,
+    adv: F64,
+    s: Settings,
+    gw: GradientWeights | None,
+    p1: Any,
+    keep: int,
+    compiled: bool = False,
 ) -> None:
     """Summaries of every answer of the batch; token layers of those whose group is
     held (:func:`_hold`)."""
-    rows = _summaries(b, adv, s, gw)
+    rows = _summaries(b, adv, s, gw, compiled)
     acc.norm2 += sum(r.g2 for r in rows if r.g2 is not None and math.isfinite(r.g2))
     zero: set[str] = set()
     if p1.table is not None and "group" in b.answer:
@@ -354,9 +382,10 @@ def _fold_step(src: Source, s: Settings, engine: EngineOptions, keep: int) -> tu
     p1 = objective_pass1(src, s, engine=engine)
     gw = _gradient_weights(src, s, int(p1.adv.shape[0]), engine)
     acc = _Step()
+    compiled = engine.backend == "c"
     fields = [f for f in TOKEN_VALUES if src.has(f)]
     for b in iter_batches(src, fields, threaded=engine.prefetch):
-        _fold_batch(acc, b, p1.advantages(b, src.label), s, gw, p1, keep)
+        _fold_batch(acc, b, p1.advantages(b, src.label), s, gw, p1, keep, compiled)
     return acc, p1
 
 
@@ -368,22 +397,31 @@ def _texts(src: Source, rows: list[_Answer]) -> dict[int, dict[str, Any]]:
              for k, cols in (("text", TEXT_COLUMNS), ("prompt", PROMPT_COLUMNS),
                              ("toks", TOKEN_COLUMNS), ("pid", ID_COLUMNS))}  # fmt: skip
     cols = sorted({c for c in names.values() if c is not None})
+    import pyarrow.parquet as pq
+
     mask = src.name("mask") if src.has("mask") else None
     out: dict[int, dict[str, Any]] = {}
     if not cols:
         return out
+    by_file: dict[int, list[_Answer]] = {}
     for r in rows:
-        k, first = src.file_of(r.row)
+        by_file.setdefault(src.file_of(r.row)[0], []).append(r)
+    want = [*cols, *([mask] if mask and names["toks"] else [])]
+    for k, members in by_file.items():
         path = src.paths[k]
         if not isinstance(path, Path) or path.suffix.lower() not in (".parquet", ".pq"):
             continue
-        v = _row_values(path, r.row - first, [*cols, *([mask] if mask and names["toks"] else [])])
-        got = {key: v.get(c) for key, c in names.items() if c is not None}
-        toks = got.get("toks")
-        if toks is not None and mask is not None and v.get(mask) is not None:
-            toks = [t for t, m in zip(toks, v[mask], strict=False) if m]
-        got["toks"] = None if toks is None or len(toks) != r.length else [str(t) for t in toks]
-        out[r.row] = got
+        first = src.file_of(members[0].row)[1]
+        table = pq.ParquetFile(path).read(columns=want)
+        picked = table.take([r.row - first for r in members]).to_pylist()
+        for r, v in zip(members, picked, strict=True):
+            got = {key: v.get(c) for key, c in names.items() if c is not None}
+            toks = got.get("toks")
+            if toks is not None and mask is not None and v.get(mask) is not None:
+                toks = [t for t, m in zip(toks, v[mask], strict=False) if m]
+            ok = toks is not None and len(toks) == r.length
+            got["toks"] = [str(t) for t in toks] if ok and toks is not None else None
+            out[r.row] = got
     return out
 
 
@@ -397,7 +435,7 @@ def _prompt_keys(src: Source) -> list[Any] | None:
         return None
     out: list[Any] = []
     for p in src.paths:
-        out += pq.read_table(p, columns=[col]).column(col).to_pylist()
+        out += pq.ParquetFile(p).read(columns=[col]).column(col).to_pylist()
     return out
 
 
