@@ -41,8 +41,12 @@ def write_run(root: Path, *, steps: int, answers: int, width: int, bad: int | No
         lengths[rng.random(answers) < 0.1] = width  # some hit the limit
         mask = np.arange(width)[None, :] < lengths[:, None]
         rollout = -rng.exponential(0.8, (answers, width))
-        old = np.minimum(rollout + rng.normal(0, 0.02, (answers, width)), -1e-4)
-        logp = np.minimum(old + rng.normal(0, 0.08, (answers, width)), -1e-4)
+        gap = rng.normal(0, 0.02, (answers, width))
+        gap[rng.random((answers, width)) < 0.02] += 1.0  # the sampler far below the trainer
+        old = np.minimum(rollout + gap, -1e-4)
+        jump = rng.normal(0, 0.08, (answers, width))
+        jump[rng.random((answers, width)) < 0.03] *= 5  # a few tokens far from old: clipped
+        logp = np.minimum(old + jump, -1e-4)
         drift = 2.0 if bad is not None and step >= bad else 0.0
         ref = np.minimum(logp - drift + rng.normal(0, 0.05, (answers, width)), -1e-4)
         reward = rng.integers(0, 2, answers).astype(np.float64)

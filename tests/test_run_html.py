@@ -280,7 +280,7 @@ def test_screenshots_of_each_view(browser: Any, page: Path, tmp_path: Path, widt
         "run": "#panels",
         "group": "#group",
         "tokens": "#group .ans",
-        "counterfactual": "#cf-out",
+        "counterfactual": "#counterfactuals",
     }
     pg.check("#layer-share")
     for name, sel in views.items():
@@ -305,4 +305,5 @@ def _clip(pg: Any, sel: str, width: int) -> dict[str, float]:
         sel,
     )
     y = max(0.0, box["y"] - 120)
-    return {"x": 0, "y": y, "width": width, "height": min(900.0, box["h"] + 160)}
+    tall = 700.0 if sel == "#counterfactuals" else 160.0  # with the tokens it flips
+    return {"x": 0, "y": y, "width": width, "height": min(900.0, box["h"] + tall)}

@@ -510,13 +510,14 @@ def _group_doc(acc: _Step, key: str, p1: Any, cap: int, limit: int | None,
     members = sorted(acc.with_tokens.get(key, []), key=lambda a: a.row)
     rewards = [a.reward for a in members if a.reward is not None]
     mean = std = None
-    where = "rewards"
+    where = ""
     code = members[0].code if members else -1
     if p1.table is not None and code >= 0:
         st = p1.table.stats
-        mean, std, where = float(st.mean[code]), float(st.std[code]), "group table"
+        mean, std, where = float(st.mean[code]), float(st.std[code]), "pass 1's group table"
     elif rewards:
         mean, std = float(np.mean(rewards)), float(np.std(rewards))
+        where = "the rewards shown, population std"
     zero = key == acc.zero_key or (bool(rewards) and min(rewards) == max(rewards))
     first = next((texts.get(a.row) for a in members if texts.get(a.row)), {}) or {}
     return {

@@ -57,6 +57,8 @@ vertical-align:-2px}
 .xp .sliders label{display:inline-block;margin-right:18px;font-size:13px}
 .xp .sliders input[type=range]{vertical-align:middle;width:150px}
 .xp .cf{font-size:13px;margin:6px 0}
+.xp .cfbox{border:1px solid var(--line);border-radius:6px;padding:4px 10px;margin:8px 0;background:var(--panel)}
+.xp .cfbox h3{margin:4px 0;font-size:13px}
 .xp .badge{display:inline-block;padding:0 7px;border-radius:9px;font-size:11px;color:#fff;
 font-weight:600}.xp .b-ok{background:var(--ok)}.xp .b-fail{background:var(--fail)}
 .xp .b-warn{background:var(--warn)}.xp .b-mute{background:var(--mute)}
@@ -107,7 +109,8 @@ function drawPanels() {
     let lo = Math.min(...vals), hi = Math.max(...vals);
     for (const t of [p.warn, p.fail]) if (t !== null && t <= 3 * Math.max(hi, 1e-12)) {
       lo = Math.min(lo, t); hi = Math.max(hi, t); }
-    const span = (hi - lo) || Math.abs(hi) || 1; lo -= 0.08 * span; hi += 0.08 * span;
+    const span = (hi - lo) || Math.abs(hi) || 1; const nonneg = lo >= 0;
+    lo -= 0.08 * span; hi += 0.08 * span; if (nonneg) lo = Math.max(lo, 0);
     const Y = v => pt + (1 - (v - lo) / (hi - lo)) * (H - pt - pb);
     const NS = 'http://www.w3.org/2000/svg';
     const svg = document.createElementNS(NS, 'svg');
@@ -120,16 +123,23 @@ function drawPanels() {
     [[p.warn, '#b7791f', 'warn'], [p.fail, '#c0392b', 'fail']].forEach(([t, c, n]) => {
       if (t === null || t < lo || t > hi) return;
       add('line', {x1: pl, x2: W - pr, y1: Y(t), y2: Y(t), stroke: c, 'stroke-dasharray': '4 3', class: 'threshold'});
-      add('text', {x: W - pr - 2, y: Y(t) - 2, 'text-anchor': 'end', fill: c}, `${p.rule} ${n} ${fmt(t)}`);
+      add('text', {x: W - pr - 3, y: Y(t) - 2, fill: c, 'text-anchor': 'end'}, `${p.rule} ${n} ${fmt(t)}`);
     });
-    let k = 0;
+    const at_step = {};  // step -> [[rule, fails?]]: one line and one label a step
     for (const rid in p.first) { const f = p.first[rid]; if (!f) continue;
       const at = f.fail !== null ? f.fail : f.warn; if (at === null) continue;
-      const c = f.fail !== null ? '#c0392b' : '#b7791f';
-      add('line', {x1: X(at), x2: X(at), y1: pt, y2: H - pb, stroke: c, 'stroke-width': 1.5, class: 'first-bad', 'data-rule': rid, 'data-step': at});
-      add('text', {x: X(at) + 2, y: pt + 10 + 10 * k++, fill: c}, `${rid}: ${f.fail !== null ? 'fails' : 'warns'} @${at}`);
+      (at_step[at] = at_step[at] || []).push([rid, f.fail !== null]); }
+    let k = 0;
+    for (const at in at_step) { const marks = at_step[at], x = X(+at);
+      const c = marks.some(m => m[1]) ? '#c0392b' : '#b7791f';
+      marks.forEach(([rid]) => add('line', {x1: x, x2: x, y1: pt, y2: H - pb, stroke: c, 'stroke-width': 1.5, class: 'first-bad', 'data-rule': rid, 'data-step': at}));
+      const right = x > (pl + W - pr) / 2;
+      add('text', {x: x + (right ? -3 : 3), y: pt + 22 + 11 * k++, fill: c, 'text-anchor': right ? 'end' : 'start'},
+        marks.map(([rid, f]) => `${rid} ${f ? 'fails' : 'warns'}`).join(', ') + ` @${at}`);
     }
     add('polyline', {points: pts.map(r => `${X(r.step).toFixed(1)},${Y(r[p.key]).toFixed(1)}`).join(' '), fill: 'none', stroke: '#30638e', 'stroke-width': 1.6});
+    const verdict = {}; if (D.trend.steps) D.trend.steps.forEach(v => { verdict[v.step] = v.passed ? (v.bad.length ? '#b7791f' : '#2f7d4f') : '#c0392b'; });
+    pts.forEach(r => add('circle', {cx: X(r.step).toFixed(1), cy: Y(r[p.key]).toFixed(1), r: rows.length > 40 ? 1.6 : 2.6, fill: verdict[r.step] || '#30638e'}));
     add('text', {x: pl - 3, y: pt + 8, 'text-anchor': 'end'}, fmt(hi));
     add('text', {x: pl - 3, y: H - pb, 'text-anchor': 'end'}, fmt(lo));
     add('text', {x: pl, y: H - 5}, String(s0));
@@ -410,9 +420,8 @@ def explorer(page: dict[str, Any]) -> str:
         f"tokens a step ({budget['answer']} an answer, {budget['tokens']:,} over the page)."
         "</p><div class=gtabs id=gtabs></div>"
         f"<div class=bar>layer: {_layer_radios()}</div><div class=legend id=legend></div>"
-        "<div id=hover></div><div id=group></div>"
-        "<h2>The same prompt across steps</h2><div id=prompt></div>"
-        "<h2>Counterfactuals</h2>"
+        "<div class=cfbox id=counterfactuals>"
+        "<h3>Counterfactuals</h3>"
         "<p class=note>Computed in this page from the per-token data it carries (each "
         "token's log ρ, advantage and sampler gap δ): the PPO clip at ε (ε_high scaled "
         f"as recorded, {s['eps_high']:g} / {s['clip_eps']:g}), a TIS cap on exp(δ) and "
@@ -427,6 +436,8 @@ def explorer(page: dict[str, Any]) -> str:
         "step=0.01> <span id=cf-rs-v></span></label>"
         "<button type=button id=cf-reset>reset</button></div>"
         "<div class=cf id=cf-out></div>"
+        "</div><div id=hover></div><div id=group></div>"
+        "<h2>The same prompt across steps</h2><div id=prompt></div>"
         f"<script type=application/json id=page-data>{page_json(page)}</script>"
         f"<script>{JS}</script></section>"
     )
