@@ -136,6 +136,21 @@ def test_check_run_writes_the_same_page(
     assert page_data(out.read_text()) == page_data(page.read_text())
 
 
+def test_a_steps_report_has_the_same_explorer(cli: Cli, run_dir: Path, page: Path,
+                                              tmp_path: Path) -> None:  # fmt: skip
+    """``report STEP --html``: the step's report with the run page's explorer of that step."""
+    out = tmp_path / "s.html"
+    assert cli("report", run_dir / "step_000004", "--html", out).exit_code == 0
+    html = out.read_text()
+    assert "PASSED" in html or "FAILED" in html  # the step's own report is still there
+    one = page_data(html)
+    assert one["trend"] is None and len(one["steps"]) == 1
+    run = page_data(page.read_text())["steps"][3]
+    rows = [[a["row"] for a in g["answers"]] for g in one["steps"][0]["groups"]]
+    assert rows[0] == [a["row"] for a in run["groups"][0]["answers"]]
+    assert one["steps"][0]["groups"][0] == run["groups"][0]  # the same numbers, step alone
+
+
 def test_the_size_budget_holds(tmp_path: Path) -> None:
     """Tokens carried: at most the page's budget over its steps, a step's share each (its
     worst group always, its answers cut to fit); bytes: ~60 a token, so 5 MB holds the

@@ -67,7 +67,7 @@ from .options import (
     plain_coercion,
 )
 from .progress import progress_bar, steps_bar
-from .runs import check_a_run, last_step, report_run, run_html, run_root, write_page
+from .runs import check_a_run, last_step, report_run, run_html, run_root, step_explorer, write_page
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -635,7 +635,7 @@ def _write_html(
 
     share = share_report(specs, src, settings, engine=engine, top=top, check=check,
                          progress=progress)  # fmt: skip
-    text = render_html(share, _plot_thresholds())
+    text = render_html(share, _plot_thresholds(), step_explorer(specs, share, settings, engine))
     try:
         path.write_text(text, encoding="utf-8")
     except OSError as exc:

@@ -14,7 +14,15 @@ from ..records import CheckReport
 from ..settings import Settings
 from .progress import steps_bar
 
-__all__ = ["check_a_run", "last_step", "report_run", "run_html", "run_root", "write_page"]
+__all__ = [
+    "check_a_run",
+    "last_step",
+    "report_run",
+    "run_html",
+    "run_root",
+    "step_explorer",
+    "write_page",
+]
 
 
 def run_root(files: Sequence[str]) -> RecordedRun | None:
@@ -111,3 +119,20 @@ def report_run(
                                 progress, False, notes)  # fmt: skip
     text, more = run_html(run, settings, engine, report, progress)
     return text, [*notes, *(n for n in more if n not in notes)]
+
+
+def step_explorer(
+    specs: Sequence[str], share: Any, settings: Settings, engine: EngineOptions
+) -> str:
+    """``report STEP --html``: the step's group and token explorer (the run page's, for
+    one step), or '' when the input is several steps or has no per-token log-probs."""
+    from ..commands.run_page import run_page
+    from ..views.run_html import explorer
+
+    if len(specs) != 1 or share.answers is None or share.trend is not None:
+        return ""
+    spec = specs[0]
+    run = None if "://" in spec or not Path(spec).is_dir() else find_run(Path(spec).parent)
+    page = run_page([(None, spec)], settings, engine=engine, title=share.source,
+                    config=None if run is None else run.config)  # fmt: skip
+    return explorer(page)
