@@ -1,11 +1,13 @@
 """Benchmark: ``grpo-cli report RUN --html`` against ``grpo-cli trend RUN`` on the same
 synthetic recorded run (the recorder's own writer, :class:`grpo_cli.integrations._writer.
-RunWriter`), each in a fresh process, best of ``--repeat``; the page's size too.
+RunWriter`), each in a fresh process: ``--repeat`` alternations of the two (their medians
+and the median of the pairs' ratios, as the machine's load drifts less within a pair);
+``check RUN`` once; the page's size.
 
 The run: ``--steps`` steps of ``--answers`` answers in groups of 8, lengths uniform in
 [width/4, width], log-probs drawn as a sampler, trainer and reference a little apart,
 a ``prompt`` column (a prompt comes back every few steps) and the tokens' strings; from
-step ``--bad`` on the reference drifts 2 nats away (kl-mean fails there).
+the last third of the steps the reference drifts 2 nats away (kl-mean fails there).
 
 Usage: python bench/run_report.py [--steps 100] [--answers 256] [--width 400] [--repeat 3]
 """
@@ -74,6 +76,20 @@ def best(cmd: list[str], repeat: int) -> float:
     return min(times)
 
 
+def paired(a: list[str], b: list[str], n: int) -> tuple[float, float, float]:
+    """``n`` alternations of ``a`` and ``b`` (fresh processes): the median time of each
+    and the median of the pairs' ratios b / a (a machine's load drifts less within a
+    pair than over a whole series)."""
+    import statistics
+
+    ta, tb = [], []
+    for _ in range(n):
+        ta.append(best(a, 1))
+        tb.append(best(b, 1))
+    ratios = [y / x for x, y in zip(ta, tb, strict=True)]
+    return statistics.median(ta), statistics.median(tb), statistics.median(ratios)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=100)
@@ -88,13 +104,15 @@ def main() -> None:
     out.mkdir(exist_ok=True)
     cli = [sys.executable, "-m", "grpo_cli"]
     page = out / "run.html"
-    t_trend = best([*cli, "trend", str(root), "--json", "--no-progress"], a.repeat)
-    t_check = best([*cli, "check", str(root), "--format", "json", "--no-progress"], a.repeat)
-    t_report = best([*cli, "report", str(root), "--html", str(page), "--no-progress"], a.repeat)
+    trend = [*cli, "trend", str(root), "--json", "--no-progress"]
+    report = [*cli, "report", str(root), "--html", str(page), "--no-progress"]
+    t_check = best([*cli, "check", str(root), "--format", "json", "--no-progress"], 1)
+    t_trend, t_report, ratio = paired(trend, report, a.repeat)
     size = page.stat().st_size if page.exists() else 0
     print(
         f"run {root.name}: trend {t_trend:.2f} s, check {t_check:.2f} s, report --html "
-        f"{t_report:.2f} s ({t_report / t_trend:.2f}x trend), page {size / 2**20:.2f} MiB"
+        f"{t_report:.2f} s (median paired ratio {ratio:.2f}x trend, {a.repeat} pairs), "
+        f"page {size / 2**20:.2f} MiB"
     )
     shutil.rmtree(out / "profile", ignore_errors=True)
 

@@ -1,5 +1,6 @@
 """The HTML report (``grpo-cli report``, ``check --format html``): one self-contained file
-under 2 MB (its inline explorer: tests/test_run_html.py), rendered by a real headless Chromium (Debian's ``chromium``) driven over the
+under 2 MB (its inline explorer: tests/test_run_html.py), rendered by a real headless
+Chromium (Debian's ``chromium``) driven over the
 DevTools protocol: the page loads with no console error, no exception and no failed
 request, its summary holds the numbers, and its screenshot is a real page. The tokens'
 colours carry each token's KL as computed here independently from the file."""

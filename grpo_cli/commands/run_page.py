@@ -472,6 +472,8 @@ def _answer_doc(a: _Answer, norm2: float, zero: bool, limit: int | None, text: d
         for k in ("lr", "gap", "kl", "ent", "adv"):
             v = t.get(k)
             layers[k] = None if v is None else _rl(v[:n])
+        if t.get("adv") is not None and np.all(t["adv"] == a.adv):
+            layers["adv"] = None  # the answer's own advantage on every token
         d = t.get("d")
         layers["share"] = None if d is None or not ok else _rl((d[:n] ** 2) / norm2, 3)
         layers["state"] = None if bits is None else bits[:n].tolist()

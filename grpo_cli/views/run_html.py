@@ -292,7 +292,7 @@ function counterfactual(eps, cap, thr) {
       let out = bits;
       if (s.core_loss) {
         out &= ~(B['clip-low'] | B['clip-high']);
-        const rho = Math.exp(L.lr[t]), A = L.adv[t];
+        const rho = Math.exp(L.lr[t]), A = L.adv ? L.adv[t] : a.adv;
         if (A < 0 && rho < lo) out |= B['clip-low'];
         if (A > 0 && rho > hi) out |= B['clip-high'];
       }
