@@ -151,6 +151,37 @@ def test_a_steps_report_has_the_same_explorer(cli: Cli, run_dir: Path, page: Pat
     assert one["steps"][0]["groups"][0] == run["groups"][0]  # the same numbers, step alone
 
 
+TIS = ("--correction", "trl-vllm", "--correction-param", "vllm_is_mode=token_truncate",
+       "--correction-param", "vllm_is_clip_max=1.5")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tis_page(run_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The page under TRL's vLLM IS correction, token_truncate at C_max 1.5."""
+    from typer.testing import CliRunner
+
+    from grpo_cli.cli import app
+
+    out = tmp_path_factory.mktemp("tis") / "tis.html"
+    r = CliRunner().invoke(app, ["report", str(run_dir), "--html", str(out), *TIS])
+    assert r.exit_code == 0, r.stderr
+    return out
+
+
+def test_a_capped_weight_is_the_tis_state(tis_page: Path) -> None:
+    """tis-cap where exp(δ) > C_max, by hand from the page's own δ; the slider starts there."""
+    d = page_data(tis_page.read_text())
+    assert d["settings"]["is_cap"] == 1.5 and d["settings"]["correction"] == "trl-vllm"
+    n = 0
+    for st in d["steps"]:
+        for g in st["groups"]:
+            for a in g["answers"]:
+                gap, bits = np.asarray(a["layers"]["gap"]), np.asarray(a["layers"]["state"])
+                np.testing.assert_array_equal(bits & 32 > 0, np.exp(gap) > 1.5)
+                n += int(np.sum(np.exp(gap) > 1.5))
+    assert n > 0  # the synthetic sampler gap makes some
+
+
 def test_the_size_budget_holds(tmp_path: Path) -> None:
     """Tokens carried: at most the page's budget over its steps, a step's share each (its
     worst group always, its answers cut to fit); bytes: ~60 a token, so 5 MB holds the
@@ -189,11 +220,45 @@ def test_a_real_trl_run(cli: Cli, trl_run: Any, tmp_path: Path) -> None:
     assert d["settings"]["beta"] == pytest.approx(0.04)
 
 
+def test_trls_entropy_mask_is_the_recorded_one(cli: Cli, trl_run: Any, tmp_path: Path) -> None:
+    """TRL's top_entropy_quantile run: a token is entropy-masked where the recorded
+    entropy_mask is 0, its entropy layer is the recorded entropy."""
+    run = trl_run("masks")
+    out = tmp_path / "masks.html"
+    r = cli("report", run.directory, "--html", out)
+    assert r.exit_code == 0, r.stderr
+    d = page_data(out.read_text())
+    bit = next(s["bit"] for s in d["states"] if s["name"] == "entropy-masked")
+    seen = 0
+    for st in d["steps"]:
+        files = sorted((run.directory / st["name"]).glob("rank*-mb*.parquet"))
+        rows = [row for f in files for row in pq.read_table(f).to_pylist()]
+        for g in st["groups"]:
+            for a in g["answers"]:
+                row = rows[a["row"]]
+                m = np.asarray(row["mask"], bool)
+                em = np.asarray(row["entropy_mask"], bool)[m][: a["shown"]]
+                bits = np.asarray(a["layers"]["state"])
+                np.testing.assert_array_equal(bits & bit > 0, ~em)
+                ent = np.asarray(row["entropy"], np.float64)[m][: a["shown"]]
+                np.testing.assert_allclose(a["layers"]["ent"], ent, rtol=1e-3, atol=1e-7)
+                seen += int(np.sum(~em))
+    assert seen > 0
+
+
 # ----------------------------------------------------------------- a real browser
 def _browser() -> Any:
-    sync = pytest.importorskip("playwright.sync_api")
+    """Playwright's sync API, with Debian's chromium to drive: a skip without either, a
+    failure under GRPO_CLI_REQUIRE_BROWSER=1 (CI's run with the [browser] extra)."""
+    strict = bool(os.environ.get("GRPO_CLI_REQUIRE_BROWSER"))
+    try:
+        import playwright.sync_api as sync
+    except ImportError:
+        if strict:
+            pytest.fail("no playwright (pip install -e '.[browser]')")
+        pytest.skip("no playwright (pip install -e '.[browser]')")
     if CHROMIUM is None:
-        if os.environ.get("GRPO_CLI_REQUIRE_EXTRAS"):
+        if strict:
             pytest.fail("no chromium (apt-get install chromium)")
         pytest.skip("no chromium (apt-get install chromium)")
     return sync
@@ -282,6 +347,34 @@ def test_counterfactual_is_the_folds_state(browser: Any, cli: Cli, run_dir: Path
                 ).tolist()
                 checked += 1
     assert checked >= 8 and problems == []
+    pg.close()
+
+
+def test_the_is_cap_slider_is_the_folds_correction(
+    browser: Any, page: Path, tis_page: Path
+) -> None:
+    """The page made without a correction, its IS cap moved to 1.5: the tis-cap states are
+    those the fold gives under TRL's token_truncate correction at C_max 1.5."""
+    want = page_data(tis_page.read_text())
+    pg, problems = _open(browser, page)
+    d = page_data(page.read_text())
+    checked = 0
+    for k, st in enumerate(d["steps"]):
+        pg.evaluate(f"window.grpoPage.pickStep({k})")
+        got = pg.evaluate("window.grpoPage.counterfactual(0.2, 1.5, undefined)")
+        ref = {a["row"]: a for g in want["steps"][k]["groups"] for a in g["answers"]}
+        for a, bits in zip(st["groups"][0]["answers"], got, strict=True):
+            if a["row"] in ref:
+                b = np.asarray(ref[a["row"]]["layers"]["state"])
+                assert (np.asarray(bits) & 32).tolist() == (b & 32).tolist()
+                checked += int(np.sum(b & 32 > 0))
+    # and the slider: moving it to 1.5 flips exactly those tokens on the shown group
+    pg.evaluate("window.grpoPage.pickStep(0)")
+    pg.fill("#cf-cap", "1.5")
+    shown = d["steps"][0]["groups"][0]["answers"]
+    capped = sum(int(np.sum(np.exp(np.asarray(a["layers"]["gap"])) > 1.5)) for a in shown)
+    assert pg.locator("#group .toks span.flip").count() == capped
+    assert checked > 0 and problems == []
     pg.close()
 
 

@@ -601,8 +601,11 @@ PANELS = (
 def _settings_doc(s: Settings) -> dict[str, Any]:
     """The conventions the page's counterfactuals start from."""
     p = s.correction_params
-    cap = getattr(p, "rollout_is_threshold", None) if p is not None else None
-    rs = getattr(p, "rollout_rs_threshold", None) if p is not None else None
+    # the IS cap a slider starts from: verl's TIS bound, TRL's C_max of a truncating mode
+    cap = None if p is None else getattr(p, "rollout_is_threshold", None)
+    if p is not None and str(getattr(p, "vllm_is_mode", "")).endswith("truncate"):
+        cap = getattr(p, "vllm_is_clip_max", None)
+    rs = None if p is None else getattr(p, "rollout_rs_threshold", None)
     return {
         "loss": s.loss, "agg": s.agg, "clip_eps": s.clip_eps, "eps_high": s.eps_high,
         "dual_clip": s.dual_clip, "beta": s.beta, "kl_estimator": s.kl_estimator,
