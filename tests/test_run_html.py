@@ -294,6 +294,8 @@ def test_switch_a_layer_pick_a_step_move_a_slider(browser: Any, page: Path) -> N
     assert pg.locator("#panels svg").count() >= 6
     assert pg.locator("#panels line.first-bad[data-rule='kl-mean'][data-step='4']").count() == 1
     assert pg.locator("#zero-var").count() + pg.locator(".gtabs button").count() > 1
+    kl = pg.locator("#rules tr[data-rule='kl-mean'] td").all_text_contents()
+    assert kl[:4] == ["FAIL", "kl-mean", "step 4", "step 4"]
     # switch a layer: the legend says which, the token colours follow it
     before = pg.eval_on_selector_all(
         "#group .toks span[data-t]", "s => s.map(x => x.style.background)"

@@ -308,7 +308,8 @@ def _hold(acc: _Step, rows: list[_Answer], zero: set[str], keep: int) -> None:
     order = sorted((k for k in held if k != acc.zero_key), key=lambda k: -held[k])
     for k in order[keep:]:
         acc.dropped.add(k)
-        acc.with_tokens.pop(k, None)
+        for a in acc.with_tokens.pop(k, []):
+            a.tokens = None  # memory: the held groups' tokens only
     acc.held = {k: held[k] for k in order[:keep]}
     if acc.zero_key is not None and acc.zero_key in held:
         acc.held[acc.zero_key] = held[acc.zero_key]
@@ -565,12 +566,10 @@ def step_page(
                 d["advs"].append(_r(a.adv))
                 if a.gap_mean is not None:
                     d["gaps"].append(a.gap_mean)
-        for a in members:
-            a_doc_key = pk[a.row] if a.row < len(pk) else None
-            for g in groups:
-                for x in g["answers"]:
-                    if x["row"] == a.row:
-                        x["prompt_key"] = None if a_doc_key is None else str(a_doc_key)
+        for g in groups:
+            for x in g["answers"]:
+                k = pk[x["row"]] if x["row"] < len(pk) else None
+                x["prompt_key"] = None if k is None else str(k)
     doc = {
         "step": step, "name": Path(spec).name, "answers": len(acc.answers),
         "tokens": int(sum(a.length for a in acc.answers)), "groups": groups,

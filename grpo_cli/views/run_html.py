@@ -63,6 +63,7 @@ vertical-align:-2px}
 font-weight:600}.xp .b-ok{background:var(--ok)}.xp .b-fail{background:var(--fail)}
 .xp .b-warn{background:var(--warn)}.xp .b-mute{background:var(--mute)}
 .xp .note{font-size:12px;color:var(--mute)}
+.xp .rules{margin:8px 0}.xp .rules table{font-size:12px}
 @media (max-width:860px){.xp .answers{grid-template-columns:1fr 1fr}
 .xp .panels{grid-template-columns:1fr 1fr}}
 """
@@ -153,6 +154,25 @@ function drawPanels() {
       pickStep(best); });
     box.appendChild(svg);
   }
+}
+
+function drawRules() {
+  const box = $('#rules'); if (!box || !D.trend) return; box.textContent = '';
+  const order = {fail: 0, warn: 1, pass: 2, skip: 3};
+  const rules = D.trend.rules.filter(r => r.status !== 'skip').sort((a, b) => order[a.status] - order[b.status]);
+  const t = el('table'); const h = el('tr');
+  ['', 'rule', 'first warns at', 'first fails at', ''].forEach(x => h.appendChild(el('th', {}, x))); t.appendChild(h);
+  const jump = at => { const a = el('a', {href: '#explorer', 'data-step': at}, 'step ' + at);
+    a.addEventListener('click', ev => { ev.preventDefault(); const i = steps.findIndex(s => s.step === at); if (i >= 0) pickStep(i); });
+    return a; };
+  rules.forEach(r => { const tr = el('tr', {'data-rule': r.rule});
+    const b = el('td'); b.appendChild(el('span', {class: 'badge ' + ({fail: 'b-fail', warn: 'b-warn', pass: 'b-ok'}[r.status] || 'b-mute')}, r.status.toUpperCase())); tr.appendChild(b);
+    tr.appendChild(el('td', {}, r.rule));
+    for (const k of ['warn', 'fail']) { const td = el('td'); const at = r.first ? r.first[k] : null;
+      if (at !== null && at !== undefined) td.appendChild(jump(at)); else td.textContent = '—'; tr.appendChild(td); }
+    tr.appendChild(el('td', {class: 'note'}, r.message.length > 140 ? r.message.slice(0, 140) + '…' : r.message));
+    t.appendChild(tr); });
+  box.appendChild(t);
 }
 
 function drawStrip() {
@@ -367,6 +387,7 @@ function init() {
     $('#cf-rs').value = s.rs_threshold === null ? $('#cf-rs').max : String(s.rs_threshold); recompute(); });
   let start = 0;
   if (D.trend && D.trend.first_failing_step !== null) start = Math.max(0, steps.findIndex(x => x.step === D.trend.first_failing_step));
+  drawRules();
   pickStep(start);
   window.grpoPage = {data: D, state: S, pickStep, counterfactual};
 }
@@ -407,7 +428,9 @@ def explorer(page: dict[str, Any]) -> str:
                  f"<div class=strip id=strip></div>"
                  f"<p class=note>The trend panels: check's thresholds dashed, the first step "
                  f"each rule warns or fails at marked; click a panel to pick the step.</p>"
-                 f"<div class=panels id=panels></div>")  # fmt: skip
+                 f"<div class=panels id=panels></div>"
+                 f"<details class=rules open><summary>Every rule: the first step it warns and "
+                 f"fails at</summary><div id=rules></div></details>")  # fmt: skip
     budget = page["budget"]
     return (
         f"<section class=xp id=explorer>{trend}"
