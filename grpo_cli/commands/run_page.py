@@ -426,6 +426,32 @@ def _texts(src: Source, rows: list[_Answer]) -> dict[int, dict[str, Any]]:
     return out
 
 
+def _kept_rows(src: Source) -> list[int] | None:
+    """A recorded step's answers with a valid token, by their row in its files (the
+    batches leave out the answers a trainer masked whole and count the kept ones:
+    :func:`grpo_cli.engine.plan.batches`); None when none is left out."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    if src.recorded is None or not all(isinstance(p, Path) for p in src.paths):
+        return None
+    col = src.name("mask") if src.has("mask") else src.name("logp")
+    out: list[int] = []
+    start = 0
+    for p in src.paths:
+        c = pq.ParquetFile(p).read(columns=[col]).column(col).combine_chunks()
+        if col == src.name("mask"):
+            flat = c.flatten().cast("int64").to_numpy(zero_copy_only=False)
+            off = c.offsets.to_numpy()
+            n = np.add.reduceat(flat, off[:-1]) if flat.size else np.zeros(len(c))
+            n = np.where(np.diff(off) > 0, n, 0)
+        else:
+            n = pc.list_value_length(c).fill_null(0).to_numpy(zero_copy_only=False)
+        out += (np.flatnonzero(n > 0) + start).tolist()
+        start += len(c)
+    return None if len(out) == start else out
+
+
 def _prompt_keys(src: Source) -> list[Any] | None:
     """Each answer's prompt (its id column, else its text), read from the step's parquet
     files; None when they carry neither."""
@@ -542,6 +568,10 @@ def step_page(
     :func:`run_page` to follow prompts); the notes."""
     src = open_source([spec])
     acc, p1 = _fold_step(src, settings, engine, keep=MAX_GROUPS * 2)
+    kept = _kept_rows(src)
+    if kept is not None:  # rows as the files number them
+        for a in acc.answers:
+            a.row = kept[a.row]
     keys = _chosen(acc, budget)
     members = [a for k in keys for a in acc.with_tokens.get(k, [])]
     texts = _texts(src, members)
