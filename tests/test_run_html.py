@@ -182,6 +182,38 @@ def test_a_capped_weight_is_the_tis_state(tis_page: Path) -> None:
     assert n > 0  # the synthetic sampler gap makes some
 
 
+@pytest.fixture(scope="module")
+def broken_page(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Three steps, a NaN reward at step 2: check's integrity fails there, the page shows
+    the other steps and says why not that one."""
+    import pyarrow as pa
+    from typer.testing import CliRunner
+
+    from grpo_cli.cli import app
+
+    root = bench.write_run(tmp_path_factory.mktemp("nan") / "r", steps=3, answers=16, width=20)
+    f = root / "step_000002" / "rank000-mb000.parquet"
+    t = pq.read_table(f)
+    reward = t.column("reward").to_numpy().copy()
+    reward[3] = np.nan
+    pq.write_table(t.set_column(t.schema.get_field_index("reward"), "reward", pa.array(reward)), f)
+    out = root.parent / "nan.html"
+    r = CliRunner().invoke(app, ["report", str(root), "--html", str(out)])
+    assert r.exit_code == 0, r.stderr
+    assert "step_000002: no groups shown" in r.stderr and "nan at row 3" in r.stderr
+    return out
+
+
+def test_a_step_that_cannot_be_read_is_said(broken_page: Path) -> None:
+    d = page_data(broken_page.read_text())
+    st = {s["step"]: s for s in d["steps"]}
+    assert st[2]["groups"] == [] and "non-finite value nan at row 3" in st[2]["error"]
+    assert st[1]["groups"] and st[3]["groups"]
+    assert d["trend"]["first_failing_step"] == 2  # rewards-finite fails there
+    rules = {r["rule"]: r for r in d["trend"]["rules"]}
+    assert rules["rewards-finite"]["first"] == {"warn": 2, "fail": 2}
+
+
 def test_the_size_budget_holds(tmp_path: Path) -> None:
     """Tokens carried: at most the page's budget over its steps, a step's share each (its
     worst group always, its answers cut to fit); bytes: ~60 a token, so 5 MB holds the
@@ -282,6 +314,15 @@ def browser() -> Any:
 
 
 def _open(browser: Any, path: Path, width: int = 1280) -> tuple[Any, list[str]]:
+    """The page in a new tab at ``width`` px, opened on a step with a group; the console's
+    errors and warnings, the page's exceptions and failed requests."""
+    pg, problems = _open_any(browser, path, width)
+    pg.wait_for_selector("#group .ans")
+    return pg, problems
+
+
+def _open_any(browser: Any, path: Path, width: int = 1280) -> tuple[Any, list[str]]:
+    """:func:`_open` of a page that may open on a step with no group."""
     pg = browser.new_page(viewport={"width": width, "height": 900})
     problems: list[str] = []
     pg.on("console", lambda m: problems.append(f"{m.type}: {m.text}") if m.type in (
@@ -289,7 +330,7 @@ def _open(browser: Any, path: Path, width: int = 1280) -> tuple[Any, list[str]]:
     pg.on("pageerror", lambda e: problems.append(f"exception: {e}"))
     pg.on("requestfailed", lambda r: problems.append(f"request failed: {r.url}"))
     pg.goto(path.resolve().as_uri())
-    pg.wait_for_selector("#group .ans")
+    pg.wait_for_selector("#step-title")
     return pg, problems
 
 
@@ -385,6 +426,18 @@ def test_the_is_cap_slider_is_the_folds_correction(
     capped = sum(int(np.sum(np.exp(np.asarray(a["layers"]["gap"])) > 1.5)) for a in shown)
     assert pg.locator("#group .toks span.flip").count() == capped
     assert checked > 0 and problems == []
+    pg.close()
+
+
+def test_the_unreadable_step_in_chromium(browser: Any, broken_page: Path) -> None:
+    pg, problems = _open_any(browser, broken_page)
+    assert pg.input_value("#step-picker") == "1"  # the first failing step: 2
+    assert "cannot be shown" in pg.text_content("#no-groups")
+    pg.fill("#cf-eps", "0.05")
+    pg.check("#layer-kl")
+    pg.select_option("#step-picker", "2")
+    assert pg.locator("#group .ans").count() > 0
+    assert problems == []
     pg.close()
 
 

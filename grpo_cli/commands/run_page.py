@@ -36,6 +36,7 @@ from numpy.typing import NDArray
 from ..batch import Batch
 from ..core import answer_clip_tokens, difference, token_gradients, token_terms
 from ..engine.options import EngineOptions
+from ..errors import InputError
 from ..fold.loss import answer_view, correction_of, loss_call, policy_terms, rejects
 from ..io import open_source
 from ..io.fields import TOKEN_VALUES
@@ -426,6 +427,11 @@ def _texts(src: Source, rows: list[_Answer]) -> dict[int, dict[str, Any]]:
     return out
 
 
+def _parquet_files(src: Source) -> bool:
+    """Whether every file of the input is a parquet file on this machine."""
+    return all(isinstance(p, Path) and p.suffix.lower() in (".parquet", ".pq") for p in src.paths)
+
+
 def _kept_rows(src: Source) -> list[int] | None:
     """A recorded step's answers with a valid token, by their row in its files (the
     batches leave out the answers a trainer masked whole and count the kept ones:
@@ -433,7 +439,7 @@ def _kept_rows(src: Source) -> list[int] | None:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    if src.recorded is None or not all(isinstance(p, Path) for p in src.paths):
+    if src.recorded is None or not _parquet_files(src):
         return None
     col = src.name("mask") if src.has("mask") else src.name("logp")
     out: list[int] = []
@@ -458,7 +464,7 @@ def _prompt_keys(src: Source) -> list[Any] | None:
     import pyarrow.parquet as pq
 
     col = next((c for c in (*ID_COLUMNS, *PROMPT_COLUMNS) if c in src.present), None)
-    if col is None or not all(isinstance(p, Path) for p in src.paths):
+    if col is None or not _parquet_files(src):
         return None
     out: list[Any] = []
     for p in src.paths:
@@ -610,6 +616,12 @@ def step_page(
     return doc, prompts, notes
 
 
+def _no_step(num: int | None, spec: str, why: str) -> dict[str, Any]:
+    """A step the page cannot read, and why."""
+    return {"step": num, "name": Path(spec).name, "answers": 0, "tokens": 0, "groups": [],
+            "zero_variance_groups": None, "groups_total": None, "error": why}  # fmt: skip
+
+
 # ------------------------------------------------------------------ the page
 # the trend panels: the step row's metric, its title, the check rule whose threshold it
 # shows, the trend rule judged on it
@@ -721,8 +733,12 @@ def run_page(
     limit = _limit(settings, config or {})
     steps, prompts, said = [], [], []
     for k, (num, spec) in enumerate(specs):
-        doc, pm, notes = step_page(spec, settings, engine, budget=per_step, step=num,
-                                   limit=limit)  # fmt: skip
+        try:
+            doc, pm, notes = step_page(spec, settings, engine, budget=per_step, step=num,
+                                       limit=limit)  # fmt: skip
+        except InputError as exc:  # the step's verdict says more (check RUN): the page goes on
+            doc, pm = _no_step(num, spec, str(exc)), {}
+            notes = [f"{Path(spec).name}: no groups shown: {exc}"]
         steps.append(doc)
         prompts.append(pm)
         said += [n for n in notes if n not in said]

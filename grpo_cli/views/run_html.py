@@ -208,7 +208,7 @@ function layerTop(group, layer) {
 function drawGroup() {
   const st = steps[S.step], box = $('#group'); box.textContent = '';
   const tabs = $('#gtabs'); tabs.textContent = '';
-  if (!st.groups.length) { box.appendChild(el('p', {class: 'note'}, 'No group with tokens in this step.')); return; }
+  if (!st.groups.length) { box.appendChild(el('p', {class: 'note', id: 'no-groups'}, st.error ? 'This step cannot be shown: ' + st.error : 'No group with tokens in this step.')); drawLegend(0); return; }
   st.groups.forEach((g, i) => { const b = el('button', {type: 'button', 'data-group': i},
     `${g.key || 'answers'}${g.zero_variance ? ' · zero variance' : ''}`);
     if (i === S.group) b.className = 'sel';
@@ -305,6 +305,7 @@ function counterfactual(eps, cap, thr) {
   // the shown tokens' states at ε (ε_high scaled as recorded), an IS cap and a token
   // rejection threshold; only the PPO clip, TIS cap and rejection bits are recomputed
   const s = D.settings, st = steps[S.step], g = st.groups[S.group];
+  if (!g) return [];
   const ratio = s.eps_high / s.clip_eps, lo = 1 - eps, hi = 1 + eps * ratio;
   const B = Object.fromEntries(D.states.map(x => [x.name, x.bit]));
   return g.answers.map(a => { const L = a.layers; if (!L || !L.state) return [];
