@@ -432,14 +432,17 @@ def _parquet_files(src: Source) -> bool:
     return all(isinstance(p, Path) and p.suffix.lower() in (".parquet", ".pq") for p in src.paths)
 
 
-def _kept_rows(src: Source) -> list[int] | None:
+def _kept_rows(src: Source, answers: int) -> list[int] | None:
     """A recorded step's answers with a valid token, by their row in its files (the
     batches leave out the answers a trainer masked whole and count the kept ones:
-    :func:`grpo_cli.engine.plan.batches`); None when none is left out."""
+    :func:`grpo_cli.engine.plan.batches`); None when none is left out (``answers``, the
+    batches' count, is the files' rows)."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     if src.recorded is None or not _parquet_files(src):
+        return None
+    if sum(pq.ParquetFile(p).metadata.num_rows for p in src.paths) == answers:
         return None
     col = src.name("mask") if src.has("mask") else src.name("logp")
     out: list[int] = []
@@ -574,7 +577,7 @@ def step_page(
     :func:`run_page` to follow prompts); the notes."""
     src = open_source([spec])
     acc, p1 = _fold_step(src, settings, engine, keep=MAX_GROUPS * 2)
-    kept = _kept_rows(src)
+    kept = _kept_rows(src, len(acc.answers))
     if kept is not None:  # rows as the files number them
         for a in acc.answers:
             a.row = kept[a.row]
