@@ -1,5 +1,6 @@
 """The HTML report (``grpo-cli report``, ``check --format html``): one self-contained file
-under 2 MB, rendered by a real headless Chromium (Debian's ``chromium``) driven over the
+under 2 MB (its inline explorer: tests/test_run_html.py), rendered by a real headless
+Chromium (Debian's ``chromium``) driven over the
 DevTools protocol: the page loads with no console error, no exception and no failed
 request, its summary holds the numbers, and its screenshot is a real page. The tokens'
 colours carry each token's KL as computed here independently from the file."""
@@ -51,7 +52,9 @@ def test_report_is_one_self_contained_file(cli: Cli, tmp_path: Path) -> None:
     assert r.stdout == "" and f"wrote {out}" in r.stderr
     html = out.read_text()
     assert out.stat().st_size < 2 * 2**20
-    assert "<script" not in html and "<link" not in html and " src=" not in html
+    assert "<link" not in html and " src=" not in html
+    # the explorer's data block and its script, both inline (tests/test_run_html.py)
+    assert html.count("<script") == 2 and "<script type=application/json id=page-data>" in html
     # the only URL is SVG's namespace, which is never fetched
     assert set(re.findall(r"https?://[^\s'\"<>]+", html)) <= {"http://www.w3.org/2000/svg"}
     doc = cli.json("objective", SAMPLE / "batch.parquet")

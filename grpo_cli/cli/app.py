@@ -67,7 +67,7 @@ from .options import (
     plain_coercion,
 )
 from .progress import progress_bar, steps_bar
-from .runs import check_a_run, last_step, run_root
+from .runs import check_a_run, last_step, report_run, run_html, run_root, step_explorer, write_page
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -611,7 +611,11 @@ def check(
 def _write_run_html(
     run: RecordedRun | None, settings: Any, engine: Any, path: Path, check: Any
 ) -> None:
-    raise UsageError("--report-html of a recorded run: give one step of the run")
+    """``check RUN --report-html``: the run's page of the steps checked."""
+    assert run is not None
+    text, notes = run_html(run, settings, engine, check, False)
+    _notes(notes)
+    write_page(path, text)
 
 
 def _write_html(
@@ -631,12 +635,9 @@ def _write_html(
 
     share = share_report(specs, src, settings, engine=engine, top=top, check=check,
                          progress=progress)  # fmt: skip
-    text = render_html(share, _plot_thresholds())
-    try:
-        path.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot write ({exc.strerror or exc})") from None
-    typer.echo(f"wrote {path} ({len(text.encode()) / 1024:,.0f} KiB)", err=True)
+    write_page(
+        path, render_html(share, _plot_thresholds(), step_explorer(specs, share, settings, engine))
+    )
 
 
 @_command(
@@ -644,6 +645,7 @@ def _write_html(
     "grpo-cli report sample_data/batch.parquet --html report.html",
     "grpo-cli report logs/step_*.parquet --preset verl --html steps.html",
     "grpo-cli report runs/x/step_12 --html step12.html --top 20",
+    "grpo-cli report runs/x --html run.html",
 )
 @conventions()
 def report(
@@ -654,7 +656,7 @@ def report(
         typer.Option(
             "--html",
             metavar="FILE",
-            help="Where to write the report (one file: inline CSS and SVG, no network).",
+            help="Where to write the report (one file: inline CSS, SVG and script, no network).",
         ),
     ] = Path("grpo-cli-report.html"),
     top: Annotated[
@@ -668,13 +670,18 @@ def report(
     ray_address: RayAddressOpt = None,
 ) -> None:
     """One self-contained HTML file to share: the one-screen summary, explain's findings,
-    check's verdict, the distributions, the trend when the input is several steps, and
-    the worst answers with their text (a completion column) and their tokens coloured
-    by KL or |log ρ| (a tokens column)."""
+    check's verdict, the distributions, the trend when the input is several steps, the
+    worst answers with their text and tokens, and the step's groups with their token layers.
+    A recorded run's directory gives the run's page: check RUN's trend, a step picker, the
+    groups, token layers and counterfactuals of each step (docs/run.md)."""
     inp = _Input(files, column, group_scope, conventions, progress, workers, engine, ray_address)
     with _errors():
         if top < 1:
             raise UsageError(f"--top: expected a positive number of answers, got {top}")
+        if (run := run_root(files)) is not None:  # a recorded run: check RUN, its page
+            text, notes = report_run(run, *conventions.for_run(run), inp.engine_options(), progress)
+            _notes(notes)
+            return write_page(html, text)
         src, settings = inp.open()
         _notes(src.notes)
         eng = inp.engine_options()

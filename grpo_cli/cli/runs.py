@@ -14,7 +14,15 @@ from ..records import CheckReport
 from ..settings import Settings
 from .progress import steps_bar
 
-__all__ = ["check_a_run", "last_step", "run_root"]
+__all__ = [
+    "check_a_run",
+    "last_step",
+    "report_run",
+    "run_html",
+    "run_root",
+    "step_explorer",
+    "write_page",
+]
 
 
 def run_root(files: Sequence[str]) -> RecordedRun | None:
@@ -67,3 +75,64 @@ def check_a_run(
             run, settings, cfg, last=last, span=span, engine=engine, on_step=on_step
         )
     return report, [*notes, *more]
+
+
+def write_page(path: Path, text: str) -> None:
+    """Write an HTML page and say where (one line on stderr)."""
+    import typer
+
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot write ({exc.strerror or exc})") from None
+    typer.echo(f"wrote {path} ({len(text.encode()) / 1024:,.0f} KiB)", err=True)
+
+
+def run_html(
+    run: RecordedRun, settings: Settings, engine: EngineOptions, check: CheckReport,
+    progress: bool, config: dict[str, Any] | None = None,
+) -> tuple[str, list[str]]:  # fmt: skip
+    """The page of a run (``report RUN --html``, ``check RUN --report-html``) for the
+    steps ``check`` judged, and its notes."""
+    from ..commands.run_page import run_page
+    from ..views.html import CSS
+    from ..views.run_html import render_run_html
+
+    assert check.run is not None
+    specs = [(v.step, str(run.root / v.name)) for v in check.run.steps]
+    with steps_bar(progress) as on_step:
+        page = run_page(specs, settings, engine=engine, check=check, title=str(run.root),
+                        config=config if config is not None else run.config,
+                        on_step=on_step)  # fmt: skip
+    return render_run_html(page, CSS), page["notes"]
+
+
+def report_run(
+    run: RecordedRun, settings: Settings, notes: list[str], engine: EngineOptions,
+    progress: bool,
+) -> tuple[str, list[str]]:  # fmt: skip
+    """``report RUN --html``: ``check RUN`` (every complete step, its default rules), then
+    the run's page; the page and the notes."""
+    from ..check.config import load_config
+
+    report, notes = check_a_run(run, settings, load_config(None), None, None, engine,
+                                progress, False, notes)  # fmt: skip
+    text, more = run_html(run, settings, engine, report, progress)
+    return text, [*notes, *(n for n in more if n not in notes)]
+
+
+def step_explorer(
+    specs: Sequence[str], share: Any, settings: Settings, engine: EngineOptions
+) -> str:
+    """``report STEP --html``: the step's group and token explorer (the run page's, for
+    one step), or '' when the input is several steps or has no per-token log-probs."""
+    from ..commands.run_page import run_page
+    from ..views.run_html import explorer
+
+    if len(specs) != 1 or share.answers is None or share.trend is not None:
+        return ""
+    spec = specs[0]
+    run = None if "://" in spec or not Path(spec).is_dir() else find_run(Path(spec).parent)
+    page = run_page([(None, spec)], settings, engine=engine, title=share.source,
+                    config=None if run is None else run.config)  # fmt: skip
+    return explorer(page)

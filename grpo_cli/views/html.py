@@ -1,5 +1,6 @@
-"""The report to share: one self-contained HTML file (inline CSS and SVG, no script, no
-network), as pytest-html and coverage.py's htmlcov are: it opens from a CI artifact.
+"""The report to share: one self-contained HTML file (inline CSS and SVG, the explorer's
+one inline script, no network), as pytest-html and coverage.py's htmlcov are: it opens
+from a CI artifact.
 
 :func:`render_html` renders a :class:`grpo_cli.commands.share.ShareReport`: the one-screen
 summary, ``explain``'s findings, ``check``'s verdict, the distributions (log ρ in fine
@@ -435,10 +436,22 @@ def _answer_text(i: int, t: AnswerText, r: ObjectiveReport) -> str:
 
 
 # -------------------------------------------------------------------------- page
+def _explorer_css(explorer: str) -> str:
+    if not explorer:
+        return ""
+    from .run_html import EXPLORER_CSS
+
+    return EXPLORER_CSS
+
+
 def render_html(
-    s: ShareReport, thresholds: dict[str, tuple[float | None, float | None]] | None = None
+    s: ShareReport,
+    thresholds: dict[str, tuple[float | None, float | None]] | None = None,
+    explorer: str = "",
 ) -> str:
-    """The report as one HTML document (a string), self-contained."""
+    """The report as one HTML document (a string), self-contained; ``explorer`` the
+    step's group and token explorer (:func:`grpo_cli.views.run_html.explorer`), its one
+    inline script and data block, after the worst answers."""
     thresholds = thresholds or {}
     r = s.objective
     sections = [
@@ -454,6 +467,8 @@ def render_html(
         sections.append(f"<h2>Trend over {len(s.trend.steps)} steps</h2>"
                         f"{_trend(s.trend, thresholds)}")  # fmt: skip
     sections.append(f"<h2>Worst answers</h2>{_answers(s)}")
+    if explorer:
+        sections.append(explorer)
     if r.logged is not None:
         status = {"match": "pass", "differs": "fail"}
         rows = "".join(
@@ -476,6 +491,7 @@ def render_html(
     return (
         "<!DOCTYPE html><html lang=en><head><meta charset=utf-8>"
         "<meta name=viewport content='width=device-width,initial-scale=1'>"
-        f"<title>grpo-cli report: {_e(s.source)}</title><style>{CSS}</style></head>"
+        f"<title>grpo-cli report: {_e(s.source)}</title><style>{CSS}{_explorer_css(explorer)}"
+        "</style></head>"
         f"<body><main>{''.join(sections)}</main></body></html>\n"
     )
