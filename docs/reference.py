@@ -102,6 +102,18 @@ CHECK_WHY = {
     "different kernels or precision gives ~1e-3; practitioners alarm at 0.1 (then "
     "importance correction or a fix of the engine is needed). The message adds the IS "
     "weight mean, ESS and mean \\|Δp\\| (verl flags > 0.01 as an engine precision issue).",
+    "sampler-support": "a truncated or tempered sampler, told from the log-probs alone "
+    "(issue 29; TRL #6789, #7269, verl #6240): with δ = `old_logp` − `rollout_logp`, the "
+    "larger of its one-sidedness −mean δ / mean \\|δ\\| (a top-p/top-k/min-p sampler "
+    "reports log-probs renormalised over the kept tokens, so δ = log(kept mass) < 0 at every "
+    "token: 1.0) and \\|correlation of δ with `rollout_logp`\\| (a tempered sampler's "
+    "log-probs are log p / T + c: δ linear in the token's log-prob; 0.78 at T = 0.7 and 1.3 on "
+    "random logits). A precision mismatch gives ~0 on both (0.02 at σ = 0.02, 0.26 at σ = "
+    "0.5, 0.52 at σ = 1, where `rollout-mismatch` fails anyway), hence warn at 0.6, fail at "
+    "0.9 (a truncation: its ρ is off by the kept mass, 0.83 at top_p 0.8). Skipped below "
+    "`min_tokens` (100) tokens with δ ≠ 0. The message gives the IS weight mean raw and, for "
+    "a truncation, with the kept mass divided out (by bin of the logged entropy, else over "
+    "the batch), and the run's sampling settings from `meta.json`.",
     "unmasked-padding": "share of the answers (of 2+ valid tokens) that close with a run of "
     "2 or more exact 0.0 in every log-prob field present: the padding value of a file "
     "written without its mask (every token counts, lengths and KL means are diluted: 176 "

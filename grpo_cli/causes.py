@@ -31,11 +31,14 @@ __all__ = [
     "ALTERNATIVES",
     "FACTORS",
     "FLOAT32_ROUNDING",
+    "SAMPLER_KEYS",
     "Alternative",
     "CauseContext",
     "FactorRow",
     "explain",
     "factors_of",
+    "sampler_in_effect",
+    "sampler_settings",
 ]
 
 # float32 carries 24 bits (ε = 1.19e-7); a logged value summed over a few hundred float32
@@ -203,3 +206,43 @@ def explain(metric: str, logged: float, recomputed: float, ctx: CauseContext) ->
     scaled = cid.startswith(("times:", "over:"))
     text = f"logged = recomputed {words}" if scaled else f"logged = {words}"
     return Cause(metric, True, cid, text, cites, predicted, rel, ratio)
+
+
+# ------------------------------------------------------------------- the sampler's support
+# The sampling parameters a recorder writes to meta.json, by the last part of their key:
+# TRL's GRPOConfig (``temperature``, ``top_p``, ``top_k``, ``min_p``), verl's
+# ``actor_rollout_ref.rollout.*`` (``logprobs_mode``: vLLM's raw or processed log-probs),
+# OpenRLHF's ``rollout.*``.
+SAMPLER_KEYS = ("temperature", "top_p", "top_k", "min_p", "logprobs_mode")
+
+
+def sampler_settings(config: Mapping[str, object]) -> dict[str, object]:
+    """The sampling parameters of a run's config (:data:`SAMPLER_KEYS`), by their short
+    name: a top-level key (TRL) or one under ``rollout.`` (verl, OpenRLHF)."""
+    out: dict[str, object] = {}
+    for key, v in config.items():
+        last = key.rsplit(".", 1)[-1]
+        if last in SAMPLER_KEYS and (key == last or key.endswith("rollout." + last)):
+            out[last] = v
+    return out
+
+
+def _number(v: object) -> float | None:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def sampler_in_effect(s: Mapping[str, object]) -> list[str]:
+    """The settings of :func:`sampler_settings` that change the sampler's distribution:
+    a temperature other than 1, top_p below 1, top_k above 0 (verl's -1 and HF's 0 are
+    off), min_p above 0."""
+    out = []
+    t, p, k, m = (_number(s.get(x)) for x in ("temperature", "top_p", "top_k", "min_p"))
+    if t is not None and t != 1.0:
+        out.append(f"temperature {t:g}")
+    if p is not None and p < 1.0:
+        out.append(f"top_p {p:g}")
+    if k is not None and k > 0:
+        out.append(f"top_k {k:g}")
+    if m is not None and m > 0.0:
+        out.append(f"min_p {m:g}")
+    return out

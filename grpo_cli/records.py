@@ -6,7 +6,7 @@ each command's module for its own), never patched afterwards.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +41,7 @@ __all__ = [
     "ObjectiveReport",
     "Result",
     "RolloutReport",
+    "SamplerSupport",
     "ShareReport",
     "StepRow",
     "TrendReport",
@@ -289,6 +290,8 @@ class ObjectiveReport:
     # what a logged difference may come from, built when asked (grpo_cli.causes: only a
     # differing metric asks); not in JSON
     causes: Callable[[], Any] | None = field(default=None, compare=False, repr=False)
+    # a recorded run's meta.json config (the causes from the configuration); not in JSON
+    run_config: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def loss(self) -> float:
@@ -296,6 +299,44 @@ class ObjectiveReport:
 
 
 # ------------------------------------------------------------------- token partials
+@dataclass(frozen=True)
+class SamplerSupport:
+    """The sampler's support read from the log-probs alone (:mod:`grpo_cli.fold.sampler`):
+    with ``δ = old_logp − rollout_logp`` over valid tokens, how many are below and above 0,
+    ``one_sided = −mean δ / mean |δ|`` (1: every δ < 0, a truncated sampler's log-probs
+    renormalised over the kept tokens; near 0: a precision mismatch), ``corr_rollout`` the
+    correlation of δ with ``rollout_logp`` (a tempered sampler: δ linear in the token's
+    log-prob within a position), ``corr_entropy`` with the trainer's entropy (when logged;
+    a truncation's δ grows with it), ``mean_delta`` (log of the geometric-mean kept mass
+    under truncation), the raw IS weight mean ``mean exp(δ)`` and, where the kept mass can
+    be estimated (``one_sided`` ≥ 0.5), ``kept_mass`` and the weight with it divided out,
+    by entropy bin or over the batch (``corrected_by``)."""
+
+    tokens: int
+    below: int
+    above: int
+    one_sided: float
+    corr_rollout: float | None
+    mean_delta: float
+    is_weight_mean: float
+    corr_entropy: float | None = None
+    kept_mass: float | None = None
+    is_weight_mean_corrected: float | None = None
+    corrected_by: str | None = None
+
+    @property
+    def signature(self) -> tuple[str, float]:
+        """Which signature is the stronger, and its size: ``truncated`` (``one_sided``) or
+        ``tempered`` (``|corr_rollout|``)."""
+        corr = abs(self.corr_rollout) if self.corr_rollout is not None else 0.0
+        return ("truncated", self.one_sided) if self.one_sided >= corr else ("tempered", corr)
+
+    def to_json(self) -> dict[str, Any]:
+        """Every field; those that do not apply (no entropy logged, no kept mass) left out."""
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        return {k: v for k, v in out.items() if v is not None}
+
+
 @dataclass(frozen=True)
 class RolloutReport:
     """Sampler vs trainer: the inference engine's log-probs ``rollout_logp`` against the
@@ -322,9 +363,13 @@ class RolloutReport:
     ess_token: float
     ess_sequence: float
     prob_abs_diff_mean: float
+    support: SamplerSupport | None = None  # truncated or tempered? (grpo_cli.fold.sampler)
 
     def to_json(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "support"}
+        if self.support is not None:
+            out["support"] = self.support.to_json()
+        return out
 
 
 # ---------------------------------------------------------------------- logged

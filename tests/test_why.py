@@ -116,3 +116,142 @@ def test_the_closest_explanation_within_float32_rounding() -> None:
     assert not c.found and c.ratio == pytest.approx(3 * (1 + 1e-4))
     c = explain("loss", 1.0, 0.0, ctx)  # nothing to scale: no ratio
     assert not c.found and c.ratio is None and "ratio" not in c.to_json()
+
+
+# ------------------------------------------------------------- the sampler's support (B)
+def _lsm(x: np.ndarray) -> np.ndarray:
+    m = x.max(-1, keepdims=True)
+    out: np.ndarray = x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
+    return out
+
+
+def _sampled(sampler: str, seed: int = 0, n: int = 64, length: int = 40, vocab: int = 50) -> Any:
+    """Random logits z (scales 0.5-4 by position); the trainer's policy softmax(z); the
+    sampler's: top-p 0.8 of it renormalised, softmax(z / 0.7), or softmax(z + N(0, 0.02))
+    (a precision mismatch). A token is drawn from the sampler at every position; returns
+    the trainer's and the sampler's log-probs of it, the trainer's entropy, and each
+    position's kept mass (top-p)."""
+    rng = np.random.default_rng(seed)
+    z = rng.normal(size=(n, length, vocab)) * rng.uniform(0.5, 4, size=(n, length, 1))
+    lp = _lsm(z)
+    p = np.exp(lp)
+    kept = np.ones((n, length))
+    if sampler == "top-p":
+        order = np.argsort(-p, -1)
+        ps = np.take_along_axis(p, order, -1)
+        keep_sorted = ps.cumsum(-1) - ps < 0.8  # the smallest set whose mass reaches 0.8
+        keep = np.zeros_like(keep_sorted)
+        np.put_along_axis(keep, order, keep_sorted, -1)
+        kept = np.where(keep, p, 0.0).sum(-1)
+        q = np.where(keep, p, 0.0) / kept[..., None]
+    elif sampler == "tempered":
+        q = np.exp(_lsm(z / 0.7))
+    else:
+        q = np.exp(_lsm(z + rng.normal(size=z.shape) * 0.02))
+    tok = (rng.random((n, length, 1)) < q.cumsum(-1)).argmax(-1)
+    old = np.take_along_axis(lp, tok[..., None], -1)[..., 0]
+    rollout = np.log(np.take_along_axis(q, tok[..., None], -1)[..., 0])
+    entropy = -(p * lp).sum(-1)
+    return old, rollout, entropy, kept
+
+
+def _sampler_file(tmp_path: Path, sampler: str, seed: int = 0) -> tuple[Path, Any]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    old, rollout, entropy, kept = _sampled(sampler, seed)
+    n = old.shape[0]
+    t = pa.table({
+        "group": np.repeat(np.arange(n // 8), 8), "reward": np.arange(n) % 3 * 1.0,
+        "logp": list(old), "old_logp": list(old), "rollout_logp": list(rollout),
+        "entropy": list(entropy),
+    })  # fmt: skip
+    path = tmp_path / f"{sampler}.parquet"
+    pq.write_table(t, path)
+    return path, (old, rollout, entropy, kept)
+
+
+def _rule(cli: Cli, path: Path) -> dict[str, Any]:
+    doc = json.loads(cli("check", path, "--beta", "0", "--format", "json").stdout)
+    res: dict[str, Any] = next(x for x in doc["results"] if x["rule"] == "sampler-support")
+    return res
+
+
+def test_a_top_p_sampler_is_named_with_its_kept_mass(cli: Cli, tmp_path: Path) -> None:
+    path, (old, rollout, entropy, kept) = _sampler_file(tmp_path, "top-p")
+    delta = (old - rollout).ravel()
+    assert np.allclose(delta, np.log(kept).ravel())  # δ = log kept mass, by construction
+    res = _rule(cli, path)
+    assert res["status"] == "fail" and res["value"] == pytest.approx(1.0)
+    assert res["message"].startswith("a truncated sampler")
+    sp = cli.json("objective", path, "--beta", "0")["rollout"]["support"]
+    assert sp["below"] == delta.size and sp["above"] == 0
+    # ρ raw is the kept mass itself; the geometric mean of the kept mass is exp(mean δ)
+    assert sp["is_weight_mean"] == pytest.approx(kept.mean(), rel=1e-9)
+    assert sp["kept_mass"] == pytest.approx(np.exp(np.log(kept).mean()), rel=1e-9)
+    assert sp["corr_entropy"] < -0.5  # less mass kept where the distribution is flat
+    # corrected by entropy bin (0.25 nats): the kept mass divided out, ρ back near 1
+    bins = np.minimum((entropy.ravel() / 0.25).astype(int), 39)
+    log_k = np.bincount(bins, np.log(kept).ravel(), 40) / np.maximum(np.bincount(bins, None, 40), 1)
+    want = np.mean(kept.ravel() / np.exp(log_k[bins]))
+    assert sp["corrected_by"] == "entropy"
+    assert sp["is_weight_mean_corrected"] == pytest.approx(want, rel=1e-9)
+    assert abs(want - 1) < 0.01 < abs(kept.mean() - 1)
+    ex = cli.json("explain", path, "--beta", "0")
+    f = [x for x in ex["findings"] if x["id"] == "sampler-support"]
+    assert len(f) == 1 and f[0]["severity"] == "alarm"
+    assert f[0]["evidence"]["signature"] == "truncated"
+    assert "keep-sampling mask" in f[0]["message"]
+
+
+def test_a_tempered_sampler_is_named(cli: Cli, tmp_path: Path) -> None:
+    path, (old, rollout, _, _) = _sampler_file(tmp_path, "tempered")
+    d, r = (old - rollout).ravel(), rollout.ravel()
+    corr = float(np.corrcoef(d, r)[0, 1])
+    assert corr < -0.6  # log p_T = log p / T + c: δ falls as the token's log-prob rises
+    res = _rule(cli, path)
+    assert res["status"] == "warn" and res["value"] == pytest.approx(abs(corr), rel=1e-9)
+    assert res["message"].startswith("a tempered sampler (temperature below 1")
+    ex = cli.json("explain", path, "--beta", "0")
+    f = [x for x in ex["findings"] if x["id"] == "sampler-support"]
+    assert len(f) == 1 and f[0]["evidence"]["signature"] == "tempered"
+    assert "kept_mass" not in f[0]["evidence"]  # a temperature keeps every token
+
+
+def test_an_untruncated_sampler_is_not_named(cli: Cli, tmp_path: Path) -> None:
+    for seed in (0, 1, 2):
+        path, _ = _sampler_file(tmp_path, "precision", seed)
+        res = _rule(cli, path)
+        assert res["status"] == "pass" and res["value"] < 0.1, res
+        assert res["message"].startswith("no sign of")
+        ex = cli.json("explain", path, "--beta", "0")
+        assert not [x for x in ex["findings"] if x["id"] == "sampler-support"]
+
+
+def test_the_support_sums_merge() -> None:
+    from grpo_cli.fold.sampler import SupportSums
+
+    old, rollout, entropy, _ = _sampled("top-p", 3, n=8)
+    d, r, e = (old - rollout).ravel(), rollout.ravel(), entropy.ravel()
+    one, a, b = SupportSums(), SupportSums(), SupportSums()
+    one.update(d, r, e)
+    a.update(d[:100], r[:100], e[:100])
+    b.update(d[100:], r[100:], e[100:])
+    x, y = one.report(), a.merge(b).report()
+    assert x is not None and y is not None
+    for k, v in x.to_json().items():
+        assert y.to_json()[k] == (pytest.approx(v, rel=1e-9) if isinstance(v, float) else v)
+
+
+def test_sampling_settings_from_every_trainers_config() -> None:
+    from grpo_cli.causes import sampler_in_effect, sampler_settings
+
+    trl = {"temperature": 1.0, "top_p": 0.8, "top_k": 0, "min_p": None,
+           "sapo_temperature_neg": 1.05}  # fmt: skip
+    verl = {"actor_rollout_ref.rollout.temperature": 0.7, "actor_rollout_ref.rollout.top_k": -1,
+            "actor_rollout_ref.rollout.logprobs_mode": "processed_logprobs"}  # fmt: skip
+    orl = {"rollout.top_p": 1.0, "rollout.temperature": 1.0}
+    assert sampler_in_effect(sampler_settings(trl)) == ["top_p 0.8"]
+    assert sampler_settings(verl)["logprobs_mode"] == "processed_logprobs"
+    assert sampler_in_effect(sampler_settings(verl)) == ["temperature 0.7"]
+    assert sampler_in_effect(sampler_settings(orl)) == []

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..check.rules import RULES
+from ..check.rules import RULES, support_words
 from ..records import EXTREME, Finding, ObjectiveReport
 
 __all__ = ["SEVERITIES", "explain_findings"]
@@ -180,6 +180,31 @@ def _sampler_mismatch(r: ObjectiveReport) -> list[Finding]:
     return out
 
 
+def _sampler_support(r: ObjectiveReport) -> list[Finding]:
+    """A truncated or tempered sampler (check's ``sampler-support``), with ρ raw and, where
+    the kept mass can be estimated, corrected; and what to change."""
+    ro = r.rollout
+    sp = None if ro is None else ro.support
+    if sp is None or sp.below + sp.above < RULES["sampler-support"][1].params["min_tokens"]:
+        return []
+    kind, size = sp.signature
+    if (lvl := _level("sampler-support", size)) is None:
+        return []
+    fix = (
+        "compute ρ against the trainer's log-prob renormalised over the same kept set (a "
+        "keep-sampling mask), take the sampler's raw log-probs (vLLM logprobs_mode "
+        "raw_logprobs) and divide the kept mass out, or sample untruncated"
+        if kind == "truncated"
+        else "score the trainer's log-probs at the sampler's temperature (logits / T, as "
+        "TRL and verl do with their temperature setting) or sample at temperature 1"
+    )
+    return [Finding(
+        "sampler-support", lvl, f"{support_words(sp, r.run_config, True)}. To fix: {fix}.",
+        {**sp.to_json(), "signature": kind, "size": size,
+         "thresholds": _thresholds("sampler-support")},
+    )]  # fmt: skip
+
+
 def _entropy_collapse(r: ObjectiveReport) -> list[Finding]:
     out: list[Finding] = []
     e = r.entropy
@@ -237,7 +262,8 @@ def _logged_causes(r: ObjectiveReport) -> list[Finding]:
 
 FINDERS: tuple[Callable[[ObjectiveReport], list[Finding]], ...] = (
     _negative_loss, _near_zero_loss, _groups, _clipping, _kl_drift, _ratio_outliers,
-    _sampler_mismatch, _lengths, _entropy_collapse, _residual_advantages, _logged_causes,
+    _sampler_mismatch, _sampler_support, _lengths, _entropy_collapse, _residual_advantages,
+    _logged_causes,
 )  # fmt: skip
 
 

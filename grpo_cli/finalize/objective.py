@@ -3,6 +3,7 @@ the merged partial and pass 1, with its warnings."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -29,6 +30,7 @@ from ..records import (
     LoggedReport,
     LossClip,
     ObjectiveReport,
+    RolloutReport,
 )
 from ..settings import Settings
 from ..trainers import MetricInputs, trainer_of
@@ -403,7 +405,7 @@ def objective_record(
         lengths=int_distribution(acc.lengths), advantage=values_distribution(adv),
         group_summary=group_summary, trainer_metrics=metrics, trainer_metrics_whole=whole_step,
         calls=None if calls is None else calls.calls, length_weights=length_weights(acc),
-        rollout=acc.rollout.report(), loss_metrics=acc.loss_metrics.values(),
+        rollout=rollout_report(acc), loss_metrics=acc.loss_metrics.values(),
         entropy=distribution(acc.entropy, acc.entropy_q) if acc.entropy.n else None,
         warnings=warnings, engine=engine, ran=ran or p1.ran, logged=compared,
         ratio_band=ratio_band,
@@ -414,7 +416,14 @@ def objective_record(
         length_adv=acc.length_adv.counts, length_adv_edges=(LENGTH_EDGES, ADV_EDGES),
         log_ratio_bins=_occupied_bins(acc.delta.hist) if acc.tokens else None,
         kl_bins=_kl_bins(acc) if has_kl else None, causes=causes,
+        run_config=src.recorded.run.config if src.recorded is not None else {},
     )  # fmt: skip
+
+
+def rollout_report(acc: TokenPartial) -> RolloutReport | None:
+    """Sampler vs trainer, with the sampler's support read from δ alone."""
+    ro = acc.rollout.report()
+    return None if ro is None else dataclasses.replace(ro, support=acc.support.report())
 
 
 def _occupied_bins(h: Histogram) -> tuple[float, F64, I64]:

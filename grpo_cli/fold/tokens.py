@@ -70,6 +70,7 @@ from .parts import (
     seq_mean,
     sequence_means,
 )
+from .sampler import SupportSums
 
 
 class TokenPartial:
@@ -109,6 +110,7 @@ class TokenPartial:
         "kl_answer",
         "kl_answer_q",
         "rollout",
+        "support",
         "entropy",
         "entropy_q",
         "bonus_entropy",
@@ -155,6 +157,7 @@ class TokenPartial:
         self.kl_answer = Moments()
         self.kl_answer_q = Sketch(*ANSWER_BINS, **cap)
         self.rollout = RolloutPartial()
+        self.support = SupportSums()  # a truncated or tempered sampler, from δ alone
         self.entropy = Moments()
         self.entropy_q = Sketch(*ENTROPY_BINS, **cap)
         self.bonus_entropy = MaskedSums()  # the entropy over the masks the trainer's bonus takes
@@ -506,6 +509,7 @@ class TokenPartial:
             old = b.fields.get("old_logp", b.fields["logp"])
             delta_r = difference(old, rollout)
             sums.rollout = self.rollout.update_tokens(delta_r, old, rollout, b.offsets)
+            self.support.update(delta_r, rollout, entropy)
 
     def merge(self, o: TokenPartial) -> TokenPartial:
         """Every part merges with its own; partials of other settings are refused."""
