@@ -114,6 +114,14 @@ CHECK_WHY = {
     "`min_tokens` (100) tokens with δ ≠ 0. The message gives the IS weight mean raw and, for "
     "a truncation, with the kept mass divided out (by bin of the logged entropy, else over "
     "the batch), and the run's sampling settings from `meta.json`.",
+    "config-causes": "causes from the run's configuration (`meta.json`) and its data, each "
+    "an explain finding too (issue 29): `micro-batch-mismatch` (verl, on-policy by its "
+    "config, `ppo_epochs` 1 and `ppo_mini_batch_size` ≥ `data.train_batch_size`, yet ρ ≠ 1 "
+    "or tokens clipped, with `rollout.log_prob_micro_batch_size_per_gpu` ≠ "
+    "`actor.ppo_micro_batch_size_per_gpu`: the two forward passes differ by batch shape, "
+    "verl #6280, #2088, #2305), `kl-twice` (verl `use_kl_in_reward` and `actor.use_kl_loss` "
+    "both true) and `reference-is-policy` (β > 0 and the KL exactly 0 at every token). "
+    "The value is how many apply; any one warns (a setting to change, not a broken batch).",
     "unmasked-padding": "share of the answers (of 2+ valid tokens) that close with a run of "
     "2 or more exact 0.0 in every log-prob field present: the padding value of a file "
     "written without its mask (every token counts, lengths and KL means are diluted: 176 "

@@ -383,6 +383,8 @@ class Calls:
     calls: int
     files: int
     notes: list[str] = field(default_factory=list)
+    # the same metrics combined the other ways trainers have (grpo_cli.causes), by id
+    alternatives: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -255,3 +255,176 @@ def test_sampling_settings_from_every_trainers_config() -> None:
     assert sampler_settings(verl)["logprobs_mode"] == "processed_logprobs"
     assert sampler_in_effect(sampler_settings(verl)) == ["temperature 0.7"]
     assert sampler_in_effect(sampler_settings(orl)) == []
+
+
+# ------------------------------------------------- per-process vs global reduction (A)
+def _two_ranks(run_dir: Path, to: Path, step: int) -> Path:
+    """The run copied with step ``step``'s every call file split into two ranks (its
+    first answer on rank 0, the rest on rank 1), as a world of 2 records it."""
+    import pyarrow.parquet as pq
+
+    shutil.copytree(run_dir, to)
+    meta = json.loads((to / "meta.json").read_text())
+    meta["world_size"] = 2
+    (to / "meta.json").write_text(json.dumps(meta))
+    d = to / f"step_{step:06d}"
+    for p in sorted(d.glob("rank000-mb*.parquet")):
+        t = pq.read_table(p)
+        md = dict(t.schema.metadata or {})
+        info = json.loads(md[b"grpo_cli"])
+        half = 1
+        for rank, part in ((0, t.slice(0, half)), (1, t.slice(half))):
+            md[b"grpo_cli"] = json.dumps(info | {"rank": rank, "world_size": 2}).encode()
+            name = p.name.replace("rank000", f"rank{rank:03d}")
+            pq.write_table(part.replace_schema_metadata(md), d / name)
+    for rank in (0, 1):
+        (d / f"_DONE.rank{rank:03d}").touch()
+    return d
+
+
+def _entropy_means(d: Path) -> dict[tuple[int, int], tuple[float, int]]:
+    """Each (call, rank) file's mean entropy over its valid tokens, and their count."""
+    import pyarrow.parquet as pq
+
+    out = {}
+    for p in sorted(d.glob("rank*-mb*.parquet")):
+        t = pq.read_table(p).to_pydict()
+        e = np.concatenate([np.asarray(x, dtype=np.float64) for x in t["entropy"]])
+        m = np.concatenate([np.asarray(x, dtype=bool) for x in t["mask"]]) if "mask" in t else None
+        e = e if m is None else e[m]
+        rank, call = (int(x) for x in p.stem.replace("rank", "").split("-mb"))
+        out[(call, rank)] = (float(e.mean()), int(e.size))
+    return out
+
+
+def test_a_metric_logged_as_the_mean_of_the_ranks_means(
+    cli: Cli, trl_run: Any, tmp_path: Path
+) -> None:
+    run = trl_run("ga2_dapo")
+    d = _two_ranks(run.directory, tmp_path / "w2", 2)
+    per = _entropy_means(d)
+    calls = sorted({c for c, _ in per})
+    pooled = np.mean([
+        sum(per[(c, r)][0] * per[(c, r)][1] for r in (0, 1)) / sum(per[(c, r)][1] for r in (0, 1))
+        for c in calls
+    ])  # fmt: skip
+    rank_mean = float(np.mean([np.mean([per[(c, r)][0] for r in (0, 1)]) for c in calls]))
+    assert abs(rank_mean - pooled) > 1e-4 * abs(pooled)  # the ranks' token counts differ
+    doc = cli.json("objective", d)
+    assert doc["trainer_metrics"]["metrics"]["entropy"] == pytest.approx(pooled, rel=1e-9)  # TRL
+    assert _causes(doc) == {}  # the split alone changes nothing TRL 1.16 logs
+    p = d.parent / "metrics.jsonl"
+    rows = [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+    for r in rows:
+        if r.get("step") == 2 and "entropy" in r:
+            r["entropy"] = float(np.float32(rank_mean))  # as a trainer before TRL #6380 logs it
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    # (a difference of 4e-4: under the default tolerance of 1e-3, so asked tighter)
+    cause = _causes(cli.json("objective", d, "--logged-tolerance", "1e-5"))["entropy"]
+    assert cause["found"] and cause["id"] == "rank-mean" and "#6380" in cause["cite"]
+    assert cause["predicted"] == pytest.approx(rank_mean, rel=1e-9)
+
+
+def test_one_value_per_optimizer_window() -> None:
+    from grpo_cli.fold.calls import Folded, _alternatives
+    from grpo_cli.trainers.trl import CALLS
+
+    # a logging interval of two windows: 2 calls, then a short one of 1 (TRL #7047)
+    calls: list[dict[str, float | None]] = [{"entropy": 1.0}, {"entropy": 2.0}, {"entropy": 6.0}]
+    f = Folded(calls=calls, losses=[[0.1], [0.2], [0.3]], windows=[2, 1])
+    flat = (1.0 + 2.0 + 6.0) / 3  # what TRL 1.16 logs: the mean over the calls
+    got = _alternatives(CALLS, f, 2, {"entropy": flat})
+    assert got["window-mean"] == {"entropy": ((1.0 + 2.0) / 2 + 6.0) / 2}
+    assert "rank-mean" not in got  # one rank
+    even = Folded(calls=calls[:2], losses=[[0.1], [0.2]], windows=[1, 1])
+    assert _alternatives(CALLS, even, 2, {"entropy": 1.5}) == {}  # equal windows: the same
+
+
+# ------------------------------------------------------- causes from the configuration (C)
+A_ = "actor_rollout_ref.actor."
+VERL_ON_POLICY = {
+    "algorithm.adv_estimator": "grpo", "algorithm.use_kl_in_reward": False,
+    A_ + "use_kl_loss": False, A_ + "ppo_epochs": 1, A_ + "ppo_mini_batch_size": 4,
+    "data.train_batch_size": 4, A_ + "ppo_micro_batch_size_per_gpu": 4,
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 4,
+}  # fmt: skip
+
+
+def _verl_run(root: Path, config: dict[str, Any], *, noise: float, ref: str = "none") -> Path:
+    """A recorded verl step of 8 answers of 6 tokens: logp = old_logp + N(0, noise) (0: the
+    same bits), ref_logp absent, independent (``"other"``) or logp itself (``"same"``)."""
+    from grpo_cli.integrations._writer import RunWriter, rollout_table
+
+    rng = np.random.default_rng(7)
+    n, width = 8, 6
+    old = -rng.exponential(1.0, (n, width))
+    logp = old + rng.normal(0, noise, (n, width)) if noise else old.copy()
+    tokens = {"logp": np.minimum(logp, -1e-3) if noise else logp, "old_logp": old}
+    if ref == "other":
+        tokens["ref_logp"] = np.minimum(old + rng.normal(0, 0.1, (n, width)), -1e-3)
+    elif ref == "same":
+        tokens["ref_logp"] = tokens["logp"].copy()
+    w = RunWriter(root, trainer="verl", trainer_version="0.9.1", config=config)
+    t = rollout_table(
+        group=[f"g{i // 4}" for i in range(n)], reward=rng.integers(0, 2, n).astype(float),
+        advantage=None,
+        mask=np.ones((n, width), bool), tokens=tokens,
+    )  # fmt: skip
+    w.write_micro_batch(1, 0, t, {"micro_batches": 1})
+    w.finish_step(1)
+    return root / "step_000001"
+
+
+def _finding(cli: Cli, step: Path, fid: str) -> list[dict[str, Any]]:
+    ex = cli.json("explain", step)
+    return [x for x in ex["findings"] if x["id"] == fid]
+
+
+def _config_rule(cli: Cli, step: Path) -> dict[str, Any]:
+    doc = json.loads(cli("check", step, "--format", "json").stdout)
+    res: dict[str, Any] = next(x for x in doc["results"] if x["rule"] == "config-causes")
+    return res
+
+
+def test_unequal_micro_batches_in_an_on_policy_run(cli: Cli, tmp_path: Path) -> None:
+    roll = "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"
+    cfg = VERL_ON_POLICY | {roll: 16}
+    step = _verl_run(tmp_path / "a", cfg, noise=0.2)
+    f = _finding(cli, step, "micro-batch-mismatch")
+    assert len(f) == 1 and f[0]["evidence"][roll] == 16
+    assert f[0]["evidence"]["clip_region"] > 0 and "verl #6280" in f[0]["message"]
+    res = _config_rule(cli, step)
+    assert res["status"] == "warn" and res["value"] == 1
+    assert res["message"].startswith("micro-batch-mismatch: on-policy by its config")
+    # equal sizes, ρ = 1 (no symptom), or several epochs (off-policy by design): nothing
+    for where, c, noise in (("b", VERL_ON_POLICY, 0.2), ("c", cfg, 0.0),
+                            ("d", cfg | {A_ + "ppo_epochs": 2}, 0.2)):  # fmt: skip
+        s = _verl_run(tmp_path / where, c, noise=noise)
+        assert not _finding(cli, s, "micro-batch-mismatch")
+        assert _config_rule(cli, s)["status"] == "pass"
+
+
+def test_kl_in_the_reward_and_in_the_loss(cli: Cli, tmp_path: Path) -> None:
+    both = VERL_ON_POLICY | {
+        "algorithm.use_kl_in_reward": True, A_ + "use_kl_loss": True,
+        "algorithm.kl_ctrl.kl_coef": 0.001, A_ + "kl_loss_coef": 0.01,
+    }  # fmt: skip
+    step = _verl_run(tmp_path / "a", both, noise=0.0, ref="other")
+    f = _finding(cli, step, "kl-twice")
+    assert len(f) == 1 and "kl_loss_coef 0.01" in f[0]["message"]
+    assert _config_rule(cli, step)["message"].startswith("kl-twice:")
+    one = both | {"algorithm.use_kl_in_reward": False}
+    assert not _finding(cli, _verl_run(tmp_path / "b", one, noise=0.0, ref="other"), "kl-twice")
+
+
+def test_a_reference_that_is_the_policy(cli: Cli, tmp_path: Path) -> None:
+    kl = VERL_ON_POLICY | {A_ + "use_kl_loss": True, A_ + "kl_loss_coef": 0.01}
+    step = _verl_run(tmp_path / "a", kl, noise=0.0, ref="same")
+    f = _finding(cli, step, "reference-is-policy")
+    assert len(f) == 1 and f[0]["evidence"]["tokens"] == 48 and f[0]["evidence"]["beta"] == 0.01
+    assert _config_rule(cli, step)["value"] == 1
+    other = _verl_run(tmp_path / "b", kl, noise=0.0, ref="other")
+    assert not _finding(cli, other, "reference-is-policy")
+    off = VERL_ON_POLICY  # β = 0: a reference that is the policy changes nothing
+    assert not _finding(cli, _verl_run(tmp_path / "c", off, noise=0.0, ref="same"),
+                        "reference-is-policy")  # fmt: skip

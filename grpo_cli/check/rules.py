@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ..causes import sampler_in_effect, sampler_settings
+from ..causes import config_causes, sampler_in_effect, sampler_settings
 from ..fold.loss import clip_unit
 from ..fold.mistakes import shifted
 from ..fold.summaries import SINGLETONS
@@ -317,6 +317,23 @@ def rule_sampler_support(f: Facts, c: RuleConfig) -> Result:
     return _judge(rid, c, size, support_words(sp, config, named))
 
 
+def rule_config_causes(f: Facts, c: RuleConfig) -> Result:
+    """Causes from the configuration (:func:`grpo_cli.causes.config_causes`): settings
+    that contradict each other or the data (unequal rollout and actor micro-batch sizes
+    in an on-policy run with ρ ≠ 1, the KL in the reward and the loss at once, a reference
+    that is the policy); the value is how many apply."""
+    rid = "config-causes"
+    if (skip := _need_report(rid, f)) is not None:
+        return skip
+    assert f.report is not None
+    found = config_causes(f.report)
+    if not found:
+        return _judge(rid, c, 0, "no known conflict between the run's settings and its data")
+    ex = [{"id": x.id, **x.evidence} for x in found]
+    more = f" (+{len(found) - 1} more: {', '.join(x.id for x in found[1:])})" if found[1:] else ""
+    return _judge(rid, c, len(found), f"{found[0].id}: {found[0].message}{more}", ex)
+
+
 def rule_unmasked_padding(f: Facts, c: RuleConfig) -> Result:
     """The share of answers (of 2+ valid tokens) closing with a run of exact 0.0 in every
     log-prob field: padding counted as tokens (:class:`grpo_cli.fold.mistakes.ClosingZeros`)."""
@@ -493,6 +510,7 @@ RULES: dict[str, tuple[Rule, RuleConfig]] = {
         rule_sampler_support,
         RuleConfig(warn=0.6, fail=0.9, params={"min_tokens": 100}),
     ),
+    "config-causes": (rule_config_causes, RuleConfig(warn=0)),
     "unmasked-padding": (rule_unmasked_padding, RuleConfig(warn=0.2, fail=0.5)),
     "logp-alignment": (rule_logp_alignment, RuleConfig(fail=0)),
     "advantage-mean": (rule_advantage_mean, RuleConfig(warn=1e-6, fail=1e-3)),

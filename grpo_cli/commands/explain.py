@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..causes import config_causes
 from ..check.rules import RULES, support_words
 from ..records import EXTREME, Finding, ObjectiveReport
 
@@ -263,7 +264,7 @@ def _logged_causes(r: ObjectiveReport) -> list[Finding]:
 FINDERS: tuple[Callable[[ObjectiveReport], list[Finding]], ...] = (
     _negative_loss, _near_zero_loss, _groups, _clipping, _kl_drift, _ratio_outliers,
     _sampler_mismatch, _sampler_support, _lengths, _entropy_collapse, _residual_advantages,
-    _logged_causes,
+    _logged_causes, config_causes,
 )  # fmt: skip
 
 

@@ -299,11 +299,14 @@ def cause_context(
     metrics: dict[str, float],
     whole_step: dict[str, float] | None,
     calls: int | None,
+    combined: dict[str, dict[str, float]] | None = None,
 ) -> CauseContext:
     """What a logged difference may come from (:mod:`grpo_cli.causes`): the counts of the
     recorded step and its config, the step's tokens as one batch (``whole_step``, when the
     metrics come from several loss calls), and, for a step of one call, the loss and the
-    policy term under every other aggregation (the metrics equal to this aggregation's)."""
+    policy term under every other aggregation (the metrics equal to this aggregation's);
+    ``combined``: the calls' metrics combined the other ways trainers have (by id of
+    :data:`~grpo_cli.causes.ALTERNATIVES`: per-process means, one value per window)."""
     rec = src.recorded
     config = rec.run.config if rec is not None else {}
     world = rec.run.world_size if rec is not None else None
@@ -311,6 +314,10 @@ def cause_context(
     if whole_step:
         words, cite = ALTERNATIVES["whole-step"]
         alts.append(Alternative("whole-step", words, cite, whole_step))
+    for cid, values in (combined or {}).items():
+        if values:
+            words, cite = ALTERNATIVES[cid]
+            alts.append(Alternative(cid, words, cite, values))
     if not calls or calls == 1:
         words, cite = ALTERNATIVES["aggregation"]
         loss, policy = -acc.objective(settings.agg), -acc.aggregate("policy", settings.agg)
@@ -387,7 +394,8 @@ def objective_record(
     n_calls = None if calls is None else calls.calls
 
     def causes() -> CauseContext:
-        return cause_context(src, settings, acc, metrics, whole_step, n_calls)
+        combined = None if calls is None else calls.alternatives
+        return cause_context(src, settings, acc, metrics, whole_step, n_calls, combined)
 
     compared = None if logged is None else logged_comparison(logged, metrics, warnings, causes)
     has_kl = acc.kl_values.n > 0
