@@ -323,9 +323,11 @@ def _kl_twice(r: ObjectiveReport) -> Finding | None:
 
 
 def _reference_is_policy(r: ObjectiveReport) -> Finding | None:
-    """β > 0 and the KL to the reference exactly 0 at every token: ref_logp is logp."""
+    """A recorded run with β > 0 and the KL to the reference exactly 0 at every token:
+    ref_logp is logp (a file of its own, with no run config, is not judged: hand-made
+    examples often copy the column)."""
     kl = r.kl
-    if not (r.settings.beta > 0 and kl is not None and kl.count > 0):
+    if not (r.run_config and r.settings.beta > 0 and kl is not None and kl.count > 0):
         return None
     if kl.min != 0.0 or kl.max != 0.0:
         return None

@@ -39,6 +39,7 @@ __all__ = [
     "LoggedReport",
     "LossClip",
     "ObjectiveReport",
+    "PositionBucket",
     "Result",
     "RolloutReport",
     "SamplerSupport",
@@ -290,6 +291,8 @@ class ObjectiveReport:
     # what a logged difference may come from, built when asked (grpo_cli.causes: only a
     # differing metric asks); not in JSON
     causes: Callable[[], Any] | None = field(default=None, compare=False, repr=False)
+    # the entropy, KL and mismatch by position along the answer (explain only); not in JSON
+    positions: list[PositionBucket] | None = field(default=None, compare=False, repr=False)
     # a recorded run's meta.json config (the causes from the configuration); not in JSON
     run_config: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -299,6 +302,27 @@ class ObjectiveReport:
 
 
 # ------------------------------------------------------------------- token partials
+@dataclass(frozen=True)
+class PositionBucket:
+    """Tokens at positions ``lo`` .. ``hi − 1`` of their answers (``hi`` None: the last,
+    open bucket; :mod:`grpo_cli.fold.where`): how many, the mean entropy, KL to the
+    reference and sampler–trainer ``|δ|`` where logged, and the KL's and ``|δ|``'s sums."""
+
+    lo: int
+    hi: int | None
+    tokens: int
+    entropy: float | None
+    kl: float | None
+    mismatch: float | None
+    kl_tokens: int = 0
+    kl_sum: float = 0.0
+    mismatch_sum: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        return {k: v for k, v in out.items() if v is not None}
+
+
 @dataclass(frozen=True)
 class SamplerSupport:
     """The sampler's support read from the log-probs alone (:mod:`grpo_cli.fold.sampler`):
@@ -364,6 +388,8 @@ class RolloutReport:
     ess_sequence: float
     prob_abs_diff_mean: float
     support: SamplerSupport | None = None  # truncated or tempered? (grpo_cli.fold.sampler)
+    # every trainer's mismatch metric by its own name and sign (grpo_cli.finalize.mismatch)
+    by_trainer: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "support"}

@@ -428,3 +428,143 @@ def test_a_reference_that_is_the_policy(cli: Cli, tmp_path: Path) -> None:
     off = VERL_ON_POLICY  # β = 0: a reference that is the policy changes nothing
     assert not _finding(cli, _verl_run(tmp_path / "c", off, noise=0.0, ref="same"),
                         "reference-is-policy")  # fmt: skip
+
+
+# ------------------------------------------------------------- where it happens (D)
+def _entropy_file(tmp_path: Path, k: int | None, name: str) -> Path:
+    """24 answers of 100 tokens whose logged entropy is U(1, 3) nats, then, from position
+    ``k`` on (None: never), U(0, 0.02)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(11)
+    n, length = 24, 100
+    ent = rng.uniform(1, 3, (n, length))
+    if k is not None:
+        ent[:, k:] = rng.uniform(0, 0.02, (n, length - k))
+    old = -rng.exponential(1.0, (n, length))
+    t = pa.table({
+        "group": np.repeat(np.arange(n // 4), 4), "reward": np.arange(n) % 2 * 1.0,
+        "logp": list(old), "old_logp": list(old), "entropy": list(ent),
+    })  # fmt: skip
+    path = tmp_path / f"{name}.parquet"
+    pq.write_table(t, path)
+    return path
+
+
+@pytest.mark.parametrize("k", [40, 48, 70])
+def test_explain_names_the_positions_where_the_entropy_collapses(
+    cli: Cli, tmp_path: Path, k: int
+) -> None:
+    from grpo_cli.fold.where import POSITION_EDGES
+
+    path = _entropy_file(tmp_path, k, f"k{k}")
+    ex = cli.json("explain", path, "--beta", "0")
+    f = [x for x in ex["findings"] if x["id"] == "entropy-collapse-position"]
+    assert len(f) == 1
+    lo, hi = f[0]["evidence"]["positions"]
+    i = int(np.searchsorted(POSITION_EDGES, k, side="right")) - 1  # the bucket holding k
+    assert (lo, hi) == (POSITION_EDGES[i], POSITION_EDGES[i + 1]) and lo <= k < hi
+    assert f"positions {lo}–{hi - 1}" in f[0]["message"]
+    assert f[0]["evidence"]["entropy_before"] > 1 > 0.02 > f[0]["evidence"]["entropy_after"]
+    # the buckets' token counts are the answers' positions, counted independently
+    counts = {b["lo"]: b["tokens"] for b in f[0]["evidence"]["buckets"]}
+    assert counts[0] == 24 * 16 and counts[96] == 24 * 4 and sum(counts.values()) == 2400
+
+
+def test_no_collapse_no_position_finding(cli: Cli, tmp_path: Path) -> None:
+    ex = cli.json("explain", _entropy_file(tmp_path, None, "flat"), "--beta", "0")
+    assert not [x for x in ex["findings"] if x["id"].endswith("-position")]
+    # objective and check do not fold positions at all
+    doc = cli.json("objective", _entropy_file(tmp_path, 40, "k"), "--beta", "0")
+    assert "positions" not in json.dumps(doc)
+
+
+def test_position_sums_merge_across_batches() -> None:
+    from grpo_cli.batch import Batch
+    from grpo_cli.fold.where import PositionSums
+
+    rng = np.random.default_rng(2)
+    lengths = rng.integers(1, 700, 30)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    ent = rng.uniform(0, 3, int(offsets[-1]))
+    logp = -rng.exponential(1.0, int(offsets[-1]))
+
+    def batch(i: int, j: int) -> Batch:
+        lo, hi = int(offsets[i]), int(offsets[j])
+        return Batch(start=i, offsets=offsets[i : j + 1] - lo,
+                     fields={"logp": logp[lo:hi], "entropy": ent[lo:hi]},
+                     width=lengths[i:j].astype(np.int64))  # fmt: skip
+
+    one, a, b = PositionSums(True), PositionSums(True), PositionSums(True)
+    one.update(batch(0, 30), lambda d: d)
+    a.update(batch(0, 11), lambda d: d)
+    b.update(batch(11, 30), lambda d: d)
+    x, y = one.report(), a.merge(b).report()
+    assert x is not None and y is not None and len(x) == len(y)
+    for p, q in zip(x, y, strict=True):
+        assert (p.lo, p.hi, p.tokens) == (q.lo, q.hi, q.tokens)
+        assert p.entropy == pytest.approx(q.entropy, rel=1e-12)
+    # position t of an answer is in bucket t // 16 below 512: counted by hand
+    want = sum(int(min(n, 16)) for n in lengths)
+    assert x[0].lo == 0 and x[0].tokens == want
+
+
+# ----------------------------------------- every trainer's mismatch metric by its name (E)
+def test_every_trainers_mismatch_metric(cli: Cli, tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from grpo_cli.losses.openrlhf import openrlhf_is_correction
+    from grpo_cli.losses.trl import trl_vllm_is_correction
+    from grpo_cli.losses.verl_rollout import verl_rollout_correction
+
+    rng = np.random.default_rng(5)
+    lengths = rng.integers(3, 30, 40)
+    old_l = [-rng.exponential(1.0, n) for n in lengths]
+    roll_l = [np.minimum(o + rng.normal(0, 0.1, o.size), -1e-4) for o in old_l]
+    t = pa.table({"group": np.repeat(np.arange(10), 4), "reward": np.arange(40) % 2 * 1.0,
+                  "logp": old_l, "old_logp": old_l, "rollout_logp": roll_l})  # fmt: skip
+    path = tmp_path / "m.parquet"
+    pq.write_table(t, path)
+    got = cli.json("objective", path, "--beta", "0")["rollout"]["by_trainer"]
+    old, roll = np.concatenate(old_l), np.concatenate(roll_l)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    d = old - roll
+    m = np.array([x.mean() - y.mean() for x, y in zip(old_l, roll_l, strict=True)])
+    pd = [np.exp(x) - np.exp(y) for x, y in zip(old_l, roll_l, strict=True)]
+    mix = np.log(0.5 * np.exp(old) + 0.5 * np.exp(roll))
+
+    def k3(x: np.ndarray) -> np.ndarray:
+        out: np.ndarray = np.exp(x) - x - 1
+        return out
+
+    want = {
+        ("nemo-rl", "token_mult_prob_error"): np.mean(np.exp(np.abs(d))),
+        ("nemo-rl", "gen_kl_error"): np.mean(k3(d)),
+        ("nemo-rl", "policy_kl_error"): np.mean(k3(-d)),
+        ("nemo-rl", "js_divergence_error"): np.mean(0.5 * k3(old - mix) + 0.5 * k3(roll - mix)),
+        ("skyrl", "policy/rollout_train_logprobs_abs_diff_mean"): np.mean(np.abs(d)),
+        ("skyrl", "policy/rollout_train_logprobs_abs_diff_std"): np.std(np.abs(d), ddof=1),
+        ("roll", "actor/train_infer_ratio_token_mean"):
+            np.mean([np.exp(x - y).mean() for x, y in zip(old_l, roll_l, strict=True)]),
+        ("roll", "actor/train_infer_ratio_geometric_mean"): np.mean(np.exp(m)),
+        ("roll", "actor/train_infer_ratio_sequence_mean"):
+            np.mean([np.exp(np.sum(x - y)) for x, y in zip(old_l, roll_l, strict=True)]),
+        ("roll", "actor/train_infer_diff_token_mean"): np.mean([x.mean() for x in pd]),
+        ("roll", "actor/train_infer_diff_sequence_mean"): np.mean([x.sum() for x in pd]),
+        ("verl", "rollout_corr/log_ppl_abs_diff"): np.mean(np.abs(m)),
+    }  # fmt: skip
+    # the trainers' own metrics, as grpo-cli's mirrors of their code compute them
+    # (conformance/losses.py checks the mirrors against the trainers themselves)
+    v = verl_rollout_correction(old, roll, offsets).metrics
+    for k in ("kl", "k3_kl", "chi2_token", "log_ppl_diff", "ppl_ratio"):
+        want[("verl", f"rollout_corr/{k}")] = v[f"rollout_corr/{k}"]
+    o = openrlhf_is_correction(old, roll, offsets, level="token").metrics
+    want[("openrlhf", "vllm_kl")] = o["vllm_kl"]
+    tr = trl_vllm_is_correction(old, roll, offsets).metrics
+    for k in ("mean", "max"):
+        name = f"sampling/sampling_logp_difference/{k}"
+        want[("trl", name)] = tr[name]
+    for (trainer, name), value in want.items():
+        assert got[trainer][name] == pytest.approx(value, rel=1e-6, abs=1e-12), (trainer, name)

@@ -34,6 +34,7 @@ from ..records import (
 )
 from ..settings import Settings
 from ..trainers import MetricInputs, trainer_of
+from .mismatch import by_trainer
 
 if TYPE_CHECKING:
     from ..fold.pass1 import Pass1
@@ -425,13 +426,16 @@ def objective_record(
         log_ratio_bins=_occupied_bins(acc.delta.hist) if acc.tokens else None,
         kl_bins=_kl_bins(acc) if has_kl else None, causes=causes,
         run_config=src.recorded.run.config if src.recorded is not None else {},
+        positions=acc.positions.report(),
     )  # fmt: skip
 
 
 def rollout_report(acc: TokenPartial) -> RolloutReport | None:
     """Sampler vs trainer, with the sampler's support read from δ alone."""
     ro = acc.rollout.report()
-    return None if ro is None else dataclasses.replace(ro, support=acc.support.report())
+    if ro is None:
+        return None
+    return dataclasses.replace(ro, support=acc.support.report(), by_trainer=by_trainer(acc.rollout))
 
 
 def _occupied_bins(h: Histogram) -> tuple[float, F64, I64]:
