@@ -25,17 +25,22 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .records import Cause
+from .records import Cause, Finding, ObjectiveReport
 
 __all__ = [
     "ALTERNATIVES",
+    "CONFIG_CAUSES",
     "FACTORS",
     "FLOAT32_ROUNDING",
+    "SAMPLER_KEYS",
     "Alternative",
     "CauseContext",
     "FactorRow",
+    "config_causes",
     "explain",
     "factors_of",
+    "sampler_in_effect",
+    "sampler_settings",
 ]
 
 # float32 carries 24 bits (ε = 1.19e-7); a logged value summed over a few hundred float32
@@ -117,6 +122,18 @@ ALTERNATIVES: dict[str, tuple[str, str]] = {
         "the step's tokens as one batch, not the mean over its loss calls",
         "TRL #7047: loss-path metrics averaged over micro-batch entries, so uneven "
         "accumulation windows are weighted by their size",
+    ),
+    "rank-mean": (
+        "the mean of each process's own value (per-process, then averaged), not the value "
+        "over every process's tokens",
+        "TRL PR #6380 (token means were a per-rank mean averaged over ranks, biased when the "
+        "ranks' token counts differ; now sums and counts are reduced jointly)",
+    ),
+    "window-mean": (
+        "one value per optimizer window, then their mean, not the flat mean over the "
+        "logging interval's loss calls",
+        "TRL #7047 (loss-path metrics averaged over micro-batch entries, so uneven "
+        "accumulation windows are weighted by their size; TRL PR #7053)",
     ),
     "aggregation": (
         "the loss aggregated as {agg} (a loss-type scale)",
@@ -203,3 +220,134 @@ def explain(metric: str, logged: float, recomputed: float, ctx: CauseContext) ->
     scaled = cid.startswith(("times:", "over:"))
     text = f"logged = recomputed {words}" if scaled else f"logged = {words}"
     return Cause(metric, True, cid, text, cites, predicted, rel, ratio)
+
+
+# ------------------------------------------------------------------- the sampler's support
+# The sampling parameters a recorder writes to meta.json, by the last part of their key:
+# TRL's GRPOConfig (``temperature``, ``top_p``, ``top_k``, ``min_p``), verl's
+# ``actor_rollout_ref.rollout.*`` (``logprobs_mode``: vLLM's raw or processed log-probs),
+# OpenRLHF's ``rollout.*``.
+SAMPLER_KEYS = ("temperature", "top_p", "top_k", "min_p", "logprobs_mode")
+
+
+def sampler_settings(config: Mapping[str, object]) -> dict[str, object]:
+    """The sampling parameters of a run's config (:data:`SAMPLER_KEYS`), by their short
+    name: a top-level key (TRL) or one under ``rollout.`` (verl, OpenRLHF)."""
+    out: dict[str, object] = {}
+    for key, v in config.items():
+        last = key.rsplit(".", 1)[-1]
+        if last in SAMPLER_KEYS and (key == last or key.endswith("rollout." + last)):
+            out[last] = v
+    return out
+
+
+def _number(v: object) -> float | None:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def sampler_in_effect(s: Mapping[str, object]) -> list[str]:
+    """The settings of :func:`sampler_settings` that change the sampler's distribution:
+    a temperature other than 1, top_p below 1, top_k above 0 (verl's -1 and HF's 0 are
+    off), min_p above 0."""
+    out = []
+    t, p, k, m = (_number(s.get(x)) for x in ("temperature", "top_p", "top_k", "min_p"))
+    if t is not None and t != 1.0:
+        out.append(f"temperature {t:g}")
+    if p is not None and p < 1.0:
+        out.append(f"top_p {p:g}")
+    if k is not None and k > 0:
+        out.append(f"top_k {k:g}")
+    if m is not None and m > 0.0:
+        out.append(f"min_p {m:g}")
+    return out
+
+
+# ------------------------------------------------------------ causes from the configuration
+_ACTOR = "actor_rollout_ref.actor."
+_ROLLOUT_MB = "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"
+_ACTOR_MB = _ACTOR + "ppo_micro_batch_size_per_gpu"
+
+
+def _int(v: object) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _on_policy_config(c: Mapping[str, object]) -> bool:
+    """verl's config says each rollout is trained on once, in one mini-batch: one epoch
+    and a mini-batch of the whole train batch (both in prompts)."""
+    epochs = _int(c.get(_ACTOR + "ppo_epochs"))
+    mini, batch = _int(c.get(_ACTOR + "ppo_mini_batch_size")), _int(c.get("data.train_batch_size"))
+    return epochs in (None, 1) and mini is not None and batch is not None and mini >= batch
+
+
+def _micro_batches(r: ObjectiveReport) -> Finding | None:
+    """On-policy by its config, yet ρ ≠ 1: the rollout's and the actor's log-prob passes
+    ran at different micro-batch sizes (verl #6280, #2088, #2305)."""
+    c = r.run_config
+    roll, actor = _int(c.get(_ROLLOUT_MB)), _int(c.get(_ACTOR_MB))
+    if roll is None or actor is None or roll == actor or c.get(_ACTOR + "use_dynamic_bsz"):
+        return None
+    lo, hi = r.ratio.min, r.ratio.max
+    moved = lo is not None and hi is not None and (lo != 1.0 or hi != 1.0)
+    if not (_on_policy_config(c) and (r.clip.region > 0 or moved)):
+        return None
+    return Finding(
+        "micro-batch-mismatch", "warn",
+        f"on-policy by its config (ppo_epochs 1, one mini-batch), yet {100 * r.clip.region:.3g}% "
+        f"of tokens are clipped and ρ spans [{lo:.6g}, {hi:.6g}]: old_logp came from a "
+        f"forward pass of micro-batches of {roll} ({_ROLLOUT_MB}) and logp from one of {actor} "
+        f"({_ACTOR_MB}), and the kernels' results depend on the batch shape (verl #6280, "
+        f"#2088, #2305). Set both to the same size (or turn on use_dynamic_bsz with one "
+        "token budget) so that ρ = 1 on-policy.",
+        {"clip_region": r.clip.region, "ratio_min": lo, "ratio_max": hi,
+         _ROLLOUT_MB: roll, _ACTOR_MB: actor},
+    )  # fmt: skip
+
+
+def _kl_twice(r: ObjectiveReport) -> Finding | None:
+    """The KL to the reference in the reward and in the loss at once (verl)."""
+    c = r.run_config
+    if c.get("algorithm.use_kl_in_reward") is not True or c.get(_ACTOR + "use_kl_loss") is not True:
+        return None
+    rc, lc = c.get("algorithm.kl_ctrl.kl_coef"), c.get(_ACTOR + "kl_loss_coef")
+    return Finding(
+        "kl-twice", "warn",
+        f"the KL to the reference is both in the reward (algorithm.use_kl_in_reward, kl_coef "
+        f"{rc}) and in the loss (actor.use_kl_loss, kl_loss_coef {lc}): the policy is "
+        "penalised twice, at two strengths (verl's GRPO documentation puts the KL in the "
+        "loss instead of the reward). grpo-cli follows the reward's KL; set use_kl_in_reward false "
+        "for GRPO (or use_kl_loss false for PPO's reward penalty).",
+        {"algorithm.use_kl_in_reward": True, _ACTOR + "use_kl_loss": True,
+         "algorithm.kl_ctrl.kl_coef": rc, _ACTOR + "kl_loss_coef": lc},
+    )  # fmt: skip
+
+
+def _reference_is_policy(r: ObjectiveReport) -> Finding | None:
+    """A recorded run with β > 0 and the KL to the reference exactly 0 at every token:
+    ref_logp is logp (a file of its own, with no run config, is not judged: hand-made
+    examples often copy the column)."""
+    kl = r.kl
+    if not (r.run_config and r.settings.beta > 0 and kl is not None and kl.count > 0):
+        return None
+    if kl.min != 0.0 or kl.max != 0.0:
+        return None
+    return Finding(
+        "reference-is-policy", "warn",
+        f"β = {r.settings.beta:g} but the KL to the reference is exactly 0 at all {kl.count} "
+        "tokens: ref_logp equals the policy's log-probs bit for bit, so the KL term does "
+        "nothing. Expected before the first update only; later, the reference is not frozen "
+        "(it shares the actor's weights: a LoRA reference without its adapter disabled, ref "
+        "log-probs computed by the actor, a copied column). Score ref_logp with the frozen "
+        "initial model.",
+        {"beta": r.settings.beta, "tokens": kl.count, "kl_max": kl.max},
+    )  # fmt: skip
+
+
+# One function a cause; another: one function here (None when its symptom is absent).
+CONFIG_CAUSES = (_micro_batches, _kl_twice, _reference_is_policy)
+
+
+def config_causes(r: ObjectiveReport) -> list[Finding]:
+    """The causes from the configuration (and the data) that apply to a report: each a
+    finding with its evidence and what to change."""
+    return [f for find in CONFIG_CAUSES if (f := find(r)) is not None]

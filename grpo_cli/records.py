@@ -6,7 +6,7 @@ each command's module for its own), never patched afterwards.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,8 +39,10 @@ __all__ = [
     "LoggedReport",
     "LossClip",
     "ObjectiveReport",
+    "PositionBucket",
     "Result",
     "RolloutReport",
+    "SamplerSupport",
     "ShareReport",
     "StepRow",
     "TrendReport",
@@ -289,6 +291,10 @@ class ObjectiveReport:
     # what a logged difference may come from, built when asked (grpo_cli.causes: only a
     # differing metric asks); not in JSON
     causes: Callable[[], Any] | None = field(default=None, compare=False, repr=False)
+    # the entropy, KL and mismatch by position along the answer (explain only); not in JSON
+    positions: list[PositionBucket] | None = field(default=None, compare=False, repr=False)
+    # a recorded run's meta.json config (the causes from the configuration); not in JSON
+    run_config: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def loss(self) -> float:
@@ -296,6 +302,65 @@ class ObjectiveReport:
 
 
 # ------------------------------------------------------------------- token partials
+@dataclass(frozen=True)
+class PositionBucket:
+    """Tokens at positions ``lo`` .. ``hi − 1`` of their answers (``hi`` None: the last,
+    open bucket; :mod:`grpo_cli.fold.where`): how many, the mean entropy, KL to the
+    reference and sampler–trainer ``|δ|`` where logged, and the KL's and ``|δ|``'s sums."""
+
+    lo: int
+    hi: int | None
+    tokens: int
+    entropy: float | None
+    kl: float | None
+    mismatch: float | None
+    kl_tokens: int = 0
+    kl_sum: float = 0.0
+    mismatch_sum: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        return {k: v for k, v in out.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class SamplerSupport:
+    """The sampler's support read from the log-probs alone (:mod:`grpo_cli.fold.sampler`):
+    with ``δ = old_logp − rollout_logp`` over valid tokens, how many are below and above 0,
+    ``one_sided = −mean δ / mean |δ|`` (1: every δ < 0, a truncated sampler's log-probs
+    renormalised over the kept tokens; near 0: a precision mismatch), ``corr_rollout`` the
+    correlation of δ with ``rollout_logp`` (a tempered sampler: δ linear in the token's
+    log-prob within a position), ``corr_entropy`` with the trainer's entropy (when logged;
+    a truncation's δ grows with it), ``mean_delta`` (log of the geometric-mean kept mass
+    under truncation), the raw IS weight mean ``mean exp(δ)`` and, where the kept mass can
+    be estimated (``one_sided`` ≥ 0.5), ``kept_mass`` and the weight with it divided out,
+    by entropy bin or over the batch (``corrected_by``)."""
+
+    tokens: int
+    below: int
+    above: int
+    one_sided: float
+    corr_rollout: float | None
+    mean_delta: float
+    is_weight_mean: float
+    corr_entropy: float | None = None
+    kept_mass: float | None = None
+    is_weight_mean_corrected: float | None = None
+    corrected_by: str | None = None
+
+    @property
+    def signature(self) -> tuple[str, float]:
+        """Which signature is the stronger, and its size: ``truncated`` (``one_sided``) or
+        ``tempered`` (``|corr_rollout|``)."""
+        corr = abs(self.corr_rollout) if self.corr_rollout is not None else 0.0
+        return ("truncated", self.one_sided) if self.one_sided >= corr else ("tempered", corr)
+
+    def to_json(self) -> dict[str, Any]:
+        """Every field; those that do not apply (no entropy logged, no kept mass) left out."""
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        return {k: v for k, v in out.items() if v is not None}
+
+
 @dataclass(frozen=True)
 class RolloutReport:
     """Sampler vs trainer: the inference engine's log-probs ``rollout_logp`` against the
@@ -322,9 +387,15 @@ class RolloutReport:
     ess_token: float
     ess_sequence: float
     prob_abs_diff_mean: float
+    support: SamplerSupport | None = None  # truncated or tempered? (grpo_cli.fold.sampler)
+    # every trainer's mismatch metric by its own name and sign (grpo_cli.finalize.mismatch)
+    by_trainer: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "support"}
+        if self.support is not None:
+            out["support"] = self.support.to_json()
+        return out
 
 
 # ---------------------------------------------------------------------- logged
@@ -338,6 +409,8 @@ class Calls:
     calls: int
     files: int
     notes: list[str] = field(default_factory=list)
+    # the same metrics combined the other ways trainers have (grpo_cli.causes), by id
+    alternatives: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

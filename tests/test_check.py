@@ -58,6 +58,7 @@ def test_healthy_broken_baseline_passes_every_rule(cli: Cli) -> None:
     s = statuses(doc)
     assert s.pop("on-policy-exact") == "skip"  # opt-in
     assert s.pop("rollout-mismatch") == "skip"  # no rollout_logp logged
+    assert s.pop("sampler-support") == "skip"  # (the same)
     assert s.pop("logp-alignment") == "skip"  # nothing to align with
     assert s.pop("zero-variance-advantage") == "skip"  # no logged advantages
     assert s.pop("logged-metrics") == "skip"  # no --logged
@@ -134,8 +135,8 @@ def test_junit_format(cli: Cli) -> None:
     assert failed == ["kl-max"] and suite.get("failures") == "1"
     skipped = [c.get("name") for c in cases if c.find("skipped") is not None]
     assert skipped == [
-        "on-policy-exact", "rollout-mismatch", "logp-alignment", "zero-variance-advantage",
-        "logged-metrics",
+        "on-policy-exact", "rollout-mismatch", "sampler-support", "logp-alignment",
+        "zero-variance-advantage", "logged-metrics",
     ]  # fmt: skip
 
 

@@ -176,8 +176,16 @@ def test_sampler_vs_trainer_streams_like_one_batch(
     whole = cli.json("objective", path)["rollout"]
     monkeypatch.setenv("GRPO_CLI_BATCH_TOKENS", "40")
     parts = cli.json("objective", path)["rollout"]
+    support, support_parts = whole.pop("support"), parts.pop("support")
+    named, named_parts = whole.pop("by_trainer"), parts.pop("by_trainer")
+    for trainer, values in named.items():  # every trainer's mismatch metric merges too
+        for k, v in values.items():
+            assert math.isclose(named_parts[trainer][k], v, rel_tol=1e-9, abs_tol=1e-12), k
     for k, v in whole.items():  # chi² = mean(ρ²) − 1 is a difference near 0: absolute
         assert math.isclose(parts[k], v, rel_tol=1e-12, abs_tol=1e-12), k
+    assert support.keys() == support_parts.keys()  # the sampler's support merges too
+    for k, v in support.items():
+        assert math.isclose(support_parts[k], v, rel_tol=1e-12, abs_tol=1e-12), k
 
 
 def test_entropy_statistics_and_checks(cli: Cli, tmp_path: Path) -> None:

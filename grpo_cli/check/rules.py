@@ -3,17 +3,18 @@ integrity rules on the scan, health rules on the objective's report."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
+from ..causes import config_causes, sampler_in_effect, sampler_settings
 from ..fold.loss import clip_unit
 from ..fold.mistakes import shifted
 from ..fold.summaries import SINGLETONS
 from ..logged import compare_logged
-from ..records import EXTREME, Result
+from ..records import EXTREME, Result, SamplerSupport
 from .base import MAX_EXAMPLES, RuleConfig, _judge, _skip
 from .scan import Facts
 
@@ -251,6 +252,88 @@ def rule_rollout_mismatch(f: Facts, c: RuleConfig) -> Result:
     )
 
 
+def support_words(sp: SamplerSupport, config: Mapping[str, object], named: bool) -> str:
+    """What the sampler's support says (check's message and explain's finding): the
+    evidence, the signature when ``named`` (above the rule's warn threshold), ρ raw and
+    corrected, and the recorded sampling settings."""
+    kind, _ = sp.signature
+    nz = sp.below + sp.above
+    share = sp.below / nz if nz else 0.0
+    corr = "n/a" if sp.corr_rollout is None else f"{sp.corr_rollout:+.3f}"
+    ent = "" if sp.corr_entropy is None else f", with entropy {sp.corr_entropy:+.3f}"
+    evidence = (
+        f"δ = trainer − sampler log-prob < 0 at {100 * share:.1f}% of {nz} tokens "
+        f"(one-sided {sp.one_sided:.3f}, mean δ {sp.mean_delta:.4g}; correlation with "
+        f"rollout_logp {corr}{ent})"
+    )
+    if not named:
+        out = f"no sign of a truncated or tempered sampler: {evidence}"
+    elif kind == "truncated":
+        out = (
+            "a truncated sampler (top-p/top-k/min-p: its log-probs renormalised over the "
+            f"tokens it kept): {evidence}"
+        )
+    else:
+        low = sp.corr_rollout is not None and sp.corr_rollout < 0
+        out = (
+            f"a tempered sampler (temperature {'below' if low else 'above'} 1: δ linear in "
+            f"the token's log-prob): {evidence}"
+        )
+    out += f"; IS weight mean {sp.is_weight_mean:.4f}"
+    if named and sp.kept_mass is not None and sp.is_weight_mean_corrected is not None:
+        by = "by entropy bin" if sp.corrected_by == "entropy" else "over the batch"
+        out += (
+            f", {sp.is_weight_mean_corrected:.4f} with the kept mass ({sp.kept_mass:.4f}, "
+            f"{by}) divided out"
+        )
+    s = sampler_settings(config)
+    said = sampler_in_effect(s)
+    if said:
+        out += f"; the run's config: {', '.join(said)}"
+    if "logprobs_mode" in s:
+        out += f", logprobs_mode {s['logprobs_mode']}"
+    return out
+
+
+def rule_sampler_support(f: Facts, c: RuleConfig) -> Result:
+    """A truncated or tempered sampler, from the log-probs alone
+    (:mod:`grpo_cli.fold.sampler`): the larger of the one-sidedness of δ and its
+    correlation with ``rollout_logp``; skipped below ``min_tokens`` tokens with δ ≠ 0."""
+    rid = "sampler-support"
+    if (skip := _need_report(rid, f)) is not None:
+        return skip
+    assert f.report is not None
+    ro = f.report.rollout
+    sp = None if ro is None else ro.support
+    if sp is None:
+        return _skip(rid, "no rollout_logp: the sampler's log-probs are not logged")
+    nz, least = sp.below + sp.above, int(c.params.get("min_tokens", 100))
+    if nz < least:
+        return _skip(rid, f"{nz} token(s) with δ ≠ 0: too few to tell ({least} needed)")
+    rec = f.src.recorded
+    config = rec.run.config if rec is not None else {}
+    size = sp.signature[1]
+    named = c.warn is None or size > c.warn
+    return _judge(rid, c, size, support_words(sp, config, named))
+
+
+def rule_config_causes(f: Facts, c: RuleConfig) -> Result:
+    """Causes from the configuration (:func:`grpo_cli.causes.config_causes`): settings
+    that contradict each other or the data (unequal rollout and actor micro-batch sizes
+    in an on-policy run with ρ ≠ 1, the KL in the reward and the loss at once, a reference
+    that is the policy); the value is how many apply."""
+    rid = "config-causes"
+    if (skip := _need_report(rid, f)) is not None:
+        return skip
+    assert f.report is not None
+    found = config_causes(f.report)
+    if not found:
+        return _judge(rid, c, 0, "no known conflict between the run's settings and its data")
+    ex = [{"id": x.id, **x.evidence} for x in found]
+    more = f" (+{len(found) - 1} more: {', '.join(x.id for x in found[1:])})" if found[1:] else ""
+    return _judge(rid, c, len(found), f"{found[0].id}: {found[0].message}{more}", ex)
+
+
 def rule_unmasked_padding(f: Facts, c: RuleConfig) -> Result:
     """The share of answers (of 2+ valid tokens) closing with a run of exact 0.0 in every
     log-prob field: padding counted as tokens (:class:`grpo_cli.fold.mistakes.ClosingZeros`)."""
@@ -423,6 +506,11 @@ RULES: dict[str, tuple[Rule, RuleConfig]] = {
     "ratio-extreme": (rule_ratio_extreme, RuleConfig(warn=1e-4, fail=1e-3, params={"band": 10.0})),
     "on-policy-exact": (rule_on_policy_exact, RuleConfig(fail=0)),
     "rollout-mismatch": (rule_rollout_mismatch, RuleConfig(warn=0.01, fail=0.1)),
+    "sampler-support": (
+        rule_sampler_support,
+        RuleConfig(warn=0.6, fail=0.9, params={"min_tokens": 100}),
+    ),
+    "config-causes": (rule_config_causes, RuleConfig(warn=0)),
     "unmasked-padding": (rule_unmasked_padding, RuleConfig(warn=0.2, fail=0.5)),
     "logp-alignment": (rule_logp_alignment, RuleConfig(fail=0)),
     "advantage-mean": (rule_advantage_mean, RuleConfig(warn=1e-6, fail=1e-3)),

@@ -830,7 +830,8 @@ def explain(
     def compute(src: Source, settings: Settings, tick: Tick) -> ObjectiveReport:
         # a recorded step's own metrics.jsonl: a logged difference is a finding, with its cause
         return objective_report(src, settings, progress=tick, engine=inp.engine_options(),
-                                gradient=True, logged=_logged(None, None, 1e-3, src))  # fmt: skip
+                                gradient=True, logged=_logged(None, None, 1e-3, src),
+                                where=True)  # fmt: skip
 
     with _errors():
         _report_command(

@@ -11,8 +11,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..check.rules import RULES
-from ..records import EXTREME, Finding, ObjectiveReport
+from ..causes import config_causes
+from ..check.rules import RULES, support_words
+from ..records import EXTREME, Finding, ObjectiveReport, PositionBucket
 
 __all__ = ["SEVERITIES", "explain_findings"]
 
@@ -175,7 +176,103 @@ def _sampler_mismatch(r: ObjectiveReport) -> list[Finding]:
             f"{ro.kl_k3:.4g}, token ESS {ro.ess_token:.3g}. Check the inference engine's "
             "precision and weights sync; correct with truncated importance sampling.",
             {"kl_k3": ro.kl_k3, "ess_token": ro.ess_token, "ess_sequence": ro.ess_sequence,
-             "thresholds": _thresholds("rollout-mismatch")},
+             "thresholds": _thresholds("rollout-mismatch"), "by_trainer": ro.by_trainer},
+        ))  # fmt: skip
+    return out
+
+
+def _sampler_support(r: ObjectiveReport) -> list[Finding]:
+    """A truncated or tempered sampler (check's ``sampler-support``), with ρ raw and, where
+    the kept mass can be estimated, corrected; and what to change."""
+    ro = r.rollout
+    sp = None if ro is None else ro.support
+    if sp is None or sp.below + sp.above < RULES["sampler-support"][1].params["min_tokens"]:
+        return []
+    kind, size = sp.signature
+    if (lvl := _level("sampler-support", size)) is None:
+        return []
+    fix = (
+        "compute ρ against the trainer's log-prob renormalised over the same kept set (a "
+        "keep-sampling mask), take the sampler's raw log-probs (vLLM logprobs_mode "
+        "raw_logprobs) and divide the kept mass out, or sample untruncated"
+        if kind == "truncated"
+        else "score the trainer's log-probs at the sampler's temperature (logits / T, as "
+        "TRL and verl do with their temperature setting) or sample at temperature 1"
+    )
+    return [Finding(
+        "sampler-support", lvl, f"{support_words(sp, r.run_config, True)}. To fix: {fix}.",
+        {**sp.to_json(), "signature": kind, "size": size,
+         "thresholds": _thresholds("sampler-support")},
+    )]  # fmt: skip
+
+
+def _span(b: PositionBucket) -> str:
+    return f"{b.lo}–{b.hi - 1}" if b.hi is not None else f"{b.lo}+"
+
+
+def _collapse_at(buckets: list[PositionBucket]) -> tuple[int, float, float] | None:
+    """Where the entropy falls along the answer and stays down: the first bucket from
+    which every later one is below ``COLLAPSE`` × the token-weighted mean before it (itself
+    ≥ 0.1 nats), or the bucket before that one when its own mean is already below 0.9 ×
+    the mean before it (the fall starts inside it); with the means before the named bucket
+    and from the first collapsed one on."""
+    e = [b for b in buckets if b.entropy is not None]
+    w = np.array([b.tokens for b in e], dtype=np.float64)
+    v = np.array([b.entropy or 0.0 for b in e])
+
+    def mean(a: int, z: int) -> float:
+        return float(np.dot(w[a:z], v[a:z]) / w[a:z].sum())
+
+    for j in range(1, len(e)):
+        pre = mean(0, j)
+        if pre < 0.1 or not bool(np.all(v[j:] < COLLAPSE * pre)):
+            continue
+        k = j - 1 if j >= 2 and v[j - 1] < 0.9 * mean(0, j - 1) else j
+        return buckets.index(e[k]), mean(0, k), mean(j, len(e))
+    return None
+
+
+COLLAPSE = 0.25  # the entropy after a collapse, at most this share of the entropy before
+
+
+def _positions(r: ObjectiveReport) -> list[Finding]:
+    """Where along the answers the entropy collapses (position buckets of
+    :mod:`grpo_cli.fold.where`), and where the KL or the sampler mismatch sits when its
+    rule warns."""
+    b = r.positions
+    out: list[Finding] = []
+    if not b or len(b) < 2:
+        return out
+    got = _collapse_at(b)
+    if got is not None:
+        i, pre, post = got
+        out.append(Finding(
+            "entropy-collapse-position", "warn",
+            f"the entropy collapses along the answers at positions {_span(b[i])}: mean "
+            f"{pre:.3g} nats before, {post:.3g} after (every later position below "
+            f"{COLLAPSE:g}× the entropy before). The policy turns deterministic partway "
+            "through its answers: look at what they say there (grpo-cli answers), a "
+            "repeated or degenerate tail (e.g. '!!!!').",
+            {"positions": [b[i].lo, b[i].hi], "entropy_before": pre, "entropy_after": post,
+             "buckets": [x.to_json() for x in b]},
+        ))  # fmt: skip
+    for key, rule, words in (("kl", "kl-mean", "KL to the reference"),
+                             ("mismatch", "rollout-mismatch", "sampler–trainer |δ|")):  # fmt: skip
+        total = sum(getattr(x, key + "_sum") for x in b)
+        n = sum(x.tokens for x in b if getattr(x, key) is not None)
+        value = (r.kl.mean if key == "kl" and r.kl else
+                 r.rollout.kl_k3 if key == "mismatch" and r.rollout else None)  # fmt: skip
+        if not total or not n or value is None or _level(rule, value) is None:
+            continue
+        top = max(b, key=lambda x: getattr(x, key + "_sum"))
+        share, tokens = getattr(top, key + "_sum") / total, top.tokens / n
+        out.append(Finding(
+            f"{key}-position", "info",
+            f"the {words} by position: positions {_span(top)} hold {100 * share:.3g}% of it "
+            f"with {100 * tokens:.3g}% of the tokens (mean {getattr(top, key):.4g} there, "
+            f"{total / n:.4g} over all)",
+            {"positions": [top.lo, top.hi], "share": share, "token_share": tokens,
+             "buckets": [x.to_json() for x in b]},
         ))  # fmt: skip
     return out
 
@@ -237,7 +334,8 @@ def _logged_causes(r: ObjectiveReport) -> list[Finding]:
 
 FINDERS: tuple[Callable[[ObjectiveReport], list[Finding]], ...] = (
     _negative_loss, _near_zero_loss, _groups, _clipping, _kl_drift, _ratio_outliers,
-    _sampler_mismatch, _lengths, _entropy_collapse, _residual_advantages, _logged_causes,
+    _sampler_mismatch, _sampler_support, _lengths, _entropy_collapse, _residual_advantages,
+    _logged_causes, config_causes, _positions,
 )  # fmt: skip
 
 

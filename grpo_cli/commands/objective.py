@@ -126,16 +126,19 @@ def objective_report(
     recompute_advantages: bool = False,
     gradient: bool = False,
     logged: LoggedInput | None = None,
+    where: bool = False,
 ) -> ObjectiveReport:
     """The GRPO objective of ``src`` and its diagnostics, streamed batch by batch:
     :func:`objective_pass1`, one fold of :class:`TokenPartial` s over the token batches,
-    :func:`objective_record`."""
+    :func:`objective_record`; ``where``: the entropy, KL and mismatch by position along the
+    answer too (:mod:`grpo_cli.fold.where`, for explain)."""
     engine = (engine or EngineOptions()).resolved()
 
     def new() -> TokenPartial:
         return TokenPartial(
-            settings, backend=engine.backend, exact_cap=exact_cap, gradient=gradient
-        )
+            settings, backend=engine.backend, exact_cap=exact_cap, gradient=gradient,
+            where=where,
+        )  # fmt: skip
 
     if logs_per_call(src, settings):
         return _recorded_calls(

@@ -3,6 +3,7 @@ the merged partial and pass 1, with its warnings."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -29,9 +30,11 @@ from ..records import (
     LoggedReport,
     LossClip,
     ObjectiveReport,
+    RolloutReport,
 )
 from ..settings import Settings
 from ..trainers import MetricInputs, trainer_of
+from .mismatch import by_trainer
 
 if TYPE_CHECKING:
     from ..fold.pass1 import Pass1
@@ -297,11 +300,14 @@ def cause_context(
     metrics: dict[str, float],
     whole_step: dict[str, float] | None,
     calls: int | None,
+    combined: dict[str, dict[str, float]] | None = None,
 ) -> CauseContext:
     """What a logged difference may come from (:mod:`grpo_cli.causes`): the counts of the
     recorded step and its config, the step's tokens as one batch (``whole_step``, when the
     metrics come from several loss calls), and, for a step of one call, the loss and the
-    policy term under every other aggregation (the metrics equal to this aggregation's)."""
+    policy term under every other aggregation (the metrics equal to this aggregation's);
+    ``combined``: the calls' metrics combined the other ways trainers have (by id of
+    :data:`~grpo_cli.causes.ALTERNATIVES`: per-process means, one value per window)."""
     rec = src.recorded
     config = rec.run.config if rec is not None else {}
     world = rec.run.world_size if rec is not None else None
@@ -309,6 +315,10 @@ def cause_context(
     if whole_step:
         words, cite = ALTERNATIVES["whole-step"]
         alts.append(Alternative("whole-step", words, cite, whole_step))
+    for cid, values in (combined or {}).items():
+        if values:
+            words, cite = ALTERNATIVES[cid]
+            alts.append(Alternative(cid, words, cite, values))
     if not calls or calls == 1:
         words, cite = ALTERNATIVES["aggregation"]
         loss, policy = -acc.objective(settings.agg), -acc.aggregate("policy", settings.agg)
@@ -385,7 +395,8 @@ def objective_record(
     n_calls = None if calls is None else calls.calls
 
     def causes() -> CauseContext:
-        return cause_context(src, settings, acc, metrics, whole_step, n_calls)
+        combined = None if calls is None else calls.alternatives
+        return cause_context(src, settings, acc, metrics, whole_step, n_calls, combined)
 
     compared = None if logged is None else logged_comparison(logged, metrics, warnings, causes)
     has_kl = acc.kl_values.n > 0
@@ -403,7 +414,7 @@ def objective_record(
         lengths=int_distribution(acc.lengths), advantage=values_distribution(adv),
         group_summary=group_summary, trainer_metrics=metrics, trainer_metrics_whole=whole_step,
         calls=None if calls is None else calls.calls, length_weights=length_weights(acc),
-        rollout=acc.rollout.report(), loss_metrics=acc.loss_metrics.values(),
+        rollout=rollout_report(acc), loss_metrics=acc.loss_metrics.values(),
         entropy=distribution(acc.entropy, acc.entropy_q) if acc.entropy.n else None,
         warnings=warnings, engine=engine, ran=ran or p1.ran, logged=compared,
         ratio_band=ratio_band,
@@ -414,7 +425,17 @@ def objective_record(
         length_adv=acc.length_adv.counts, length_adv_edges=(LENGTH_EDGES, ADV_EDGES),
         log_ratio_bins=_occupied_bins(acc.delta.hist) if acc.tokens else None,
         kl_bins=_kl_bins(acc) if has_kl else None, causes=causes,
+        run_config=src.recorded.run.config if src.recorded is not None else {},
+        positions=acc.positions.report(),
     )  # fmt: skip
+
+
+def rollout_report(acc: TokenPartial) -> RolloutReport | None:
+    """Sampler vs trainer, with the sampler's support read from δ alone."""
+    ro = acc.rollout.report()
+    if ro is None:
+        return None
+    return dataclasses.replace(ro, support=acc.support.report(), by_trainer=by_trainer(acc.rollout))
 
 
 def _occupied_bins(h: Histogram) -> tuple[float, F64, I64]:

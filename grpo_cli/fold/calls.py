@@ -83,6 +83,10 @@ class Folded:
 
     calls: list[dict[str, float | None]] = field(default_factory=list)
     losses: list[list[float | None]] = field(default_factory=list)
+    # the same metrics as the mean of each rank's own (per-process, then averaged: what
+    # grpo_cli.causes tries when a logged metric differs), for calls of several ranks
+    rank_means: list[dict[str, float | None]] = field(default_factory=list)
+    windows: list[int] = field(default_factory=list)  # each folded step's calls
     generations: dict[int, int] = field(default_factory=dict)
     corrections: dict[str, LossMetrics] = field(default_factory=dict)
 
@@ -122,10 +126,12 @@ def fold_calls(
 
     empty_total = 0
     ran = Ran()
+    before = len(out.calls)
     for index in src.recorded.calls().values():
         merged: Counted | None = None
         losses: list[float | None] = []
         per_rank: dict[str, list[float]] = {}
+        own: list[dict[str, float | None]] = []  # each rank's call metrics on its own
         for i in index:
             part, r = run(
                 plan(src.subset([i]), fields, engine), lambda: Counted(new()), fold,
@@ -141,16 +147,33 @@ def fold_calls(
                 out.generations[int(info["generation"])] = int(info.get("generated_at_step", -1))
                 if settings.correction != "none":  # a copy: the merge below adds to it
                     out.corrections[str(src.paths[i])] = copy.deepcopy(part.tokens.loss_metrics)
+            if len(index) > 1:  # before the merge adds the next rank to it
+                own.append(
+                    rules.call_metrics(settings, CallInputs(part.tokens, part.empty), config)
+                )
             merged = part if merged is None else merged.merge(part)
         assert merged is not None
         metrics = rules.call_metrics(settings, CallInputs(merged.tokens, merged.empty), config)
-        metrics.update({k: sum(v) / len(v) for k, v in per_rank.items()})  # the ranks' mean
+        ranks: dict[str, float | None] = {k: sum(v) / len(v) for k, v in per_rank.items()}
+        metrics.update(ranks)  # (the per-file metrics: the ranks' mean)
         out.calls.append(metrics)
+        if own:
+            out.rank_means.append(_mean_of(own) | ranks)
         out.losses.append(losses)
         empty_total += merged.empty
         if whole is not None:
             whole.merge(merged.tokens)
+    out.windows.append(len(out.calls) - before)
     return empty_total, ran
+
+
+def _mean_of(rows: list[dict[str, float | None]]) -> dict[str, float | None]:
+    """Each key's mean over the rows that have a finite value of it (None: none has)."""
+    out: dict[str, float | None] = {}
+    for k in dict.fromkeys(k for r in rows for k in r):
+        v = [x for r in rows if (x := r.get(k)) is not None and math.isfinite(x)]
+        out[k] = sum(v) / len(v) if v else None
+    return out
 
 
 def generation_rows(
@@ -259,10 +282,40 @@ def logged_calls(src: Source, settings: Settings, folded: Folded, steps: list[in
     gen_metrics = [rules.generation_metrics(settings, r) for r in rows.values()]
     metrics = rules.combine(folded.calls, folded.losses, len(steps), gen_metrics)
     clean = {k: v for k, v in metrics.items() if v is not None and not math.isnan(v)}
+    alts = _alternatives(rules, folded, len(steps), clean)
     notes = unread[:3] if generated else []
     if len(steps) > 1:
         notes.append(
             f"the trainer logs every {len(steps)} steps: its record at step {steps[-1]} "
             f"covers steps {steps[0]}-{steps[-1]}, recomputed from their calls"
         )
-    return Calls(clean, len(folded.calls), sum(len(x) for x in folded.losses), notes)
+    return Calls(clean, len(folded.calls), sum(len(x) for x in folded.losses), notes, alts)
+
+
+def _alternatives(
+    rules: Any, folded: Folded, steps: int, metrics: dict[str, float]
+) -> dict[str, dict[str, float]]:
+    """The loss-call metrics combined the other ways a trainer has combined them (for
+    :mod:`grpo_cli.causes`; the loss itself is transformers', not one of them): the mean
+    of each rank's own value (``rank-mean``: TRL before PR #6380), for calls of several
+    ranks; one value per optimizer window, then their mean (``window-mean``: TRL PR #7053
+    for #7047), for a logging window of steps with unequal numbers of calls."""
+    keys = {k for c in folded.calls for k in c} - {"loss"}
+    out: dict[str, dict[str, float]] = {}
+    if len(folded.rank_means) == len(folded.calls) and folded.calls:
+        got = rules.combine(folded.rank_means, folded.losses, steps, [])
+        out["rank-mean"] = _finite({k: got.get(k) for k in keys})
+    if len(set(folded.windows)) > 1:
+        windows, at = [], 0
+        for n in folded.windows:
+            windows.append(_mean_of(folded.calls[at : at + n]))
+            at += n
+        out["window-mean"] = _finite({k: _mean_of(windows).get(k) for k in keys})
+    return {
+        name: {k: v for k, v in alt.items() if k in metrics and v != metrics[k]}
+        for name, alt in out.items()
+    }
+
+
+def _finite(d: dict[str, float | None]) -> dict[str, float]:
+    return {k: v for k, v in d.items() if v is not None and math.isfinite(v)}

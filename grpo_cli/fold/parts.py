@@ -69,15 +69,29 @@ class RolloutPartial:
         self.s_max = -math.inf
         self.s1 = 0.0
         self.s2 = 0.0
+        # the other trainers' mismatch metrics (grpo_cli.finalize.mismatch): Σ exp|δ|,
+        # Σ (exp(−δ) + δ − 1), Σ of the Jensen–Shannon terms, Σ δ²; by answer, with m_i =
+        # mean_t δ: Σ m, Σ |m|, max −m, min −m, Σ exp(−m), Σ exp(m), Σ mean_t ρ,
+        # Σ mean_t (p_old − p_rollout), Σ Σ_t (p_old − p_rollout)
+        self.tok = dict.fromkeys(("exp_abs", "reverse_k3", "js", "d2"), 0.0)
+        self.seq = dict.fromkeys(
+            ("m", "abs_m", "exp_neg_m", "exp_m", "rho_mean", "pdiff_mean", "pdiff_sum"), 0.0
+        )
+        self.seq_max, self.seq_min, self.seq_n = -math.inf, math.inf, 0
 
     def update(self, delta: F64, old: FloatArray, rollout: FloatArray, offsets: I64) -> None:
-        self.update_answers(self.update_tokens(delta, old, rollout, offsets))
+        s, rho, pdiff = self.update_tokens(delta, old, rollout, offsets)
+        self.update_answers(s, np.diff(offsets), rho, pdiff)
 
-    def update_tokens(self, delta: F64, old: FloatArray, rollout: FloatArray, offsets: I64) -> F64:
+    def update_tokens(
+        self, delta: F64, old: FloatArray, rollout: FloatArray, offsets: I64
+    ) -> tuple[F64, F64, F64]:
         """Fold in the tokens; returns each answer's ``Σ_t δ`` (its log weight, or the part
-        of it these tokens hold), for :meth:`update_answers`."""
+        of it these tokens hold), ``Σ_t ρ`` and ``Σ_t (p_old − p_rollout)``, for
+        :meth:`update_answers`."""
         if delta.shape[0] == 0:
-            return np.zeros(offsets.shape[0] - 1)
+            z = np.zeros(offsets.shape[0] - 1)
+            return z, z, z
         self.tokens += int(delta.shape[0])
         a = np.abs(delta)
         self.abs_sum += float(np.sum(a))
@@ -91,17 +105,43 @@ class RolloutPartial:
             self.r_sum += float(np.sum(r))
             self.r2_sum += float(np.einsum("i,i->", r, r))
             # probabilities: a difference, not a ratio, of exponentials is the metric itself
-            p_old = np.exp(np.asarray(old, dtype=np.float64))
-            p_rollout = np.exp(np.asarray(rollout, dtype=np.float64))
-            self.p_sum += float(np.sum(np.abs(p_old - p_rollout)))
+            lo, lr = np.asarray(old, dtype=np.float64), np.asarray(rollout, dtype=np.float64)
+            p_old, p_rollout = np.exp(lo), np.exp(lr)
+            pdiff = p_old - p_rollout
+            self.p_sum += float(np.sum(np.abs(pdiff)))
+            self.tok["exp_abs"] += float(np.sum(np.exp(a)))
+            self.tok["reverse_k3"] += float(np.sum(np.exp(-delta) + delta - 1.0))
+            # JS: ½ k3 of each side against the mixture m = ½ (p_old + p_rollout), in logs
+            log_m = np.logaddexp(lo, lr) - math.log(2.0)
+            x, y = lo - log_m, lr - log_m
+            js = 0.5 * (np.exp(x) - x - 1.0) + 0.5 * (np.exp(y) - y - 1.0)
+            self.tok["js"] += float(np.sum(js))
+            self.tok["d2"] += float(np.dot(delta, delta))
         self.r_min = min(self.r_min, float(np.min(r)))
         self.r_max = max(self.r_max, float(np.max(r)))
-        return segment_sum(delta, offsets)
+        return segment_sum(delta, offsets), segment_sum(r, offsets), segment_sum(pdiff, offsets)
 
-    def update_answers(self, s: F64) -> None:
-        """Fold in whole answers by their log weights ``s_i = Σ_t δ``."""
+    def update_answers(
+        self, s: F64, lengths: I64 | None = None, rho: F64 | None = None, pdiff: F64 | None = None
+    ) -> None:
+        """Fold in whole answers by their log weights ``s_i = Σ_t δ`` and, with their
+        lengths, ``Σ_t ρ`` and ``Σ_t (p_old − p_rollout)``, the per-answer means."""
         if s.shape[0] == 0:
             return
+        if lengths is not None and rho is not None and pdiff is not None:
+            n = np.maximum(lengths, 1).astype(np.float64)
+            m = s / n
+            with np.errstate(over="ignore"):
+                self.seq["m"] += float(np.sum(m))
+                self.seq["abs_m"] += float(np.sum(np.abs(m)))
+                self.seq["exp_neg_m"] += float(np.sum(np.exp(-m)))
+                self.seq["exp_m"] += float(np.sum(np.exp(m)))
+                self.seq["rho_mean"] += float(np.sum(rho / n))
+                self.seq["pdiff_mean"] += float(np.sum(pdiff / n))
+                self.seq["pdiff_sum"] += float(np.sum(pdiff))
+            self.seq_max = max(self.seq_max, float(np.max(-m)))
+            self.seq_min = min(self.seq_min, float(np.min(-m)))
+            self.seq_n += int(s.shape[0])
         self.answers += int(s.shape[0])
         top = float(np.max(s))
         self._merge_weights(
@@ -132,6 +172,12 @@ class RolloutPartial:
         self.r_max = max(self.r_max, o.r_max)
         self.p_sum += o.p_sum
         self._merge_weights(o.s_max, o.s1, o.s2)
+        for k in self.tok:
+            self.tok[k] += o.tok[k]
+        for k in self.seq:
+            self.seq[k] += o.seq[k]
+        self.seq_max, self.seq_min = max(self.seq_max, o.seq_max), min(self.seq_min, o.seq_min)
+        self.seq_n += o.seq_n
         return self
 
     def report(self) -> RolloutReport | None:
@@ -437,6 +483,8 @@ class AnswerSums:
     outside: I64 | None = None  # with dual: given when the clip counts are made per answer
     dual: I64 | None = None
     rollout: F64 | None = None  # Σ (old_logp − rollout_logp)
+    rollout_rho: F64 | None = None  # Σ exp(old_logp − rollout_logp)
+    rollout_pdiff: F64 | None = None  # Σ (p_old − p_rollout)
     reward_kl: F64 | None = None
     old_ref: F64 | None = None
     adv: F64 | None = None  # Σ of per-token advantages (None: one advantage per answer)

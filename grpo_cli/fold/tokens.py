@@ -70,6 +70,8 @@ from .parts import (
     seq_mean,
     sequence_means,
 )
+from .sampler import SupportSums
+from .where import PositionSums
 
 
 class TokenPartial:
@@ -109,6 +111,7 @@ class TokenPartial:
         "kl_answer",
         "kl_answer_q",
         "rollout",
+        "support",
         "entropy",
         "entropy_q",
         "bonus_entropy",
@@ -121,8 +124,9 @@ class TokenPartial:
         "alignment",
         "loss_metrics",
         "unclipped_min",
+        "positions",
     )
-    OPTIONAL = ("unclipped_min",)  # folded only for a release whose metrics read them
+    OPTIONAL = ("unclipped_min", "positions")  # folded only for a release whose metrics read them
 
     def __init__(
         self,
@@ -131,8 +135,10 @@ class TokenPartial:
         backend: str = "numpy",
         exact_cap: int | None = None,
         gradient: bool = False,
+        where: bool = False,
     ) -> None:
         self.settings = settings
+        self.positions = PositionSums(wanted=where)  # by position along the answer
         self.options = settings.term_options()
         self.gradient_wanted = gradient  # ‖∂J/∂logp‖
         self.grad = GradientSums()
@@ -155,6 +161,7 @@ class TokenPartial:
         self.kl_answer = Moments()
         self.kl_answer_q = Sketch(*ANSWER_BINS, **cap)
         self.rollout = RolloutPartial()
+        self.support = SupportSums()  # a truncated or tempered sampler, from δ alone
         self.entropy = Moments()
         self.entropy_q = Sketch(*ENTROPY_BINS, **cap)
         self.bonus_entropy = MaskedSums()  # the entropy over the masks the trainer's bonus takes
@@ -261,6 +268,8 @@ class TokenPartial:
         (the kernel takes one per answer: per-token advantages fold in numpy)."""
         self.closing_zeros.update(b)
         self.alignment.update(b)
+        if self.positions.wanted:
+            self.positions.update(b, self.kl_function())
         extras = True
         with np.errstate(over="ignore"):  # sums beyond float64 are inf, reported as such
             if rejects(self.settings):
@@ -345,7 +354,7 @@ class TokenPartial:
             self.reward_kl.add(sums.reward_kl, lengths)
             self.old_ref.add(sums.old_ref, lengths)
         if sums.rollout is not None:
-            self.rollout.update_answers(sums.rollout)
+            self.rollout.update_answers(sums.rollout, lengths, sums.rollout_rho, sums.rollout_pdiff)
 
     def _tokens_compiled(self, b: Batch, adv: F64, whole: Whole) -> AnswerSums:
         """The same statistics as :meth:`_tokens_numpy`, from one pass of the kernel: its
@@ -505,7 +514,9 @@ class TokenPartial:
         if rollout is not None:  # the trainer's old policy is logp itself when on-policy
             old = b.fields.get("old_logp", b.fields["logp"])
             delta_r = difference(old, rollout)
-            sums.rollout = self.rollout.update_tokens(delta_r, old, rollout, b.offsets)
+            got = self.rollout.update_tokens(delta_r, old, rollout, b.offsets)
+            sums.rollout, sums.rollout_rho, sums.rollout_pdiff = got
+            self.support.update(delta_r, rollout, entropy)
 
     def merge(self, o: TokenPartial) -> TokenPartial:
         """Every part merges with its own; partials of other settings are refused."""

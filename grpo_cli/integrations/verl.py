@@ -142,6 +142,10 @@ CONFIG_KEYS: tuple[str, ...] = (
     "actor_rollout_ref.rollout.top_k",
     "actor_rollout_ref.rollout.calculate_log_probs",
     "actor_rollout_ref.rollout.logprobs_mode",
+    # the rollout's and the reference's log-prob forward passes' micro-batches (against the
+    # actor's: verl #6280, #2088, grpo_cli.causes)
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
     "actor_rollout_ref.rollout.name",
     "data.train_batch_size",
     "data.max_prompt_length",
