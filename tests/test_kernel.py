@@ -437,7 +437,7 @@ def test_fold_checks_offsets_first(offsets: list[int], message: str) -> None:
 def _row_cases() -> dict[str, dict[str, Any]]:
     from grpo_cli.losses import CORRECTIONS, LOSSES, MASKS
 
-    on = {
+    on: dict[str, dict[str, Any]] = {
         "verl/dro": {"dro_beta": 0.3},
         "verl/clip_cov": {"clip_cov_ratio": 0.05, "clip_cov_lb": 0.0},
         "verl/kl_cov": {"kl_cov_ratio": 0.05},

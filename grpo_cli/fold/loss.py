@@ -120,8 +120,9 @@ def correction_of(
         return Correction(weight=w, keep=np.ones(w.shape, dtype=bool), metrics={})
     rollout = fields.get("rollout_logp")
     if rollout is None:
+        where = "set by " + s.origin if s.origin else "--correction"
         raise InputError(
-            f"the correction {s.correction} ({'set by ' + s.origin if s.origin else '--correction'}) "
+            f"the correction {s.correction} ({where}) "
             "needs the sampler's log-probs: the input has no rollout_logp column "
             "(--column rollout_logp=NAME)"
         )

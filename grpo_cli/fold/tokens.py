@@ -168,9 +168,7 @@ class TokenPartial:
         # its own (its terms are numpy's either way, summed by the kernel)
         own_terms = settings.loss_row.terms is not None
         self.compiled = (
-            backend == "c"
-            and _fast.supports_options(self.options)
-            and not (gradient and own_terms)
+            backend == "c" and _fast.supports_options(self.options) and not (gradient and own_terms)
         )
         self.loss_metrics = LossMetrics.of(settings)  # the loss's and correction's metrics
         self.unclipped_min = UnclippedMinimum(wanted="unclipped_min" in settings.folds)
