@@ -256,15 +256,17 @@ def _loss_runs(
     offsets: I64,
     corr: Correction | None,
     metrics: LossMetrics,
+    gradient: bool,
 ) -> tuple[F64, F64 | None]:
-    """The loss's policy term and gradient over a batch (its row's function with the
-    correction, times the masks), run by run (:data:`LOSS_RUN_TOKENS`); the loss's metrics
-    of each run folded (not the batch's count: the caller's)."""
+    """The loss's policy term and gradient (``gradient``: else None) over a batch (its
+    row's function with the correction, times the masks), run by run
+    (:data:`LOSS_RUN_TOKENS`); the loss's metrics of each run folded (not the batch's
+    count: the caller's)."""
     n, T = offsets.shape[0] - 1, int(offsets[-1])
     whole = s.loss_row.whole_batch is not None
     runs = [(0, n)] if whole else _runs(offsets, LOSS_RUN_TOKENS)
-    policy, grad = np.empty(T), np.empty(T)
-    no_grad = False
+    policy = np.empty(T)
+    grad = np.empty(T) if gradient else None
     for i, j in runs:
         t0, t1 = int(offsets[i]), int(offsets[j])
         off = offsets[i : j + 1] - t0
@@ -275,10 +277,10 @@ def _loss_runs(
         mask = mask_of(s, sub, a, off)
         policy[t0:t1] = pt.term if mask is None else _times(pt.term, mask)
         if pt.grad is None:
-            no_grad = True
-        else:
+            grad = None
+        if grad is not None:
             grad[t0:t1] = pt.grad if mask is None else _times(pt.grad, mask)
-    return policy, None if no_grad else grad
+    return policy, grad
 
 
 def loss_policy(
@@ -287,10 +289,13 @@ def loss_policy(
     adv: F64,
     offsets: I64,
     metrics: LossMetrics,
+    *,
+    gradient: bool = True,
 ) -> LossPolicy:
     """The settings' loss, correction and masks over one batch of whole answers, as the
     policy term the fold sums (:class:`LossPolicy`), the loss's and the correction's
-    metrics folded into ``metrics``. A loss that computes its own correction takes no mask
+    metrics folded into ``metrics``; ``gradient`` False leaves the loss's gradient out
+    (None). A loss that computes its own correction takes no mask
     (verl's bypass mode); a batch that carries :data:`WEIGHT_FIELD` had its correction's
     metrics folded with the whole batch."""
     row = s.loss_row
@@ -302,7 +307,7 @@ def loss_policy(
     corr = correction_of(s, fields, offsets)
     folded = WEIGHT_FIELD in fields  # the whole batch's correction was folded
     if row.terms is not None:
-        policy, grad = _loss_runs(s, fields, adv, offsets, corr, metrics)
+        policy, grad = _loss_runs(s, fields, adv, offsets, corr, metrics, gradient)
         metrics.add(None, None if folded else corr, offsets, batch=not folded)
         return LossPolicy(policy, grad)
     weight = None if corr is None else corr.weight

@@ -357,7 +357,7 @@ class TokenPartial:
         logp, old, ref = f["logp"], f.get("old_logp"), f.get("ref_logp")
         lp = LossPolicy(None)
         if self.settings.numpy_only:  # the loss's terms (numpy) summed by the kernel
-            lp = loss_policy(self.settings, f, adv, b.offsets, self.loss_metrics)
+            lp = loss_policy(self.settings, f, adv, b.offsets, self.loss_metrics, gradient=False)
         out = _fast.fold(
             logp,
             old,
@@ -451,7 +451,10 @@ class TokenPartial:
         policy-term masks applied, the KL term unchanged; and the policy term's gradient
         (None: no closed form, the fold's gradient is then null). Folds the loss's and the
         correction's metrics."""
-        lp = loss_policy(self.settings, b.fields, adv, b.offsets, self.loss_metrics)
+        s = self.settings
+        lp = loss_policy(
+            s, b.fields, adv, b.offsets, self.loss_metrics, gradient=self.gradient_wanted
+        )
         if lp.policy is not None:
             return self._with_kl(terms, lp.policy), lp.grad
         w = lp.weight  # the clipped surrogate's, times the correction's weights and the masks
