@@ -17,6 +17,13 @@
  * bins into histograms only when given them: what `objective --gradient` and `answers`
  * need, in the same pass.
  *
+ * The policy term may be another loss's: given per token (pol_in, computed by numpy from
+ * the loss registry's function, the kernel summing it with everything else in its one
+ * pass), or the clipped surrogate times a per-token weight (w_in: a sampler-trainer
+ * correction's weights times the policy-term masks, 0 on a masked token even where the
+ * surrogate is infinite, as grpo_cli.fold.parts._times). The clip counts, ratio and KL
+ * statistics stay those of the token ratio, as the numpy path computes them for any loss.
+ *
  * Built with -ffp-contract=off: a fused multiply-add would bin histogram values
  * differently from numpy's separate multiply and add.
  *
@@ -71,6 +78,9 @@ typedef struct {
     int64_t *g_nz;                  /* tokens with g_p != 0 */
     double *kl_max, *lr_max;        /* the largest KL estimate, the largest |Δ| */
     int64_t *kl_at, *lr_at;         /* the first of the answer's tokens holding it */
+    /* inputs, (T,) (NULL: not given): the per-token policy term replacing the clipped
+     * surrogate, or the weight multiplying it (and its gradient) */
+    const double *pol_in, *w_in;
 } grpo_out;
 
 /* One block of one answer, ready for phase 2: log-ratios and their exponentials. */
@@ -83,6 +93,8 @@ typedef struct {
     double k[BLOCK];  /* the KL estimate */
     double ek[BLOCK]; /* k3's exp(x) (x clamped when asked): its derivative is 1 - exp(x) */
     double t[BLOCK];  /* scratch */
+    const double *pin; /* the block's given policy terms (NULL: the clipped surrogate) */
+    const double *w;   /* the block's weights of the clipped surrogate (NULL: 1) */
 } block;
 
 /* Running sums of one answer; extremes and counts of the batch. */
@@ -204,6 +216,11 @@ static void phase2_scalar(const grpo_params *p, double A, int has_ref, const blo
             tot->n_low += r < p->lo;
         }
         tot->n_outside += (r < p->lo) + (r > p->hi);
+        if (B->pin) {
+            pol = B->pin[j];
+        } else if (B->w) {
+            pol = B->w[j] == 0.0 ? 0.0 : pol * B->w[j];
+        }
         s->pol += pol;
         const double q = raw[j];
         s->r += q;
@@ -312,6 +329,12 @@ __attribute__((target("avx2,fma"))) static void phase2_avx2(const grpo_params *p
             n_low += COUNT(below);
         }
         n_out += COUNT(below) + COUNT(above);
+        if (B->pin) {
+            pol = _mm256_loadu_pd(B->pin + j);
+        } else if (B->w) {
+            const V w = _mm256_loadu_pd(B->w + j);
+            pol = _mm256_andnot_pd(CMP(w, zero, _CMP_EQ_OQ), MUL(pol, w)); /* 0 where w = 0 */
+        }
         s_pol = ADD(s_pol, pol);
         const V q = _mm256_loadu_pd(raw + j);
         s_r = ADD(s_r, q);
@@ -395,7 +418,8 @@ CLONES static void grad_block(const grpo_params *p, double A, int with_kl, const
             act = r >= lo && !(has_dual && r > dual);
         }
         if (has_lrc && !(fabs(B->dl[j]) <= lrc)) act = 0;
-        const double gp = act ? r * A : 0.0;
+        double gp = act ? r * A : 0.0;
+        if (B->w) gp = B->w[j] == 0.0 ? 0.0 : gp * B->w[j];
         nz += gp != 0.0;
         pp[j & 3] += gp * gp;
         if (!with_kl) continue;
@@ -454,7 +478,7 @@ CLONES static void extremes_block(block *B, int has_ref, int64_t b0, extras *e) 
 
 /* The interface version and the sizes of the structs the caller mirrors (grpo_cli._fast):
  * the loader refuses a kernel whose layout is not its own instead of reading garbage. */
-#define GRPO_ABI_VERSION 4
+#define GRPO_ABI_VERSION 5
 int64_t grpo_abi(int64_t *out) {
     out[0] = GRPO_ABI_VERSION;
     out[1] = (int64_t)sizeof(grpo_params);
@@ -474,7 +498,8 @@ int64_t grpo_vector_exp(void) {
 }
 
 /* Fold a batch of n answers (tokens offsets[i] .. offsets[i+1]) of float32 (f32 = 1) or
- * float64 columns; old and ref may be NULL. Writes the per-answer results *out asks for
+ * float64 columns; old and ref may be NULL; out->pol_in or out->w_in change the policy term
+ * (with pol_in, the gradient sums are the clipped surrogate's: the caller does not ask). Writes the per-answer results *out asks for
  * (term, policy, low and high always; kl with ref), increments the histograms it gives
  * and accumulates into *tot. vector = 0 forces the scalar path. Returns 0. */
 int64_t grpo_fold(const grpo_params *p, int64_t n, const int64_t *offsets, const double *adv,
@@ -496,6 +521,8 @@ int64_t grpo_fold(const grpo_params *p, int64_t n, const int64_t *offsets, const
         const int64_t low0 = tot->n_low, high0 = tot->n_high;
         for (int64_t b0 = offsets[i]; b0 < offsets[i + 1]; b0 += BLOCK) {
             B.m = offsets[i + 1] - b0 < BLOCK ? offsets[i + 1] - b0 : BLOCK;
+            B.pin = out->pol_in ? out->pol_in + b0 : NULL;
+            B.w = out->w_in ? out->w_in + b0 : NULL;
             phase1(p, vexp, logp, old, ref, (int)f32, b0, &B);
             if (grad) grad_block(p, adv[i], grad_kl, &B, &e);
             if (ext) extremes_block(&B, ref != NULL, b0 - offsets[i], &e);

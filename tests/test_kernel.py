@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import replace
 from typing import Any
 
@@ -420,8 +421,6 @@ def test_answer_extremes_and_gradient_parts_equal_numpy(
 def test_fold_checks_offsets_first(offsets: list[int], message: str) -> None:
     """The kernel reads tokens offsets[i] .. offsets[i+1]: offsets that overrun the values
     would read past them, so they are checked before the call."""
-    import re
-
     x = np.array([-1.0, -0.5, -2.0, -0.1])
     adv = np.ones(len(offsets) - 1)
     with pytest.raises(InputError, match=re.escape(message)):
@@ -430,3 +429,119 @@ def test_fold_checks_offsets_first(offsets: list[int], message: str) -> None:
         _fast.fold(x, x[:3], x, np.ones(2), np.array([0, 2, 4]))
     with pytest.raises(InputError, match=re.escape("adv: expected shape (2,)")):
         _fast.fold(x, x, x, np.ones(4), np.array([0, 2, 4]))
+
+
+# ------------------------------------------------ every loss, correction and mask
+# one case per registry row: the settings that turn it on (its parameters where the
+# defaults leave it off), by the names of resolve_settings
+def _row_cases() -> dict[str, dict[str, Any]]:
+    from grpo_cli.losses import CORRECTIONS, LOSSES, MASKS
+
+    on: dict[str, dict[str, Any]] = {
+        "verl/dro": {"dro_beta": 0.3},
+        "verl/clip_cov": {"clip_cov_ratio": 0.05, "clip_cov_lb": 0.0},
+        "verl/kl_cov": {"kl_cov_ratio": 0.05},
+        "verl-rollout": {"rollout_is": "token", "rollout_is_threshold": 1.2},
+        "verl-rollout/rejection": {"rollout_is": "token", "rollout_rs": "token_k1",
+                                   "rollout_rs_threshold": "0.85_1.15"},
+        "trl-vllm": {"vllm_is_clip_max": 1.5},
+        "trl/top_entropy_mask": {"entropy_mask": True},
+        "trl/off_policy_mask": {"off_policy_mask_threshold": 0.02},
+        "slime/opsm": {"use_opsm": True, "opsm_delta": 0.02},
+    }  # fmt: skip
+    out = {n: {"loss": n, **on.get(n, {})} for n in LOSSES if n != "clip"}
+    out |= {n: {"correction": n, **on.get(n, {})} for n in CORRECTIONS}
+    out["verl-rollout/rejection"] = {"correction": "verl-rollout", **on["verl-rollout/rejection"]}
+    out |= {n: dict(on[n]) for n in MASKS}
+    out["trl/cispo+trl-vllm+trl/off_policy_mask"] = {
+        "loss": "trl/cispo", "correction": "trl-vllm", "vllm_is_mode": "token_truncate",
+        **on["trl/off_policy_mask"],
+    }  # fmt: skip
+    return out
+
+
+ROW_CASES = _row_cases()
+
+
+def _row_batch(rng: np.random.Generator, dtype: Any) -> tuple[Batch, np.ndarray]:
+    """Ragged answers (1 to 700 tokens: some cross the kernel's block and the loss's
+    runs are several answers), with the sampler's log-probs and a recorded entropy mask."""
+    lengths = [int(x) for x in rng.integers(1, 40, size=10)] + [700, 1]
+    b = _batch(rng, lengths, dtype, 1.0)
+    t = int(b.offsets[-1])
+    old = np.asarray(b.fields["old_logp"], dtype=np.float64)
+    fields = dict(b.fields)
+    fields["rollout_logp"] = (old + rng.normal(0, 0.15, size=t)).astype(dtype)
+    fields["entropy_mask"] = (rng.random(t) < 0.7).astype(np.float64)
+    return replace(b, fields=fields), rng.normal(0, 1, size=b.n)
+
+
+@pytest.mark.parametrize("name", list(ROW_CASES))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_every_loss_correction_and_mask_on_the_kernel_equals_numpy(
+    name: str, dtype: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each registry row folded by the kernel (its terms from numpy, summed in the kernel's
+    pass, or the clipped surrogate weighted there) against the numpy path: the same
+    objective sums, clip counts, ratio statistics and loss metrics, and the kernel path is
+    the one taken. Runs of the loss's function shorter than the batch (LOSS_RUN_TOKENS)
+    give the same terms as one run."""
+    from grpo_cli.fold import loss as fold_loss
+
+    monkeypatch.setattr(fold_loss, "LOSS_RUN_TOKENS", 64)
+    rng = np.random.default_rng(abs(hash(name)) % 2**32)
+    b, adv = _row_batch(rng, dtype)
+    s = replace(resolve_settings(**ROW_CASES[name]), beta=0.04)
+    assert s.numpy_only
+    with np.errstate(over="ignore", invalid="ignore"):
+        c = TokenPartial(s, backend="c")
+        assert c.compiled
+        c.update(b, adv)
+        n = TokenPartial(s, backend="numpy")
+        assert not n.compiled
+        n.update(b, adv)
+    _same(c, n, _scale(b, adv, replace(s, beta=0.04)) | _loss_scale(n))
+    vc, vn = c.loss_metrics.values(), n.loss_metrics.values()
+    assert list(vc) == list(vn)
+    for k, v in vn.items():
+        assert math.isclose(vc[k], v, rel_tol=1e-12, abs_tol=1e-14), (k, vc[k], v)
+
+
+def _loss_scale(n: TokenPartial) -> dict[str, float]:
+    """The loss's sums are of other terms than the surrogate's: their own magnitude (the
+    numpy partial's) bounds the rounding, with the KL's."""
+    out = {}
+    for key in ("term", "policy"):
+        t = getattr(n, key)
+        out[key] = abs(t.token) + abs(t.answer_means) + n.tokens + abs(n.kl.token) + 1.0
+    return out
+
+
+@pytest.mark.parametrize("vector", [True, False])
+def test_a_given_policy_term_and_a_weight_by_hand(vector: bool) -> None:
+    """``policy`` replaces the clipped surrogate token by token (the term is policy − β·KL);
+    ``weight`` multiplies it and its gradient, 0 where the weight is 0 even where the
+    surrogate is −inf (an overflowing ratio with A < 0); the clip counts stay the ratio's."""
+    lp = np.array([-1.0, -1.0, -1.0, -2.0, -2.0])
+    old = lp - np.log([0.5, 1.0, 1.5, 0.5, 10.0])
+    old[4] = -800.0  # ρ = inf, A < 0: the surrogate is −inf
+    ref = lp.copy()
+    ref[4] += 1.0  # k3 = e − 2 on the last token only
+    off, adv = np.array([0, 3, 5]), np.array([1.0, -1.0])
+    given = np.array([0.25, 0.5, 1.0, 2.0, 4.0])
+    out = _fast.fold(lp, old, ref, adv, off, policy=given, beta=0.1, vector=vector)
+    assert out.policy.tolist() == [1.75, 6.0]
+    assert out.term[0] == 1.75 and out.term[1] == pytest.approx(6.0 - 0.1 * (math.e - 2))
+    assert (out.low.tolist(), out.high.tolist()) == ([0, 1], [1, 0])  # ρ 0.5, A < 0; ρ 1.5
+    w = np.array([2.0, 0.5, 0.0, 1.0, 0.0])
+    out = _fast.fold(lp, old, ref, adv, off, weight=w, gradient=True, vector=vector)
+    # A = 1: 2·0.5 + 0.5·1 + 0·1.2; A = −1: 1·(−0.8) + 0·(−inf)
+    assert out.policy.tolist() == [1.5, -0.8]
+    assert out.gradient is not None
+    # g_p = ρA on the unclipped branch: 0.5 (×2), 1 (×0.5), 0 (clipped); 0 (ρ < 0.8), 0
+    assert out.gradient.pp.tolist() == [1.0 + 0.25, 0.0]
+    assert out.gradient.nonzero.tolist() == [2, 0]
+    with pytest.raises(InputError, match=re.escape("weight: expected shape (5,)")):
+        _fast.fold(lp, old, ref, adv, off, weight=w[:4])
+    with pytest.raises(ValueError, match="no weight and no gradient"):
+        _fast.fold(lp, old, ref, adv, off, policy=given, gradient=True)

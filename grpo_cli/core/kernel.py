@@ -76,7 +76,8 @@ class Totals(ctypes.Structure):
 
 class Out(ctypes.Structure):
     """Where ``grpo_fold`` writes its per-answer results and histogram counts (NULL:
-    not asked); the order of ``grpo_out`` in _kernel.c."""
+    not asked), and the two per-token inputs that change its policy term (``pol_in``,
+    ``w_in``; NULL: the clipped surrogate); the order of ``grpo_out`` in _kernel.c."""
 
     _fields_ = [
         (name, ctypes.c_void_p)
@@ -96,6 +97,8 @@ class Out(ctypes.Structure):
             "lr_max",
             "kl_at",
             "lr_at",
+            "pol_in",
+            "w_in",
         )
     ]
 
@@ -106,7 +109,7 @@ _ARGS: list[Any] = [ctypes.POINTER(Params), _i64, *[_ptr] * 5, _i64, ctypes.POIN
 _ARGS += [ctypes.POINTER(Totals), _i64]
 
 
-ABI_VERSION = 4  # grpo_abi() in _kernel.c: bump both when Params, Totals, Out or grpo_fold change
+ABI_VERSION = 5  # grpo_abi() in _kernel.c: bump both when Params, Totals, Out or grpo_fold change
 
 
 def check_abi(lib: ctypes.CDLL, origin: str) -> None:
@@ -227,6 +230,8 @@ def fold(
     gradient: bool = False,
     extremes: bool = False,
     vector: bool = True,
+    policy: F64 | None = None,
+    weight: F64 | None = None,
     **conventions: Unpack[TermConventions],
 ) -> Folded:
     """One pass over a batch: per-answer sums, clip counts, ratio and KL moments.
@@ -237,6 +242,13 @@ def fold(
     (None: no histogram); ``gradient``: each answer's gradient sums (:class:`GradientParts`;
     the KL's when β ≠ 0); ``extremes``: each answer's :class:`Extremes`. ``vector=False``
     takes the scalar path even on an AVX2 machine (the tests compare both with numpy).
+
+    The policy term is the clipped surrogate unless ``policy`` gives it per token (another
+    loss's terms, ``(T,)`` float64: summed in place of the surrogate, the term being
+    ``policy − β·KL``; not with ``gradient``), or ``weight`` multiplies it and its
+    gradient per token (a correction's weights times the masks: 0 where the weight is 0,
+    as :func:`grpo_cli.fold.parts._times`). The clip counts and the ratio statistics are
+    the token ratio's either way.
 
     Raises:
         InputError: ``offsets`` breaks the contract of :func:`grpo_cli.core.check_offsets`,
@@ -252,6 +264,9 @@ def fold(
             raise InputError(f"{name}: expected shape {logp.shape} like logp, got {x.shape}")
     if adv.shape != (n,):
         raise InputError(f"adv: expected shape ({n},) (one advantage per answer), got {adv.shape}")
+    pol_in, w_in = _token_input("policy", policy, logp), _token_input("weight", weight, logp)
+    if policy is not None and (weight is not None or gradient):
+        raise ValueError("a given policy term takes no weight and no gradient")
     o = term_options(options, conventions)
     if not supports_options(o):
         raise ValueError("the compiled kernel folds token-level ratios without KL bias correction")
@@ -260,7 +275,49 @@ def fold(
     if lp is None:
         raise ValueError("logp: required")
     lo, hi, nb = bins if bins is not None else (0.0, 1.0, 1)
-    params = Params(
+    params = _params(o, lo, hi, nb)
+    res = _Results.empty(n, ref is not None, gradient and ref is not None and o.beta != 0.0)
+    d_buf = x_buf = None
+    if bins is not None:
+        d_buf, x_buf = _scratch(nb)
+        x_buf = x_buf if ref is not None else None
+    tot = Totals(
+        d_min=math.inf, d_max=-math.inf, k_min=math.inf, k_max=-math.inf,
+        x_min=math.inf, x_max=-math.inf,
+    )  # fmt: skip
+    a = np.ascontiguousarray(adv, dtype=np.float64)
+    out = res.out(d_buf, x_buf, gradient, extremes, pol_in, w_in)
+    args = (ctypes.byref(params), n, _p(offs), _p(a), _p(lp), _p(old), _p(ref), int(f32))
+    lib.grpo_fold(*args, ctypes.byref(out), ctypes.byref(tot), int(vector))
+    d_counts = x_counts = None
+    if d_buf is not None:
+        d_counts = _take(d_buf, tot.d_min, tot.d_max, lo, params.h_inv_w, nb)
+    if x_buf is not None:
+        x_counts = _take(x_buf, tot.x_min, tot.x_max, lo, params.h_inv_w, nb)
+    grad = res.gradient if gradient else None
+    ext = res.extremes if extremes else None
+    return Folded(res.term, res.policy, res.kl, res.low, res.high, tot, d_counts, x_counts, grad,
+                  ext)  # fmt: skip
+
+
+def _p(x: np.ndarray | None) -> int | None:
+    """The address of an array's data (None: NULL)."""
+    return None if x is None else x.ctypes.data
+
+
+def _token_input(name: str, x: F64 | None, logp: np.ndarray) -> F64 | None:
+    """A per-token float64 input of the kernel, contiguous, shaped as ``logp``."""
+    if x is None:
+        return None
+    if x.shape != logp.shape:
+        raise InputError(f"{name}: expected shape {logp.shape} like logp, got {x.shape}")
+    out: F64 = np.ascontiguousarray(x, dtype=np.float64)
+    return out
+
+
+def _params(o: TermOptions, lo: float, hi: float, nb: int) -> Params:
+    """The kernel's settings of a run (infinity turns a clamp off, NaN the dual clip)."""
+    return Params(
         lo=1.0 - o.clip_eps,
         hi=1.0 + o.eps_high,
         dual=math.nan if o.dual_clip is None else o.dual_clip,
@@ -272,67 +329,53 @@ def fold(
         h_inv_w=nb / (hi - lo),
         h_nb=nb,
     )
-    term, policy = np.empty(n), np.empty(n)
-    kl = np.empty(n) if ref is not None else None
-    low, high = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
-    d_buf = x_buf = None
-    if bins is not None:
-        d_buf, x_buf = _scratch(nb)
-        x_buf = x_buf if ref is not None else None
-    grad = None
-    if gradient:
-        with_kl = ref is not None and o.beta != 0.0
-        grad = GradientParts(
-            np.empty(n),
-            np.empty(n) if with_kl else None,
-            np.empty(n) if with_kl else None,
-            np.empty(n, dtype=np.int64),
-        )
-    ext = None
-    if extremes:
-        with_ref = ref is not None
-        ext = Extremes(
-            np.empty(n),
-            np.empty(n, dtype=np.int64),
-            np.empty(n) if with_ref else None,
-            np.empty(n, dtype=np.int64) if with_ref else None,
-        )
-    tot = Totals(
-        d_min=math.inf, d_max=-math.inf, k_min=math.inf, k_max=-math.inf,
-        x_min=math.inf, x_max=-math.inf,
-    )  # fmt: skip
-    a = np.ascontiguousarray(adv, dtype=np.float64)
 
-    def p(x: np.ndarray | None) -> int | None:
-        return None if x is None else x.ctypes.data
 
-    out = Out(
-        term=p(term), policy=p(policy), kl=p(kl), low=p(low), high=p(high),
-        d_hist=p(d_buf), x_hist=p(x_buf),
-        g_pp=p(grad.pp) if grad else None, g_kk=p(grad.kk) if grad else None,
-        g_pk=p(grad.pk) if grad else None, g_nz=p(grad.nonzero) if grad else None,
-        kl_max=p(ext.kl_max) if ext else None, lr_max=p(ext.log_ratio_max) if ext else None,
-        kl_at=p(ext.kl_at) if ext else None, lr_at=p(ext.log_ratio_at) if ext else None,
-    )  # fmt: skip
-    lib.grpo_fold(
-        ctypes.byref(params),
-        n,
-        p(offs),
-        p(a),
-        p(lp),
-        p(old),
-        p(ref),
-        int(f32),
-        ctypes.byref(out),
-        ctypes.byref(tot),
-        int(vector),
-    )
-    d_counts = x_counts = None
-    if d_buf is not None:
-        d_counts = _take(d_buf, tot.d_min, tot.d_max, lo, params.h_inv_w, nb)
-    if x_buf is not None:
-        x_counts = _take(x_buf, tot.x_min, tot.x_max, lo, params.h_inv_w, nb)
-    return Folded(term, policy, kl, low, high, tot, d_counts, x_counts, grad, ext)
+@dataclass(frozen=True)
+class _Results:
+    """The fresh arrays one call of the kernel writes its per-answer results into."""
+
+    term: F64
+    policy: F64
+    kl: F64 | None
+    low: I64
+    high: I64
+    gradient: GradientParts
+    extremes: Extremes
+
+    @classmethod
+    def empty(cls, n: int, with_ref: bool, grad_kl: bool) -> _Results:
+        def f() -> F64:
+            return np.empty(n)
+
+        def i() -> I64:
+            return np.empty(n, dtype=np.int64)
+
+        return cls(
+            f(), f(), f() if with_ref else None, i(), i(),
+            GradientParts(f(), f() if grad_kl else None, f() if grad_kl else None, i()),
+            Extremes(f(), i(), f() if with_ref else None, i() if with_ref else None),
+        )  # fmt: skip
+
+    def out(
+        self,
+        d_hist: I64 | None,
+        x_hist: I64 | None,
+        gradient: bool,
+        extremes: bool,
+        pol_in: F64 | None,
+        w_in: F64 | None,
+    ) -> Out:
+        """The kernel's ``grpo_out``: NULL for what is not asked."""
+        g = self.gradient if gradient else GradientParts(None, None, None, None)  # type: ignore[arg-type]
+        e = self.extremes if extremes else Extremes(None, None, None, None)  # type: ignore[arg-type]
+        return Out(
+            term=_p(self.term), policy=_p(self.policy), kl=_p(self.kl), low=_p(self.low),
+            high=_p(self.high), d_hist=_p(d_hist), x_hist=_p(x_hist),
+            g_pp=_p(g.pp), g_kk=_p(g.kk), g_pk=_p(g.pk), g_nz=_p(g.nonzero),
+            kl_max=_p(e.kl_max), lr_max=_p(e.log_ratio_max), kl_at=_p(e.kl_at),
+            lr_at=_p(e.log_ratio_at), pol_in=_p(pol_in), w_in=_p(w_in),
+        )  # fmt: skip
 
 
 _local = threading.local()

@@ -5,7 +5,9 @@ batch, and their logged metrics as a mergeable part of
 Everything here goes through the loss registry (:mod:`grpo_cli.losses`): the settings name
 a row, the row says how its function is called, how the correction applies, what its
 metrics count. :class:`LossMetrics` folds what the trainers log for them from sums, counts
-and extremes, so batches folded anywhere merge. numpy only.
+and extremes, so batches folded anywhere merge. :func:`loss_policy` gives the policy term
+the fold sums in place of the clipped surrogate (or the weight it multiplies it by), for the
+numpy path and for the compiled kernel alike. numpy only.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from ..losses.registry import (
     metric_sums,
 )
 from ..settings import Settings
+from .parts import _times
 
 __all__ = [
     "WEIGHT_FIELD",
@@ -47,6 +50,7 @@ __all__ = [
     "kept_stretch",
     "loss_call",
     "loss_clip_share",
+    "loss_policy",
     "mask_of",
     "own_correction_of",
     "policy_terms",
@@ -116,8 +120,9 @@ def correction_of(
         return Correction(weight=w, keep=np.ones(w.shape, dtype=bool), metrics={})
     rollout = fields.get("rollout_logp")
     if rollout is None:
+        where = "set by " + s.origin if s.origin else "--correction"
         raise InputError(
-            f"the correction {s.correction} ({'set by ' + s.origin if s.origin else '--correction'}) "
+            f"the correction {s.correction} ({where}) "
             "needs the sampler's log-probs: the input has no rollout_logp column "
             "(--column rollout_logp=NAME)"
         )
@@ -204,6 +209,114 @@ def bonus_mask_of(s: Settings, fields: Mapping[str, NDArray[np.floating]], offse
     n = int(offsets[-1])
     got = mask_of(s, fields, np.zeros(n), offsets, bonus=True)
     return np.ones(n) if got is None else got
+
+
+# ------------------------------------------------------- the policy term of a batch
+# A loss's function is called on runs of whole answers of at most this many tokens (one
+# answer at least), unless it needs the whole batch: its temporaries (some twenty arrays
+# of the run's length) stay a few MiB instead of twenty batches' worth per worker, and the
+# run is cache-sized. Every value is the same: such a loss's terms are its answers'.
+LOSS_RUN_TOKENS = 1 << 16
+
+
+@dataclass(frozen=True)
+class LossPolicy:
+    """What the fold sums as the policy term of one batch: ``policy`` ``(T,)`` the loss's
+    per-token terms, the correction and the masks applied (None: the clipped surrogate),
+    ``grad`` their gradient (None: no closed form, or not asked), ``weight`` ``(T,)`` what
+    the clipped surrogate and its gradient are multiplied by (the correction's weights times
+    the masks; None: 1)."""
+
+    policy: F64 | None
+    grad: F64 | None = None
+    weight: F64 | None = None
+
+
+def _runs(offsets: I64, tokens: int) -> list[tuple[int, int]]:
+    """Answers ``[i, j)`` in runs of at most ``tokens`` tokens (or one answer)."""
+    n, out, i = offsets.shape[0] - 1, [], 0
+    while i < n:
+        j = int(np.searchsorted(offsets, offsets[i] + tokens, side="right")) - 1
+        j = min(max(j, i + 1), n)
+        out.append((i, j))
+        i = j
+    return out
+
+
+def _cut(c: Correction | None, t0: int, t1: int) -> Correction | None:
+    if c is None:
+        return None
+    return Correction(weight=c.weight[t0:t1], keep=c.keep[t0:t1], metrics={})
+
+
+def _loss_runs(
+    s: Settings,
+    fields: Mapping[str, NDArray[np.floating]],
+    adv: F64,
+    offsets: I64,
+    corr: Correction | None,
+    metrics: LossMetrics,
+    gradient: bool,
+) -> tuple[F64, F64 | None]:
+    """The loss's policy term and gradient (``gradient``: else None) over a batch (its
+    row's function with the correction, times the masks), run by run
+    (:data:`LOSS_RUN_TOKENS`); the loss's metrics of each run folded (not the batch's
+    count: the caller's)."""
+    n, T = offsets.shape[0] - 1, int(offsets[-1])
+    whole = s.loss_row.whole_batch is not None
+    runs = [(0, n)] if whole else _runs(offsets, LOSS_RUN_TOKENS)
+    policy = np.empty(T)
+    grad = np.empty(T) if gradient else None
+    for i, j in runs:
+        t0, t1 = int(offsets[i]), int(offsets[j])
+        off = offsets[i : j + 1] - t0
+        sub = {k: v[t0:t1] for k, v in fields.items()}
+        a = adv[i:j] if adv.shape == (n,) else adv[t0:t1]
+        pt = policy_terms(s, sub, a, off, _cut(corr, t0, t1))
+        metrics.add(pt, None, off, batch=False)
+        mask = mask_of(s, sub, a, off)
+        policy[t0:t1] = pt.term if mask is None else _times(pt.term, mask)
+        if pt.grad is None:
+            grad = None
+        if grad is not None:
+            grad[t0:t1] = pt.grad if mask is None else _times(pt.grad, mask)
+    return policy, grad
+
+
+def loss_policy(
+    s: Settings,
+    fields: Mapping[str, NDArray[np.floating]],
+    adv: F64,
+    offsets: I64,
+    metrics: LossMetrics,
+    *,
+    gradient: bool = True,
+) -> LossPolicy:
+    """The settings' loss, correction and masks over one batch of whole answers, as the
+    policy term the fold sums (:class:`LossPolicy`), the loss's and the correction's
+    metrics folded into ``metrics``; ``gradient`` False leaves the loss's gradient out
+    (None). A loss that computes its own correction takes no mask
+    (verl's bypass mode); a batch that carries :data:`WEIGHT_FIELD` had its correction's
+    metrics folded with the whole batch."""
+    row = s.loss_row
+    if row.correction == "own":
+        own = own_correction_of(s, fields, adv, offsets)
+        metrics.add(None, own.correction, offsets)
+        metrics.add(own.kept, None, own.kept_offsets, batch=False)
+        return LossPolicy(own.terms.term, own.terms.grad)
+    corr = correction_of(s, fields, offsets)
+    folded = WEIGHT_FIELD in fields  # the whole batch's correction was folded
+    if row.terms is not None:
+        policy, grad = _loss_runs(s, fields, adv, offsets, corr, metrics, gradient)
+        metrics.add(None, None if folded else corr, offsets, batch=not folded)
+        return LossPolicy(policy, grad)
+    weight = None if corr is None else corr.weight
+    mask = mask_of(s, fields, adv, offsets)
+    if mask is not None:
+        weight = mask if weight is None else _times(weight, mask)
+    if corr is not None:
+        metrics.add(None, None if folded else corr, offsets, batch=not folded)
+    return LossPolicy(None, None, weight)
 
 
 # ------------------------------------------------------- per answer (``answers``)

@@ -37,11 +37,10 @@ from ..settings import Settings
 from .loss import (
     WEIGHT_FIELD,
     LossMetrics,
+    LossPolicy,
     bonus_mask_of,
     correction_of,
-    mask_of,
-    own_correction_of,
-    policy_terms,
+    loss_policy,
     rejects,
 )
 from .mistakes import AlignmentSums, ClosingZeros
@@ -85,12 +84,14 @@ class TokenPartial:
     definitions (:func:`token_terms`, :func:`clip_counts`, :func:`ratio_moments`,
     :func:`token_gradients`).
 
-    A loss other than the clipped surrogate (``Settings.loss``), or a sampler–trainer
-    correction (``Settings.correction``), always folds in numpy, whole answers at a time
-    (the kernel computes the clipped surrogate only): the loss's terms
-    (:func:`grpo_cli.fold.loss.policy_terms`, the rows of :mod:`grpo_cli.losses`)
-    replace the policy term, the KL term stays the settings' (β, estimator, ``kl_agg``),
-    the gradient is the loss's, and its logged metrics fold in ``loss_metrics``
+    A loss other than the clipped surrogate (``Settings.loss``), a sampler–trainer
+    correction (``Settings.correction``) or a policy-term mask folds whole answers at a
+    time: the loss's terms (:func:`grpo_cli.fold.loss.loss_policy`, the rows of
+    :mod:`grpo_cli.losses`, computed by numpy) replace the policy term, or the correction's
+    weights and the masks multiply the clipped surrogate; the kernel, when it folds the
+    batch, sums them with every other statistic in its one pass. The KL term stays the
+    settings' (β, estimator, ``kl_agg``), the gradient is the loss's (numpy's, for a loss
+    with terms of its own), and its logged metrics fold in ``loss_metrics``
     (:class:`~grpo_cli.fold.loss.LossMetrics`). A loss whose row needs the whole batch
     (``Loss.whole_batch``) chooses tokens over each batch folded (the trainer's micro-batch
     when a batch is one: ``loss_metrics.notes()`` says so).
@@ -170,10 +171,11 @@ class TokenPartial:
         self.reward_kl = TermSums()
         self.old_ref = TermSums()
         # the compiled kernel folds token-level ratios; GSPO's sequence ratio and TRL's
-        # bias-corrected KL stay in numpy
-        # ... and a loss other than the clipped surrogate, or a correction, in numpy too
+        # bias-corrected KL stay in numpy, and so does the gradient of a loss with terms of
+        # its own (its terms are numpy's either way, summed by the kernel)
+        own_terms = settings.loss_row.terms is not None
         self.compiled = (
-            backend == "c" and _fast.supports_options(self.options) and not settings.numpy_only
+            backend == "c" and _fast.supports_options(self.options) and not (gradient and own_terms)
         )
         self.loss_metrics = LossMetrics.of(settings)  # the loss's and correction's metrics
         self.unclipped_min = UnclippedMinimum(wanted="unclipped_min" in settings.folds)
@@ -362,6 +364,9 @@ class TokenPartial:
         :class:`GradientSums`."""
         f = b.fields
         logp, old, ref = f["logp"], f.get("old_logp"), f.get("ref_logp")
+        lp = LossPolicy(None)
+        if self.settings.numpy_only:  # the loss's terms (numpy) summed by the kernel
+            lp = loss_policy(self.settings, f, adv, b.offsets, self.loss_metrics, gradient=False)
         out = _fast.fold(
             logp,
             old,
@@ -372,6 +377,8 @@ class TokenPartial:
             bins=LOG_RATIO_BINS,
             gradient=self.gradient_wanted,
             vector=self.vector,
+            policy=lp.policy,
+            weight=lp.weight,
         )
         t, n = out.totals, int(b.offsets[-1])
         if out.kl is not None:
@@ -449,35 +456,22 @@ class TokenPartial:
 
     def _loss_terms(self, b: Batch, adv: F64, terms: TokenTerms) -> tuple[TokenTerms, F64 | None]:
         """``terms`` with the settings' loss (its registry row's function:
-        :func:`grpo_cli.fold.loss.policy_terms`) as the policy term, the correction and the
+        :func:`grpo_cli.fold.loss.loss_policy`) as the policy term, the correction and the
         policy-term masks applied, the KL term unchanged; and the policy term's gradient
         (None: no closed form, the fold's gradient is then null). Folds the loss's and the
         correction's metrics."""
         s = self.settings
-        row = s.loss_row
-        if row.correction == "own":  # the loss computes its own correction
-            own = own_correction_of(s, b.fields, adv, b.offsets)
-            self.loss_metrics.add(None, own.correction, b.offsets)
-            self.loss_metrics.add(own.kept, None, own.kept_offsets, batch=False)
-            return self._with_kl(terms, own.terms.term), own.terms.grad
-        corr = correction_of(s, b.fields, b.offsets)
-        folded = WEIGHT_FIELD in b.fields  # the whole batch's correction was folded
-        pt = None
-        if row.terms is not None:
-            pt = policy_terms(s, b.fields, adv, b.offsets, corr)
-            policy, grad = pt.term, pt.grad
-        else:
-            policy = terms.policy if corr is None else _times(terms.policy, corr.weight)
-            grad = None
-            if self.gradient_wanted:
-                gp, _ = token_gradients(terms, offsets=b.offsets, options=self.options)
-                grad = gp if corr is None else _times(gp, corr.weight)
-        mask = mask_of(s, b.fields, adv, b.offsets)
-        if mask is not None:  # the trainer's masks of the policy term, its counts unchanged
-            policy = _times(policy, mask)
-            grad = None if grad is None else _times(grad, mask)
-        if pt is not None or corr is not None:
-            self.loss_metrics.add(pt, None if folded else corr, b.offsets, batch=not folded)
+        lp = loss_policy(
+            s, b.fields, adv, b.offsets, self.loss_metrics, gradient=self.gradient_wanted
+        )
+        if lp.policy is not None:
+            return self._with_kl(terms, lp.policy), lp.grad
+        w = lp.weight  # the clipped surrogate's, times the correction's weights and the masks
+        policy = terms.policy if w is None else _times(terms.policy, w)
+        grad = None
+        if self.gradient_wanted:
+            gp, _ = token_gradients(terms, offsets=b.offsets, options=self.options)
+            grad = gp if w is None else _times(gp, w)
         return self._with_kl(terms, policy), grad
 
     def _with_kl(self, terms: TokenTerms, policy: F64) -> TokenTerms:

@@ -286,6 +286,7 @@ def metric_sums(
     off = check_offsets(offsets, terms.term.shape[0], nonempty=True)
     n, T = float(off.shape[0] - 1), float(off[-1])
     out: dict[str, MetricSum] = {}
+    shares: dict[str, F64] = {}  # a key's answer means, computed once for its metrics
     for name, key, unit, _doc in metrics:
         if unit == "zero":
             out[name] = ("mean", 0.0, 1.0)
@@ -295,13 +296,14 @@ def metric_sums(
             out[name] = ("mean", float(np.sum(v)), n)
             continue
         x = terms.flags[key] if key in terms.flags else terms.values[key]
-        x64 = np.asarray(x, dtype=np.float64)
         if unit == "level":
             unit = "answers" if terms.level == "sequence" else "tokens"
         if unit == "tokens":
-            out[name] = ("mean", float(np.sum(x64)), T)
+            out[name] = ("mean", float(np.sum(np.asarray(x, dtype=np.float64))), T)
             continue
-        share = segment_mean(x64, off)
+        if key not in shares:
+            shares[key] = segment_mean(np.asarray(x, dtype=np.float64), off)
+        share = shares[key]
         if unit == "answers":
             out[name] = ("mean", float(np.sum(share)), n)
         elif unit == "answer_min":

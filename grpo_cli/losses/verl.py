@@ -21,6 +21,7 @@ from ..errors import InputError, SettingError, UsageError
 from .registry import (
     F64,
     I64,
+    Bools,
     CorrectionRow,
     Loss,
     LossCall,
@@ -299,9 +300,7 @@ def kl_cov_terms(
     with np.errstate(over="ignore", invalid="ignore"):
         cov = (a - a.mean()) * (lp - lp.mean())
     k = max(1, int(T * kl_cov_ratio))
-    top = np.argsort(-cov, kind="stable")[:k]
-    sel = np.zeros(T, dtype=bool)
-    sel[top] = True
+    sel = _top_first(cov, k)
     surr = _mul(rho, a)
     absd = np.abs(delta)
     with np.errstate(invalid="ignore"):
@@ -314,6 +313,24 @@ def kl_cov_terms(
         flags={"selected": sel},
         values={"abs_delta": absd, "cov": cov},
     )
+
+
+def _top_first(x: F64, k: int) -> Bools:
+    """The ``k`` largest of ``x``, ties taken in token order: the first ``k`` of
+    ``np.argsort(-x, kind="stable")`` (NaN last), found by one partition instead of a sort
+    of the batch."""
+    T = x.shape[0]
+    if k >= T:
+        return np.ones(T, dtype=bool)
+    if np.isnan(x).any():  # a partition ranks NaN first, the sort last: sort
+        sel = np.zeros(T, dtype=bool)
+        sel[np.argsort(-x, kind="stable")[:k]] = True
+        return sel
+    v = np.partition(x, T - k)[T - k]  # the k-th largest
+    sel = x > v
+    ties = np.flatnonzero(x == v)[: k - int(np.count_nonzero(sel))]
+    sel[ties] = True
+    return sel
 
 
 def geo_mean_terms(
