@@ -208,6 +208,10 @@ PRESET_MIRRORS = {
     "-10 10`, `--algo.kl.estimator k1`, `--init_kl_coef 0.01`; its `--algo.kl.use_loss "
     "--algo.kl.estimator k3` setup is `--kl-mode loss --kl-estimator k3` (the KL loss "
     "aggregated per token whatever the policy loss)",
+    "areal": "AReaL 1.0.4 `PPOActorConfig` defaults: `eps_clip=0.2`, no `c_clip`, "
+    "`kl_ctl=0.1` with `kl_estimator=k1` as reward shaping, token-mean over the update "
+    "(`stats_tracker`), `NormConfig`'s unbiased std and eps 1e-5 (its GRPO recipes' "
+    "`adv_norm` by group)",
 }
 _NOT_CONVENTIONS = {"preset", "trainer", "mirrors", "origin", "folds"}
 

@@ -130,6 +130,8 @@ def _by_hand(name: str, f: dict[str, np.ndarray], a: np.ndarray, off: np.ndarray
         "verl/dro": lambda: LV.dro_terms(lp, old, a, off, beta=0.3),
         "verl/cispo": lambda: LT.cispo_terms(lp, old, a, off, lower=0.8, upper=1.2,
                                             log_ratio_clamp=20.0),
+        "areal/sapo": lambda: LT.sapo_terms(lp, old, a, off, tau_pos=0.9, tau_neg=1.3,
+                                            trainer_agg=False),
     }[name]()  # fmt: skip
 
 
@@ -148,6 +150,7 @@ FLAGS: dict[str, list[str]] = {
     "verl/geo_mean": ["--clip-eps", "0.1", "--clip-eps-high", "0.25"],
     "verl/dro": ["--loss-param", "dro_beta=0.3"],
     "verl/cispo": [],
+    "areal/sapo": ["--loss-param", "sapo_tau_pos=0.9", "--loss-param", "sapo_tau_neg=1.3"],
 }  # fmt: skip
 # verl's bypass mode takes its correction's settings too: test_bypass_mode_*
 NON_CLIP = [x for x in LOSSES if x not in ("clip", "verl/bypass_mode")]

@@ -180,4 +180,3 @@ def test_check_with_no_flag_passes_the_logged_metrics(cli: Cli, areal_run: Any) 
     doc = json.loads(out.stdout)
     logged = next(x for x in doc["results"] if x["rule"] == "logged-metrics")
     assert logged["status"] == "pass" and logged["value"] <= 1e-5
-

@@ -39,7 +39,13 @@ ABS = 1e-12
 METRIC = 1e-6  # the trainers' clip shares are means of float32 masks
 
 # Releases whose code the suite cannot run, with why (README "Conformance").
-NOT_RUN: dict[str, str] = {}
+NOT_RUN: dict[str, str] = {
+    "areal@1.0.4": (
+        "AReaL's own ppo_actor_loss_fn, sapo_loss_fn and stats_tracker are run by "
+        "conformance/areal/record.py (its fixtures: tests/test_areal.py) and its real step "
+        "by tests/test_real_areal.py"
+    ),
+}
 
 
 def fixtures(kind: str, where: Path = FIXTURES) -> list[Path]:

@@ -187,10 +187,13 @@ class _Recorder:
             "logp": _array(logp, "logprobs").reshape(-1),
             "entropy": None if entropy is None else _array(entropy, "entropy").reshape(-1),
         }
+        config = _config(self.actor)
         prox = data.get("prox_logp")
         behave = _array(data["logprobs"], "logprobs").reshape(-1)
         fields["old_logp"] = behave if prox is None else _array(prox, "prox_logp").reshape(-1)
-        decoupled = bool(getattr(_config(self.actor), "use_decoupled_loss", False))
+        if getattr(config, "use_sapo_loss", False):  # sapo_loss_fn's ratio is against
+            fields["old_logp"], prox = behave, None  # input_data["logprobs"]
+        decoupled = bool(getattr(config, "use_decoupled_loss", False))
         fields["rollout_logp"] = behave if decoupled and prox is not None else None
         ref = data.get("ref_logp")
         fields["ref_logp"] = None if ref is None else _array(ref, "ref_logp").reshape(-1)
@@ -223,7 +226,7 @@ class _Recorder:
         advantage = padded(adv)
         assert advantage is not None
         constant = per_answer(advantage, padded_mask)
-        sequence = getattr(_config(self.actor), "importance_sampling_level", "token")
+        sequence = getattr(config, "importance_sampling_level", "token")
         if constant is None and sequence == "sequence":
             # GSPO: the loss takes each sequence's mean advantage for every token
             # (functional.py _compute_sequence_level_ratio_and_advantages)
@@ -318,7 +321,7 @@ def _hook(actor: Any, rec: _Recorder, originals: tuple[Callable[..., Any], ...])
     for name, fn, original in (("ppo_update", ppo_update, ppo_update_0),
                                ("train_batch", train_batch, train_batch_0),
                                ("export_stats", export_stats, export_stats_0)):  # fmt: skip
-        fn.__wrapped__ = original  # type: ignore[attr-defined]
+        vars(fn)["__wrapped__"] = original
         setattr(actor, name, fn)
 
 
