@@ -148,3 +148,99 @@ def test_a_wrong_config_value_is_one_line_naming_meta_json(cli: Cli, tmp_path: P
     case = CASES["defaults"]
     step = _run(tmp_path, {**case, "config": {"c_clip": 0.5}}, case["micro_batches"], None)
     cli.error(["objective", str(step)], "c_clip")
+
+
+# ------------------------------------------------------------------ the recorder
+class _Actor:
+    """The shape of AReaL's ``FSDPPPOActor`` the recorder hooks (numpy in place of
+    tensors): ``ppo_update`` packs its trajectories into one micro-batch and calls
+    ``self.train_batch`` with its loss function, as ``PPOActor._ppo_update`` does."""
+
+    def __init__(self, fail: bool = False) -> None:
+        from types import SimpleNamespace
+
+        self.config = SimpleNamespace(eps_clip=0.2, importance_sampling_level="token",
+                                      adv_norm=None, reward_norm=None)  # fmt: skip
+        self.fail = fail
+        self.stats: dict[str, float] = {}
+
+    def train_batch(self, mb: dict[str, Any], loss_fn: Any, loss_weight_fn: Any) -> dict:
+        logp = mb["logprobs"] + 0.1
+        return {"loss": loss_fn(logp, np.ones_like(logp), mb)}
+
+    def ppo_update(self, data: list[dict[str, Any]]) -> None:
+        ids = np.concatenate([d["input_ids"][0] for d in data])
+        cu = np.cumsum([0] + [d["input_ids"].shape[1] for d in data])
+        mb = {k: np.concatenate([d[k][0] for d in data]) for k in
+              ("input_ids", "logprobs", "advantages", "loss_mask")}  # fmt: skip
+        mb["input_ids"], mb["cu_seqlens"] = ids, cu
+        if self.fail:
+            mb.pop("advantages")  # a recording failure: the recorder cannot read it
+        self.train_batch(mb, lambda lp, ent, d: float(np.sum(lp * d["loss_mask"])), None)
+        self.stats = {"ppo_actor/update/actor_loss/avg": 0.5}
+
+    def export_stats(self) -> dict[str, float]:
+        return dict(self.stats)
+
+
+def _trajectories() -> list[dict[str, Any]]:
+    out = []
+    for i in range(4):
+        n = 3 + i
+        out.append({
+            "input_ids": np.arange(10 * i, 10 * i + n)[None],
+            "attention_mask": np.ones((1, n), bool),
+            "loss_mask": np.array([[0] + [1] * (n - 2) + [0]]),
+            "logprobs": np.full((1, n), -1.0 - i, np.float32),
+            "advantages": np.full((1, n), float(i - 1.5), np.float32),
+            "rewards": np.array([float(i)]),
+        })  # fmt: skip
+    return out
+
+
+def test_install_records_each_loss_call_and_the_exported_stats(tmp_path: Path) -> None:
+    from grpo_cli.integrations import areal as rec
+
+    actor = rec.install(_Actor(), tmp_path / "run", group_size=2)
+    actor.ppo_update(_trajectories())
+    assert actor.export_stats() == {"ppo_actor/update/actor_loss/avg": 0.5}
+    step = tmp_path / "run" / "step_000001"
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(step / "rank000-mb000.parquet").to_pydict()
+    assert t["group"] == ["g000001-p00000"] * 2 + ["g000001-p00001"] * 2
+    assert t["reward"] == [0.0, 1.0, 2.0, 3.0] and t["advantage"] == [-1.5, -0.5, 0.5, 1.5]
+    # logp the loss was given (old + 0.1), old_logp the behaviour's (no prox_logp)
+    assert t["mask"][1] == [False, True, True, False, False, False]  # padded to 6
+    assert t["old_logp"][1][1] == -2.0 and math.isclose(t["logp"][1][1], -1.9, rel_tol=1e-6)
+    assert (step / "_DONE").exists()
+    line = json.loads((tmp_path / "run" / "metrics.jsonl").read_text())
+    assert line == {"step": 1, "ppo_actor/update/actor_loss/avg": 0.5}
+
+
+def test_a_recording_failure_is_one_warning_and_training_goes_on(tmp_path: Path) -> None:
+    from grpo_cli.integrations import areal as rec
+
+    actor = rec.install(_Actor(fail=True), tmp_path / "run", group_size=2)
+    with pytest.warns(RuntimeWarning, match="grpo-cli: recording the areal run failed"):
+        actor.ppo_update(_trajectories())
+    actor.ppo_update(_trajectories())  # no second warning, training goes on
+    assert actor.export_stats() == {"ppo_actor/update/actor_loss/avg": 0.5}
+    assert not (tmp_path / "run" / "step_000001" / "_DONE").exists()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"every_steps": 0}, "every_steps"),
+        ({"group_size": 1.5}, "group_size"),
+        ({"token_dtype": "f4"}, "token_dtype"),
+    ],
+)
+def test_install_names_a_wrong_argument(tmp_path: Path, kwargs: dict[str, Any], words: str) -> None:
+    from grpo_cli.integrations import areal as rec
+
+    with pytest.raises((TypeError, ValueError), match=words):
+        rec.install(_Actor(), tmp_path / "run", **kwargs)
+    with pytest.raises(TypeError, match="FSDPPPOActor"):
+        rec.install(object(), tmp_path / "run")

@@ -124,6 +124,17 @@ def _config_group_size(config: Any) -> int | None:
     return None
 
 
+def _rank() -> tuple[int, int]:
+    """This process's rank and the world size (0 and 1 without torch.distributed)."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return 0, 1
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
 class _Recorder:
     """What :func:`install` keeps on the actor (module docstring)."""
 
@@ -143,11 +154,7 @@ class _Recorder:
 
     def _writer(self) -> RunWriter:
         if self.writer is None:
-            import torch.distributed as dist
-
-            rank, world = 0, 1
-            if dist.is_available() and dist.is_initialized():
-                rank, world = dist.get_rank(), dist.get_world_size()
+            rank, world = _rank()
             self.writer = RunWriter(
                 self.directory, trainer=TRAINER, trainer_version=_version(),
                 config=config_items(_config(self.actor)), rank=rank, world_size=world,
@@ -304,10 +311,8 @@ def _hook(actor: Any, rec: _Recorder, originals: tuple[Callable[..., Any], ...])
 
         def recorded_loss(logprobs: Any, entropy: Any, input_data: Any, **kw: Any) -> Any:
             loss = loss_fn(logprobs, entropy, input_data, **kw)
-            if rec.guard.active:
-                lp = logprobs.detach()
-                ent = None if entropy is None else entropy.detach()
-                rec.guard.run(lambda: rec.record(lp, ent, input_data, step))
+            if rec.guard.active:  # _array detaches; nothing here can raise into the loss
+                rec.guard.run(lambda: rec.record(logprobs, entropy, input_data, step))
             return loss
 
         return train_batch_0(input_, recorded_loss, *args, **kwargs)
