@@ -243,6 +243,10 @@ PRESET_MIRRORS = {
     "loss over its loss-token count (`rl_scale`), ρ against the sampler; `configs/trainer.json`'s "
     "`loss` section gives the run's own",
     "prime-rl": "the same as `prime_rl` (the name prime-rl's project uses)",
+    "areal": "AReaL 1.0.4 `PPOActorConfig` defaults: `eps_clip=0.2`, no `c_clip`, "
+    "`kl_ctl=0.1` with `kl_estimator=k1` as reward shaping, token-mean over the update "
+    "(`stats_tracker`), `NormConfig`'s unbiased std and eps 1e-5 (its GRPO recipes' "
+    "`adv_norm` by group)",
 }
 _NOT_CONVENTIONS = {"preset", "trainer", "mirrors", "origin", "folds"}
 

@@ -87,13 +87,7 @@ def write_config(run: Path, config: dict[str, Any], trainer: str | None = None) 
     meta["config"] = config
     if trainer is not None:
         meta["trainer"] = trainer
-        meta["trainer_version"] = {
-            "trl": "1.16.0",
-            "verl": "0.9.1",
-            "openrlhf": "0.11.2",
-            "prime_rl": "0.8.0",
-            "slime": "0.3.1",
-        }[trainer]
+        meta["trainer_version"] = TRAINERS[trainer].newest.checked
     (run / "meta.json").write_text(json.dumps(meta))  # a big integer: all its digits
 
 

@@ -142,6 +142,8 @@ def _by_hand(name: str, f: dict[str, np.ndarray], a: np.ndarray, off: np.ndarray
                                                          mask_high=0.3, kl_tau=0.01),
         "prime_rl/ipo": lambda: LP.dppo_binary_terms(lp, old, a, off, rule="ipo",
                                                      ipo_threshold=0.05, adv_tau=0.5),
+        "areal/sapo": lambda: LT.sapo_terms(lp, old, a, off, tau_pos=0.9, tau_neg=1.3,
+                                            trainer_agg=False),
     }[name]()  # fmt: skip
 
 
@@ -165,6 +167,7 @@ FLAGS: dict[str, list[str]] = {
     "prime_rl/dppo_tv": ["--loss-param", "dppo_mask_low=0.1", "--loss-param",
                          "dppo_mask_high=0.3", "--loss-param", "kl_tau=0.01"],
     "prime_rl/ipo": ["--loss-param", "ipo_threshold=0.05", "--loss-param", "adv_tau=0.5"],
+    "areal/sapo": ["--loss-param", "sapo_tau_pos=0.9", "--loss-param", "sapo_tau_neg=1.3"],
 }  # fmt: skip
 # verl's bypass mode takes its correction's settings too: test_bypass_mode_*
 NON_CLIP = [x for x in LOSSES if x not in ("clip", "verl/bypass_mode")]

@@ -636,6 +636,16 @@ def test_contract_errors_name_the_argument(
         call()
 
 
+def _row_terms(name: str, b: dict[str, Any]) -> LR.PolicyTerms:
+    """A registry row's terms on the batch, with its default parameters."""
+    row = ROWS[name]
+    assert row.terms is not None
+    call = LR.LossCall({"logp": b["lp"], "old_logp": b["old"]}, b["adv"], b["off"], row.params())
+    t = row.terms(call)
+    assert isinstance(t, LR.PolicyTerms)
+    return t
+
+
 def test_every_metric_table_entry_reads_a_quantity_its_loss_returns() -> None:
     b = batch(14)
     terms = all_losses(b)
@@ -656,8 +666,9 @@ def test_every_metric_table_entry_reads_a_quantity_its_loss_returns() -> None:
         "verl/cispo": terms["cispo"],
         "slime/ppo_eps_clip": LS.slime_policy_terms(lp, b["old"], adv, off),
         "slime/cispo": terms["cispo"],
-        "prime_rl/dppo_tv": LP.dppo_binary_terms(lp, b["old"], adv, off),
-        "prime_rl/ipo": LP.dppo_binary_terms(lp, b["old"], adv, off, rule="ipo"),
+        **{
+            name: _row_terms(name, b) for name in ("areal/sapo", "prime_rl/ipo", "prime_rl/dppo_tv")
+        },
         "verl/bypass_mode/ppo_clip": LVR.verl_bypass_mode(lp, roll, adv, off)[0],
         "verl/bypass_mode/reinforce": LVR.verl_bypass_mode(
             lp, roll, adv, off, loss_type="reinforce"

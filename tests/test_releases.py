@@ -46,6 +46,11 @@ NOT_RUN: dict[str, str] = {
     "prime_rl@0.8.0": "not on the package index (no release environment): proved against its "
     "own code at commit 559b4477 by conformance/frontier/record.py's fixtures "
     "(tests/test_prime_rl.py)",
+    "areal@1.0.4": (
+        "AReaL's own ppo_actor_loss_fn, sapo_loss_fn and stats_tracker are run by "
+        "conformance/areal/record.py (its fixtures: tests/test_areal.py) and its real step "
+        "by tests/test_real_areal.py"
+    ),
 }
 
 

@@ -1,8 +1,8 @@
 """The registry of the trainers' own policy losses, sampler–trainer corrections and
 policy-term masks: one row each, beside its function in its trainer's loss module
-(:mod:`.trl`, :mod:`.verl` and :mod:`.verl_rollout`, :mod:`.openrlhf`; the row types in
-:mod:`.registry`). A loss module defines ``LOSSES``, ``CORRECTIONS`` and ``MASKS`` (each a
-tuple of rows, maybe empty).
+(:mod:`.trl`, :mod:`.verl` and :mod:`.verl_rollout`, :mod:`.openrlhf`, :mod:`.areal`; the
+row types in :mod:`.registry`). A loss module defines ``LOSSES``, ``CORRECTIONS`` and
+``MASKS`` (each a tuple of rows, maybe empty).
 
 A trainer's loss module is one entry of :data:`MODULES`. ``clip`` is the core's clipped
 surrogate (:func:`grpo_cli.core.token_terms`), the policy term of every trainer's default
@@ -12,7 +12,7 @@ loss.
 from __future__ import annotations
 
 from ..errors import UsageError
-from . import openrlhf, prime_rl, slime, trl, verl, verl_rollout
+from . import areal, openrlhf, prime_rl, slime, trl, verl, verl_rollout
 from .registry import CorrectionRow, Loss, Mask, Metric
 
 __all__ = ["CLIP", "CORRECTIONS", "LOSSES", "MASKS", "MODULES", "NONE", "logged_metrics"]
@@ -20,7 +20,7 @@ __all__ = ["CLIP", "CORRECTIONS", "LOSSES", "MASKS", "MODULES", "NONE", "logged_
 CLIP = Loss("clip", None, "the clipped surrogate min(ρA, clip(ρ)A)", clip="core")
 NONE = "none"  # no correction
 
-MODULES = (trl, verl, verl_rollout, openrlhf, prime_rl, slime)
+MODULES = (trl, verl, verl_rollout, openrlhf, prime_rl, slime, areal)
 
 LOSSES: dict[str, Loss] = {r.name: r for r in (CLIP, *(x for m in MODULES for x in m.LOSSES))}
 CORRECTIONS: dict[str, CorrectionRow] = {r.name: r for m in MODULES for r in m.CORRECTIONS}

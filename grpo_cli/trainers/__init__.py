@@ -9,7 +9,7 @@ environment in conformance/releases (its README).
 
 from __future__ import annotations
 
-from . import openrlhf, prime_rl, slime, trl, verl
+from . import areal, openrlhf, prime_rl, slime, trl, verl
 from .base import MetricInputs, Release, RewardKL, Trainer, parse_version
 
 __all__ = [
@@ -24,7 +24,14 @@ __all__ = [
 
 TRAINERS: dict[str, Trainer] = {
     t.name: t
-    for t in (trl.TRAINER, verl.TRAINER, openrlhf.TRAINER, prime_rl.TRAINER, slime.TRAINER)
+    for t in (
+        trl.TRAINER,
+        verl.TRAINER,
+        openrlhf.TRAINER,
+        prime_rl.TRAINER,
+        slime.TRAINER,
+        areal.TRAINER,
+    )
 }
 
 

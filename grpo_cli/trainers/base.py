@@ -58,6 +58,7 @@ class Folded(Protocol):
     old_ref: Any
     clip: Any
     clip_shares: Any
+    ratio: Any
     log_ratios: Any
     unclipped_min: Any
     loss_metrics: Any
