@@ -211,12 +211,6 @@ def trend_rules() -> str:
 # ------------------------------------------------------------------ presets
 # The trainer configuration each preset of grpo_cli.trainers.presets.PRESETS mirrors.
 PRESET_MIRRORS = {
-    "slime": "slime's defaults: GRPO advantages with torch's unbiased std + 1e-6, the PPO clip "
-    "0.2 on both sides (no dual clip), `--use-kl-loss` off (`--kl-loss-type k1`, "
-    "`--kl-loss-coef 0`)",
-    "prime_rl": "prime-rl's `DefaultLossConfig` (commit 559b4477): the DPPO-Binary-TV loss and "
-    "its KL term, a token mean over the whole step, no reference policy",
-    "prime-rl": "the same as `prime_rl` (prime-rl's own spelling)",
     "deepseekmath": "the DeepSeekMath paper (Shao et al. 2024): the defaults",
     "trl": 'TRL `GRPOConfig` defaults: `scale_rewards="group"`, `loss_type="dapo"`, '
     "`beta=0.0`, `epsilon=0.2`, `use_bias_correction_kl=True`",
