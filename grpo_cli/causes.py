@@ -11,7 +11,8 @@ The explanations are data (:data:`FACTORS`, :data:`ALTERNATIVES`), one row each:
   not at all (verl PR #4711: ``actor/pg_loss`` scaled by the number of micro-batches
   twice, ``dp_actor.py`` L533 and ``utils/metric/utils.py`` L53 at cd4072d; verl #3129:
   ``loss_scale_factor`` in the logged ``pg_loss``; TRL #7011: ``policy_loss`` of
-  ``dapo``/``cispo``/``vespo`` logged per micro-batch, not per optimizer window);
+  the loss types normalised by the window's tokens logged per micro-batch, not per
+  optimizer window);
 - an **alternative**: another way of combining the same tokens that grpo-cli computes as
   well (the step's tokens as one batch instead of the mean over loss calls, TRL #7047; the
   loss under another aggregation, a loss-type scale; the metric before clipping).
@@ -71,7 +72,7 @@ FACTORS: tuple[FactorRow, ...] = (
     FactorRow(
         "gradient_accumulation_steps",
         "gradient_accumulation_steps",
-        "TRL #7011 (dapo/cispo/vespo policy_loss logged without the × "
+        "TRL #7011 (the window-normalised loss types' policy_loss logged without the × "
         "current_gradient_accumulation_steps, TRL PR #7042)",
     ),
     FactorRow(
