@@ -304,3 +304,24 @@ def test_logged_train_metrics_are_compared(cli: Any, tmp_path: Path) -> None:
     assert set(rows) == {k.removeprefix("train/") for k in logged}
     assert {k for k, m in rows.items() if m["verdict"] == "match"} == set(rows) - NOT_IN_A_DUMP
     assert rows["entropy_loss"]["verdict"] == "not recomputed"
+
+
+def test_a_damaged_rollout_is_skipped_by_trend_and_check(cli: Any, tmp_path: Path) -> None:
+    """A rollout whose rollout dump is missing, or whose train file was cut, is skipped by
+    ``trend`` and ``check`` with a note naming it; the others are read."""
+    d = tmp_path / "dump"
+    for sub in ("train_data", "rollout_data"):
+        (d / sub).mkdir(parents=True)
+        for rid in (0, 1):
+            (d / sub / f"{rid}.pt").write_bytes(
+                (FIX / "slime_dump" / sub / f"{rid}.pt").read_bytes()
+            )
+    (d / "rollout_data" / "1.pt").unlink()
+    trend = cli.json("trend", d)
+    assert [s["step"] for s in trend["steps"]] == [0]
+    assert any("skipped" in w and "rollout_data/1.pt" in w for w in trend["warnings"])
+    r = cli("check", d, "--format", "json")
+    assert [v["step"] for v in json.loads(r.stdout)["run"]["steps"]] == [0], r.stderr
+    whole = (FIX / "slime_dump" / "train_data" / "0.pt").read_bytes()
+    (d / "train_data" / "0.pt").write_bytes(whole[: len(whole) // 2])
+    cli.error(["trend", str(d)], "no step of the run can be read")

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import zipfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -149,18 +150,37 @@ class SlimeStep(RecordedStep):
         return None
 
     def require_readable(self) -> None:
-        if not self.directory.is_file():
-            raise InputError(f"{self.directory}: not a file (slime writes one .pt a rollout)")
+        """The train file is a zip archive (torch.save's) with its rollout dump beside it
+        (checked before anything is read: ``trend`` and ``check`` skip such a rollout,
+        naming why)."""
+        f = self.directory
+        if not f.is_file():
+            raise InputError(f"{f}: not a file (slime writes one .pt a rollout)")
+        if not (f.parent.parent / ROLLOUT / f.name).is_file():
+            raise InputError(
+                f"{f}: no {ROLLOUT}/{f.name} beside it: the groups and rewards are in "
+                "slime's rollout dump (--dump-details writes both)"
+            )
+        if not zipfile.is_zipfile(f):
+            raise InputError(
+                f"{f}: not a zip archive as torch.save writes (cut while written, or another file)"
+            )
 
 
-def _has_rollout(train: Path) -> bool:
-    """Whether a train dump's samples hold the sampler's log-probs (slime's mismatch metric
-    is logged whenever they do)."""
-    got = load(train)
-    rows = got.get("samples") if isinstance(got, dict) else None
-    return isinstance(rows, list) and any(
-        isinstance(r, dict) and r.get("rollout_log_probs") is not None for r in rows
-    )
+def _has_rollout(files: Sequence[Path]) -> bool:
+    """Whether the first readable train dump of ``files`` holds the sampler's log-probs
+    (slime's mismatch metric is logged whenever they do; a damaged file is its step's to
+    name, not the run's)."""
+    for f in files:
+        try:
+            got = load(f)
+        except InputError:
+            continue
+        rows = got.get("samples") if isinstance(got, dict) else None
+        return isinstance(rows, list) and any(
+            isinstance(r, dict) and r.get("rollout_log_probs") is not None for r in rows
+        )
+    return False
 
 
 def dump_run(p: Path, has_rollout: bool | None = None) -> SlimeRun | None:
@@ -184,7 +204,7 @@ def dump_run(p: Path, has_rollout: bool | None = None) -> SlimeRun | None:
         config = got
     if has_rollout is None:
         files = [p] if p.is_file() else dump_files(root) or []
-        has_rollout = bool(files) and _has_rollout(files[0])
+        has_rollout = _has_rollout(files)
     config = {**config, HAS_ROLLOUT: has_rollout}
     # the dump names no slime version: the one whose code was read (setup.py at COMMIT)
     meta = {"trainer": "slime", "trainer_version": VERSION, "config": config}
