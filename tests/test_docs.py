@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
+from .conftest import Cli
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 
@@ -217,6 +219,20 @@ def test_histograms_table_is_the_bins_of_the_fold(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(parts, "ENTROPY_BINS", (0.0, 10.0, 50_000))
     page = ref.expand((DOCS / "scale.md").read_text())
     assert "| per-token entropy | 50,000 bins of width 2e-4 on [0, 10) | absolute 1e-4 |" in page
+
+
+def test_every_key_of_objective_json_is_on_its_page(cli: Cli) -> None:
+    """docs/commands/objective.md's key table (hand-written: what each key means) names every
+    key `objective --json` writes, and no key it does not."""
+    doc = cli.json("objective", ROOT / "sample_data" / "batch.parquet", "--gradient")
+    page = (DOCS / "commands" / "objective.md").read_text()
+    table = page.split("`objective --json`:")[1].split("\n\n## ")[0]
+    listed = {
+        k for c in re.findall(r"^\| ([^|]+) \|", table, re.M) for k in re.findall(r"`(\w+)`", c)
+    }
+    assert listed and listed <= set(doc), sorted(listed - set(doc))
+    named = set(re.findall(r"`(\w+)`", page.split("`objective --json`:")[0] + table))
+    assert set(doc) <= named, sorted(set(doc) - named)
 
 
 # ------------------------------------------------------------------ the site
