@@ -235,6 +235,23 @@ def test_every_key_of_objective_json_is_on_its_page(cli: Cli) -> None:
     assert set(doc) <= named, sorted(set(doc) - named)
 
 
+def test_conventions_tables_name_the_codes_options_and_aggregations() -> None:
+    """docs/conventions.md's hand-written tables: the `--agg` rows are the aggregations of
+    the code, in its order; every option of the options table is one `objective` takes."""
+    from grpo_cli.core import AGGREGATIONS
+
+    page = (DOCS / "conventions.md").read_text()
+    agg = page.split("| `--agg` | formula | used by |")[1].split("\n\n")[0]
+    assert re.findall(r"^\| `([\w-]+)` \|", agg, re.M) == list(AGGREGATIONS)
+    options = page.split("| option | values | meaning |")[1].split("\n\n")[0]
+    named = {o for c in re.findall(r"^\| ([^|]+) \|", options, re.M)
+             for o in re.findall(r"`(--[\w-]+)`", c)}  # fmt: skip
+    objective = ref.cli().split("## `grpo-cli objective`")[1].split("\n## ")[0]
+    assert len(named) > 20
+    missing = sorted(o for o in named if not re.search(rf"{o}(?![\w-])", objective))
+    assert not missing, missing
+
+
 # ------------------------------------------------------------------ the site
 def test_every_page_is_in_the_nav_and_every_nav_entry_exists() -> None:
     config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
