@@ -44,9 +44,13 @@ def _nav_pages(node: Any) -> list[str]:
     return []
 
 
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+
+
 def _row(table: str, first_cell: str) -> list[str]:
     for line in table.splitlines():
-        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+        cells = _cells(line)
         if cells and cells[0] == first_cell:
             return cells
     raise AssertionError(f"no row {first_cell!r} in the table")
@@ -250,6 +254,21 @@ def test_conventions_tables_name_the_codes_options_and_aggregations() -> None:
     assert len(named) > 20
     missing = sorted(o for o in named if not re.search(rf"{o}(?![\w-])", objective))
     assert not missing, missing
+
+
+def test_trainer_metrics_table_names_each_trainers_metrics() -> None:
+    """docs/commands/objective.md's trainer-metrics rows: each trainer's checked release and
+    the metric names its newest release preset computes (the registry's), in order."""
+    from grpo_cli.trainers import TRAINERS
+
+    page = (DOCS / "commands" / "objective.md").read_text()
+    table = page.split("| trainer | names | as the trainer computes them |")[1].split("\n\n")[0]
+    rows = {r[0].split(" ")[0]: r for r in (_cells(line) for line in table.splitlines()[1:])}
+    for name, label in (("trl", "TRL"), ("verl", "verl"), ("openrlhf", "OpenRLHF")):
+        release = TRAINERS[name].releases[-1]
+        cells = rows[label]
+        assert cells[0].startswith(f"{label} {release.checked} ("), cells[0]
+        assert re.findall(r"`([\w/]+)`", cells[1]) == list(release.metric_names), name
 
 
 # ------------------------------------------------------------------ the site
