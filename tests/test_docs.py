@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
+from .conftest import Cli
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 
@@ -42,9 +44,13 @@ def _nav_pages(node: Any) -> list[str]:
     return []
 
 
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+
+
 def _row(table: str, first_cell: str) -> list[str]:
     for line in table.splitlines():
-        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+        cells = _cells(line)
         if cells and cells[0] == first_cell:
             return cells
     raise AssertionError(f"no row {first_cell!r} in the table")
@@ -217,6 +223,52 @@ def test_histograms_table_is_the_bins_of_the_fold(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(parts, "ENTROPY_BINS", (0.0, 10.0, 50_000))
     page = ref.expand((DOCS / "scale.md").read_text())
     assert "| per-token entropy | 50,000 bins of width 2e-4 on [0, 10) | absolute 1e-4 |" in page
+
+
+def test_every_key_of_objective_json_is_on_its_page(cli: Cli) -> None:
+    """docs/commands/objective.md's key table (hand-written: what each key means) names every
+    key `objective --json` writes, and no key it does not."""
+    doc = cli.json("objective", ROOT / "sample_data" / "batch.parquet", "--gradient")
+    page = (DOCS / "commands" / "objective.md").read_text()
+    table = page.split("`objective --json`:")[1].split("\n\n## ")[0]
+    listed = {
+        k for c in re.findall(r"^\| ([^|]+) \|", table, re.M) for k in re.findall(r"`(\w+)`", c)
+    }
+    assert listed and listed <= set(doc), sorted(listed - set(doc))
+    named = set(re.findall(r"`(\w+)`", page.split("`objective --json`:")[0] + table))
+    assert set(doc) <= named, sorted(set(doc) - named)
+
+
+def test_conventions_tables_name_the_codes_options_and_aggregations() -> None:
+    """docs/conventions.md's hand-written tables: the `--agg` rows are the aggregations of
+    the code, in its order; every option of the options table is one `objective` takes."""
+    from grpo_cli.core import AGGREGATIONS
+
+    page = (DOCS / "conventions.md").read_text()
+    agg = page.split("| `--agg` | formula | used by |")[1].split("\n\n")[0]
+    assert re.findall(r"^\| `([\w-]+)` \|", agg, re.M) == list(AGGREGATIONS)
+    options = page.split("| option | values | meaning |")[1].split("\n\n")[0]
+    named = {o for c in re.findall(r"^\| ([^|]+) \|", options, re.M)
+             for o in re.findall(r"`(--[\w-]+)`", c)}  # fmt: skip
+    objective = ref.cli().split("## `grpo-cli objective`")[1].split("\n## ")[0]
+    assert len(named) > 20
+    missing = sorted(o for o in named if not re.search(rf"{o}(?![\w-])", objective))
+    assert not missing, missing
+
+
+def test_trainer_metrics_table_names_each_trainers_metrics() -> None:
+    """docs/commands/objective.md's trainer-metrics rows: each trainer's checked release and
+    the metric names its newest release preset computes (the registry's), in order."""
+    from grpo_cli.trainers import TRAINERS
+
+    page = (DOCS / "commands" / "objective.md").read_text()
+    table = page.split("| trainer | names | as the trainer computes them |")[1].split("\n\n")[0]
+    rows = {r[0].split(" ")[0]: r for r in (_cells(line) for line in table.splitlines()[1:])}
+    for name, label in (("trl", "TRL"), ("verl", "verl"), ("openrlhf", "OpenRLHF")):
+        release = TRAINERS[name].releases[-1]
+        cells = rows[label]
+        assert cells[0].startswith(f"{label} {release.checked} ("), cells[0]
+        assert re.findall(r"`([\w/]+)`", cells[1]) == list(release.metric_names), name
 
 
 # ------------------------------------------------------------------ the site
