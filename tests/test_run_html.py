@@ -289,21 +289,29 @@ def test_trls_entropy_mask_is_the_recorded_one(trl_run: Any) -> None:
     d = run_page([(k + 1, str(run.directory / n)) for k, n in enumerate(steps)], settings,
                  config=rec.config)  # fmt: skip
     bit = next(s["bit"] for s in d["states"] if s["name"] == "entropy-masked")
-    seen = 0
+    seen = whole = 0
     for st in d["steps"]:
         files = sorted((run.directory / st["name"]).glob("rank*-mb*.parquet"))
         rows = [row for f in files for row in pq.read_table(f).to_pylist()]
         for g in st["groups"]:
+            # every answer of the group, the masked ones too, from the file
+            rewards = [r["reward"] for r in rows if r["group"] == g["key"]]
+            assert sorted(a["reward"] for a in g["answers"]) == sorted(rewards)
+            assert g["zero_variance"] == (min(rewards) == max(rewards))
             for a in g["answers"]:
                 row = rows[a["row"]]
                 m = np.asarray(row["mask"], bool)
+                if a.get("masked_whole"):  # mask_truncated_completions: shown, marked
+                    assert not m.any() and not a["carries"] and a["layers"] is None
+                    whole += 1
+                    continue
                 em = np.asarray(row["entropy_mask"], bool)[m][: a["shown"]]
                 bits = np.asarray(a["layers"]["state"])
                 np.testing.assert_array_equal(bits & bit > 0, ~em)
                 ent = np.asarray(row["entropy"], np.float64)[m][: a["shown"]]
                 np.testing.assert_allclose(a["layers"]["ent"], ent, rtol=1e-3, atol=1e-7)
                 seen += int(np.sum(~em))
-    assert seen > 0
+    assert seen > 0 and whole > 0
 
 
 # ----------------------------------------------------------------- a real browser
