@@ -115,6 +115,26 @@ def test_layers_are_the_files_own_numbers(page: Path, run_dir: Path) -> None:
     assert seen >= 8
 
 
+def test_a_prompt_followed_across_steps(page: Path, run_dir: Path) -> None:
+    """A prompt of a shown group at every step it comes back: its answers' rewards as the
+    files hold them, advantages as the page's groups give them."""
+    d = page_data(page.read_text())
+    assert d["prompts"]
+    for key, hist in d["prompts"].items():
+        assert len(hist) >= 2
+        for h in hist:
+            t = pq.read_table(run_dir / f"step_{h['step']:06d}" / "rank000-mb000.parquet")
+            rows = [r for r in t.to_pylist() if r["prompt"] == key]
+            assert h["rewards"] == [r["reward"] for r in rows]
+            assert len(h["advs"]) == len(rows)
+            # δ = old − rollout over the answers' valid tokens, averaged per answer
+            gaps = []
+            for r in rows:
+                m = np.asarray(r["mask"], bool)
+                gaps.append(np.mean((np.asarray(r["old_logp"]) - np.asarray(r["rollout_logp"]))[m]))
+            assert h["gap"] == pytest.approx(np.mean(gaps), rel=1e-3, abs=1e-9)
+
+
 def test_gradient_shares_are_answers_own(cli: Cli, page: Path, run_dir: Path) -> None:
     """An answer's share on the page is ``answers --sort gradient``'s gradient_share."""
     d = page_data(page.read_text())
@@ -269,21 +289,29 @@ def test_trls_entropy_mask_is_the_recorded_one(trl_run: Any) -> None:
     d = run_page([(k + 1, str(run.directory / n)) for k, n in enumerate(steps)], settings,
                  config=rec.config)  # fmt: skip
     bit = next(s["bit"] for s in d["states"] if s["name"] == "entropy-masked")
-    seen = 0
+    seen = whole = 0
     for st in d["steps"]:
         files = sorted((run.directory / st["name"]).glob("rank*-mb*.parquet"))
         rows = [row for f in files for row in pq.read_table(f).to_pylist()]
         for g in st["groups"]:
+            # every answer of the group, the masked ones too, from the file
+            rewards = [r["reward"] for r in rows if r["group"] == g["key"]]
+            assert sorted(a["reward"] for a in g["answers"]) == sorted(rewards)
+            assert g["zero_variance"] == (min(rewards) == max(rewards))
             for a in g["answers"]:
                 row = rows[a["row"]]
                 m = np.asarray(row["mask"], bool)
+                if a.get("masked_whole"):  # mask_truncated_completions: shown, marked
+                    assert not m.any() and not a["carries"] and a["layers"] is None
+                    whole += 1
+                    continue
                 em = np.asarray(row["entropy_mask"], bool)[m][: a["shown"]]
                 bits = np.asarray(a["layers"]["state"])
                 np.testing.assert_array_equal(bits & bit > 0, ~em)
                 ent = np.asarray(row["entropy"], np.float64)[m][: a["shown"]]
                 np.testing.assert_allclose(a["layers"]["ent"], ent, rtol=1e-3, atol=1e-7)
                 seen += int(np.sum(~em))
-    assert seen > 0
+    assert seen > 0 and whole > 0
 
 
 # ----------------------------------------------------------------- a real browser
@@ -372,6 +400,13 @@ def test_switch_a_layer_pick_a_step_move_a_slider(browser: Any, page: Path) -> N
     assert "change state" in pg.text_content("#cf-out")
     pg.click("#cf-reset")
     assert pg.locator("#group .toks span.flip").count() == 0
+    # the same prompt across steps: a shown group whose prompt comes back
+    k, g, key = next((k, j, g["answers"][0]["prompt_key"]) for k, st in enumerate(d["steps"])
+                     for j, g in enumerate(st["groups"])
+                     if g["answers"][0]["prompt_key"] in d["prompts"])  # fmt: skip
+    pg.select_option("#step-picker", str(k))
+    pg.click(f".gtabs button[data-group='{g}']")
+    assert pg.locator("#prompt-table tr").count() == 1 + len(d["prompts"][key])
     assert problems == []
     pg.close()
 

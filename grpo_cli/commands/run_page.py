@@ -461,6 +461,38 @@ def _kept_rows(src: Source, answers: int) -> list[int] | None:
     return None if len(out) == start else out
 
 
+def _add_masked_whole(src: Source, kept: set[int], groups: list[dict[str, Any]]) -> None:
+    """The answers of the shown groups a trainer masked whole (no valid token: out of the
+    batches and the loss), added to their group's view, marked."""
+    import pyarrow.parquet as pq
+
+    want = {g["key"]: g for g in groups}
+    names = [src.name(f) for f in ("group", "reward", "advantage") if src.has(f)]
+    if src.name("group") not in names:
+        return
+    start = 0
+    for p in src.paths:
+        t = pq.ParquetFile(p).read(columns=names).to_pylist()
+        for i, r in enumerate(t):
+            g = want.get(str(r[src.name("group")]))
+            if start + i in kept or g is None:
+                continue
+            adv = r.get(src.name("advantage"))
+            g["answers"].append({
+                "row": start + i, "reward": _r(r.get(src.name("reward"))),
+                "adv": _r(adv) if isinstance(adv, int | float) else None, "length": 0,
+                "finished": None, "share": 0.0, "carries": False, "masked_whole": True,
+                "why": "masked whole: no valid token, out of the loss (e.g. a truncated "
+                "completion under TRL's mask_truncated_completions)",
+                "lr_max": None, "kl_max": None, "gap_mean": None, "shown": 0, "text": None,
+                "toks": None, "layers": None,
+            })  # fmt: skip
+        start += len(t)
+    for g in groups:
+        g["answers"].sort(key=lambda a: a["row"])
+        g["size"] = len(g["answers"])
+
+
 def _prompt_keys(src: Source) -> list[Any] | None:
     """Each answer's prompt (its id column, else its text), read from the step's parquet
     files; None when they carry neither."""
@@ -550,13 +582,14 @@ def _group_doc(acc: _Step, key: str, p1: Any, cap: int, limit: int | None,
     mean = std = None
     where = ""
     code = members[0].code if members else -1
-    if p1.table is not None and code >= 0:
+    zero = len(rewards) > 1 and min(rewards) == max(rewards)
+    if p1.table is not None and code >= 0:  # every answer of the group, masked ones too
         st = p1.table.stats
         mean, std, where = float(st.mean[code]), float(st.std[code]), "pass 1's group table"
+        zero = bool(st.min[code] == st.max[code] and st.count[code] > 1)
     elif rewards:
         mean, std = float(np.mean(rewards)), float(np.std(rewards))
         where = "the rewards shown, population std"
-    zero = key == acc.zero_key or (bool(rewards) and min(rewards) == max(rewards))
     first = next((texts.get(a.row) for a in members if texts.get(a.row)), {}) or {}
     return {
         "key": key, "score": _r(acc.held.get(key)), "mean": _r(mean), "std": _r(std),
@@ -589,6 +622,8 @@ def step_page(
     if total > budget:  # the worst group alone is over the budget: fewer tokens an answer
         cap = max(16, budget // max(len(members), 1))
     groups = [_group_doc(acc, k, p1, cap, limit, texts) for k in keys]
+    if kept is not None:
+        _add_masked_whole(src, set(kept), groups)
     notes = list(p1.warnings)
     if settings.loss_row.whole_batch or (settings.correction_row is not None and
                                          settings.correction_row.batch_normalized(
