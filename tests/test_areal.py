@@ -139,7 +139,8 @@ def test_the_config_maps_onto_the_settings() -> None:
         "clip_eps": 0.1, "clip_eps_high": 0.3, "dual_clip": 3.0, "ratio_level": "sequence",
         "beta": 0.05, "kl_estimator": "k3", "scale": "group", "ddof": 0, "eps": 1e-6,
     }  # fmt: skip
-    assert len(notes) == 1 and "behaviour importance weight" in notes[0]
+    assert len(notes) == 2 and "behaviour importance weight" in notes[0]
+    assert "KL shaping takes the behaviour log-probs" in notes[1]
     out, _ = from_config({"use_sapo_loss": True, "sapo_tau_neg": 2.0})
     assert out == {"loss": "areal/sapo", "loss_params": {"sapo_tau_neg": 2.0}}
 
