@@ -245,3 +245,16 @@ def test_install_names_a_wrong_argument(tmp_path: Path, kwargs: dict[str, Any], 
         rec.install(_Actor(), tmp_path / "run", **kwargs)
     with pytest.raises(TypeError, match="FSDPPPOActor"):
         rec.install(object(), tmp_path / "run")
+
+
+def test_installing_twice_records_once(tmp_path: Path) -> None:
+    from grpo_cli.integrations import areal as rec
+
+    actor = rec.install(_Actor(), tmp_path / "a", group_size=2)
+    rec.install(actor, tmp_path / "b", group_size=2)
+    actor.ppo_update(_trajectories())
+    actor.export_stats()
+    assert not (tmp_path / "a").exists()
+    names = sorted(p.name for p in (tmp_path / "b" / "step_000001").iterdir())
+    assert names == ["_DONE", "rank000-mb000.parquet"]
+    assert len((tmp_path / "b" / "metrics.jsonl").read_text().splitlines()) == 1
