@@ -139,7 +139,8 @@ def test_the_config_maps_onto_the_settings() -> None:
         "clip_eps": 0.1, "clip_eps_high": 0.3, "dual_clip": 3.0, "ratio_level": "sequence",
         "beta": 0.05, "kl_estimator": "k3", "scale": "group", "ddof": 0, "eps": 1e-6,
     }  # fmt: skip
-    assert len(notes) == 1 and "behaviour importance weight" in notes[0]
+    assert len(notes) == 2 and "behaviour importance weight" in notes[0]
+    assert "KL shaping takes the behaviour log-probs" in notes[1]
     out, _ = from_config({"use_sapo_loss": True, "sapo_tau_neg": 2.0})
     assert out == {"loss": "areal/sapo", "loss_params": {"sapo_tau_neg": 2.0}}
 
@@ -244,3 +245,16 @@ def test_install_names_a_wrong_argument(tmp_path: Path, kwargs: dict[str, Any], 
         rec.install(_Actor(), tmp_path / "run", **kwargs)
     with pytest.raises(TypeError, match="FSDPPPOActor"):
         rec.install(object(), tmp_path / "run")
+
+
+def test_installing_twice_records_once(tmp_path: Path) -> None:
+    from grpo_cli.integrations import areal as rec
+
+    actor = rec.install(_Actor(), tmp_path / "a", group_size=2)
+    rec.install(actor, tmp_path / "b", group_size=2)
+    actor.ppo_update(_trajectories())
+    actor.export_stats()
+    assert not (tmp_path / "a").exists()
+    names = sorted(p.name for p in (tmp_path / "b" / "step_000001").iterdir())
+    assert names == ["_DONE", "rank000-mb000.parquet"]
+    assert len((tmp_path / "b" / "metrics.jsonl").read_text().splitlines()) == 1

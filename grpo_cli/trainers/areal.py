@@ -191,6 +191,11 @@ def from_config(c: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
             "use_decoupled_loss with rejection_sampling: AReaL's behaviour importance weight "
             "(prox vs behaviour log-probs) is not applied"
         )
+    if c.get("use_decoupled_loss") and c.get("kl_ctl", 0.1):
+        notes.append(
+            "use_decoupled_loss: AReaL's KL shaping takes the behaviour log-probs "
+            "(rollout_logp), the kl_rewards here the proximal ones (old_logp)"
+        )
     if c.get("m2_threshold") is not None:
         notes.append("m2_threshold: AReaL's M2PO token mask is not applied")
     for key, neutral in (("discount", 1.0), ("gae_lambda", 1.0)):
