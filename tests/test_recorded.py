@@ -314,3 +314,20 @@ def test_the_vllm_sampling_metrics_are_the_generation_s(cli: Cli, tmp_path: Path
     per_call_mean = sum(per_call) / len(per_call)  # what a per-call mean would have given
     assert not math.isclose(want["sampling/sampling_logp_difference/mean"], per_call_mean,
                             rel_tol=1e-3)  # fmt: skip
+
+
+@pytest.mark.parametrize("name", EXACT)
+def test_check_reads_what_objective_reads(cli: Cli, trl_run: Any, name: str) -> None:
+    """``check`` on each recorded step of a healthy run reads every recorded token field
+    ``objective`` reads (TRL's ``entropy_mask`` too, as 0/1, not as a log-prob): no input
+    error, no integrity rule failing, the logged metrics matched as objective matches them."""
+    run = trl_run(name)
+    for step in step_records(run.log_history):
+        r = cli("check", run.directory / f"step_{step:06d}", "--format", "json")
+        assert r.exit_code in (0, 1), r.stderr
+        results = {x["rule"]: x for x in json.loads(r.stdout)["results"]}
+        for rule in ("finite", "logp-range", "lengths-match"):
+            assert results[rule]["status"] == "pass", results[rule]["message"]
+        logged = results.get("logged-metrics")
+        if logged is not None and logged["status"] != "skip":
+            assert logged["status"] == "pass", logged["message"]

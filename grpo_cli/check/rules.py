@@ -14,7 +14,7 @@ from ..fold.loss import clip_unit
 from ..fold.mistakes import shifted
 from ..fold.summaries import SINGLETONS
 from ..logged import compare_logged
-from ..records import EXTREME, Result, SamplerSupport
+from ..records import EXTREME, LoggedComparison, Result, SamplerSupport
 from .base import MAX_EXAMPLES, RuleConfig, _judge, _skip
 from .scan import Facts
 
@@ -469,11 +469,19 @@ def rule_logged_metrics(f: Facts, c: RuleConfig) -> Result:
     if not cmp.compared:
         names = ", ".join(sorted(lg.metrics)) or "none"
         return _skip(rid, f"none of the logged metrics ({names}) is one grpo-cli recomputes")
-    value = cmp.max_relative
-    assert value is not None
+    # a metric the comparison matched beyond the tolerance (two near-zero values, a loss
+    # logged rounded to 4 decimals) is judged as its verdict says, not by its relative
+    # difference: an on-policy loss of ~1e-8 differs by 75% in float32 noise alone
+    tol = c.fail or 0.0
+
+    def judged(m: LoggedComparison) -> float:
+        rel = m.relative or 0.0
+        return 0.0 if m.verdict == "match" and rel > tol else rel
+
+    value = max(judged(m) for m in cmp.compared)
     ex: list[dict[str, Any]] = [
         {"metric": m.metric, "logged": m.logged, "recomputed": m.recomputed, "relative": m.relative}
-        for m in sorted(cmp.compared, key=lambda m: -(m.relative or 0.0))
+        for m in sorted(cmp.compared, key=lambda m: (-judged(m), -(m.relative or 0.0)))
     ]
     at = f" (step {lg.step})" if lg.step is not None else ""
     why = ""
@@ -486,9 +494,17 @@ def rule_logged_metrics(f: Facts, c: RuleConfig) -> Result:
         c,
         value,
         f"{len(cmp.compared)} logged metric(s){at} against grpo-cli's: largest relative "
-        f"difference {value:.3g} ({ex[0]['metric']}){why}",
+        f"difference {value:.3g} ({ex[0]['metric']}){why}{_excused(cmp.compared, tol)}",
         ex,
     )
+
+
+def _excused(compared: list[LoggedComparison], tolerance: float) -> str:
+    """The metrics matched beyond the tolerance, said after the rule's message."""
+    names = [m.metric for m in compared if m.verdict == "match" and (m.relative or 0.0) > tolerance]
+    if not names:
+        return ""
+    return f"; {', '.join(names)} match as near-zero values or a loss logged rounded"
 
 
 # Rule id -> (function, default config). Integrity rules fail on any count above 0.

@@ -15,7 +15,7 @@ from .. import batch as _batch
 from ..batch import RawBatch, length_mismatches, nonfinite_flags, token_ranges, valid_lengths
 from ..fold.tokens import TokenPartial
 from ..io import Answers, Source
-from ..io.fields import LOGP_FIELDS
+from ..io.fields import FLAG_FIELDS, LOGP_FIELDS, TOKEN_VALUES
 from ..logged import LoggedInput
 from ..records import ObjectiveReport
 from .base import MAX_EXAMPLES, CheckConfig
@@ -180,8 +180,10 @@ def _scan_batch(s: Scan, rb: RawBatch, src: Source, cfg: CheckConfig) -> None:
     for i in empty[: max(0, MAX_EXAMPLES - len(s.empty_ex))]:
         s.empty_ex.append(where(rb.label, rb.start + int(i), tokens=int(lengths0[i])))
     for f in fields:
-        if f in misaligned:
-            continue  # values of a misaligned field cannot be matched to the mask
+        if f in misaligned or f in FLAG_FIELDS:
+            # values of a misaligned field cannot be matched to the mask; a 0/1 flag is no
+            # log-prob (its own row checks its values: ``entropy_mask_of``)
+            continue
         v = rb.values[f]
         for lo, hi in token_ranges(v.shape[0], _batch.SLICE_TOKENS):
             ms = None if m is None else m[lo:hi]
@@ -263,5 +265,6 @@ def _fields(src: Source) -> list[str]:
 
 
 def _token_fields(src: Source) -> list[str]:
-    """The fields the objective reads: the log-probs, plus the entropy when logged."""
-    return _fields(src) + (["entropy"] if src.has("entropy") else [])
+    """The per-token fields the objective reads, as ``objective`` reads them: the
+    log-probs, the entropy and the recorded masks (TRL's ``entropy_mask``) present."""
+    return [f for f in TOKEN_VALUES if src.has(f)]

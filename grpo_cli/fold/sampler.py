@@ -147,15 +147,19 @@ class SupportSums:
         kept = corrected = None
         by = None
         if one_sided >= 0.5:
-            if self.ed.n == n:  # ρ / K, K the geometric mean of exp(δ) in its bin
-                has = self.bin_n > 0
-                log_k = self.bin_d[has] / self.bin_n[has]
-                corrected = float(np.sum(self.bin_rho[has] * np.exp(-log_k))) / n
-                by = "entropy"
-            else:
-                corrected = self.rho / n * math.exp(-self.d / n)
-                by = "batch"
-            kept = math.exp(self.d / n)
+            with np.errstate(over="ignore", invalid="ignore"):
+                if self.ed.n == n:  # ρ / K, K the geometric mean of exp(δ) in its bin
+                    has = self.bin_n > 0
+                    log_k = self.bin_d[has] / self.bin_n[has]
+                    corrected = float(np.sum(self.bin_rho[has] * np.exp(-log_k))) / n
+                    by = "entropy"
+                else:
+                    corrected = float(self.rho / n * np.exp(-self.d / n))
+                    by = "batch"
+                kept = float(np.exp(self.d / n))
+            if not (math.isfinite(kept) and math.isfinite(corrected)):
+                # δ beyond float64's exponent (a sampler log-prob of 1e155): no estimate
+                kept = corrected = by = None
         return SamplerSupport(
             tokens=n,
             below=self.below,

@@ -82,6 +82,29 @@ CONFIG_KEYS: tuple[str, ...] = (
 _NESTED = ("adv_norm", "reward_norm", "rejection_sampling")
 
 
+def _token_fields(
+    config: Any, logp: Any, entropy: Any, data: Mapping[str, Any]
+) -> dict[str, np.ndarray | None]:
+    """A packed micro-batch's per-token log-probs under the names grpo-cli reads: the ratio's
+    denominator as ``old_logp`` (the proximal policy's, else the behaviour's; SAPO's
+    ``sapo_loss_fn`` takes its ratio against the behaviour's ``logprobs``), the behaviour's
+    as ``rollout_logp`` under decoupled PPO."""
+    fields: dict[str, np.ndarray | None] = {
+        "logp": _array(logp, "logprobs").reshape(-1),
+        "entropy": None if entropy is None else _array(entropy, "entropy").reshape(-1),
+    }
+    prox = data.get("prox_logp")
+    behave = _array(data["logprobs"], "logprobs").reshape(-1)
+    fields["old_logp"] = behave if prox is None else _array(prox, "prox_logp").reshape(-1)
+    if getattr(config, "use_sapo_loss", False):
+        fields["old_logp"], prox = behave, None
+    decoupled = bool(getattr(config, "use_decoupled_loss", False))
+    fields["rollout_logp"] = behave if decoupled and prox is not None else None
+    ref = data.get("ref_logp")
+    fields["ref_logp"] = None if ref is None else _array(ref, "ref_logp").reshape(-1)
+    return fields
+
+
 def _config(actor: Any) -> Any:
     return getattr(actor, "config", None) or getattr(getattr(actor, "actor", None), "config", None)
 
@@ -190,20 +213,8 @@ class _Recorder:
         cu = _array(data["cu_seqlens"], "cu_seqlens").astype(np.int64)
         ids = _array(data["input_ids"], "input_ids").reshape(-1)
         mask = _array(data["loss_mask"], "loss_mask").reshape(-1).astype(bool)
-        fields: dict[str, np.ndarray | None] = {
-            "logp": _array(logp, "logprobs").reshape(-1),
-            "entropy": None if entropy is None else _array(entropy, "entropy").reshape(-1),
-        }
         config = _config(self.actor)
-        prox = data.get("prox_logp")
-        behave = _array(data["logprobs"], "logprobs").reshape(-1)
-        fields["old_logp"] = behave if prox is None else _array(prox, "prox_logp").reshape(-1)
-        if getattr(config, "use_sapo_loss", False):  # sapo_loss_fn's ratio is against
-            fields["old_logp"], prox = behave, None  # input_data["logprobs"]
-        decoupled = bool(getattr(config, "use_decoupled_loss", False))
-        fields["rollout_logp"] = behave if decoupled and prox is not None else None
-        ref = data.get("ref_logp")
-        fields["ref_logp"] = None if ref is None else _array(ref, "ref_logp").reshape(-1)
+        fields = _token_fields(config, logp, entropy, data)
         adv = _array(data["advantages"], "advantages").reshape(-1)
         rows: list[tuple[int, int, tuple[int, float, str]]] = []
         for j in range(cu.shape[0] - 1):
