@@ -568,3 +568,27 @@ def test_every_trainers_mismatch_metric(cli: Cli, tmp_path: Path) -> None:
         want[("trl", name)] = tr[name]
     for (trainer, name), value in want.items():
         assert got[trainer][name] == pytest.approx(value, rel=1e-6, abs=1e-12), (trainer, name)
+
+
+def test_the_runs_sampling_settings_are_named(cli: Cli, tmp_path: Path) -> None:
+    from grpo_cli.integrations._writer import RunWriter, rollout_table
+
+    old, rollout, _, _ = _sampled("top-p", 4, n=16)
+    roll = "actor_rollout_ref.rollout."
+    cfg = VERL_ON_POLICY | {roll + "top_p": 0.8, roll + "temperature": 1.0, roll + "top_k": -1,
+                            roll + "logprobs_mode": "processed_logprobs"}  # fmt: skip
+    w = RunWriter(tmp_path / "run", trainer="verl", trainer_version="0.9.1", config=cfg)
+    t = rollout_table(
+        group=[f"g{i // 4}" for i in range(16)], reward=np.arange(16) % 2 * 1.0,
+        advantage=None, mask=np.ones(old.shape, bool),
+        tokens={"logp": old, "old_logp": old, "rollout_logp": rollout},
+    )  # fmt: skip
+    w.write_micro_batch(1, 0, t, {"micro_batches": 1})
+    w.finish_step(1)
+    res = _rule(cli, tmp_path / "run" / "step_000001")
+    assert res["status"] == "fail" and res["message"].startswith("a truncated sampler")
+    assert res["message"].endswith(
+        "; the run's config: top_p 0.8, logprobs_mode processed_logprobs"
+    )  # temperature 1 and top_k -1 change nothing: not named
+    # without the entropy logged, the kept mass is divided out over the batch
+    assert "divided out" in res["message"] and "over the batch" in res["message"]
