@@ -592,3 +592,31 @@ def test_the_runs_sampling_settings_are_named(cli: Cli, tmp_path: Path) -> None:
     )  # temperature 1 and top_k -1 change nothing: not named
     # without the entropy logged, the kept mass is divided out over the batch
     assert "divided out" in res["message"] and "over the batch" in res["message"]
+
+
+def test_explain_names_where_the_kl_sits_when_it_drifts(cli: Cli, tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(12)
+    n, length = 16, 100
+    logp = -rng.exponential(1.0, (n, length))
+    ref = logp - rng.normal(0, 0.01, (n, length))
+    ref[:, 64:80] = logp[:, 64:80] - 3.0  # the reference far away at positions 64-79 only
+    t = pa.table({"group": np.repeat(np.arange(4), 4), "reward": np.arange(n) % 2 * 1.0,
+                  "logp": list(logp), "old_logp": list(logp), "ref_logp": list(ref)})  # fmt: skip
+    path = tmp_path / "kl.parquet"
+    pq.write_table(t, path)
+    ex = cli.json("explain", path)
+    f = [x for x in ex["findings"] if x["id"] == "kl-position"]
+    assert len(f) == 1 and f[0]["evidence"]["positions"] == [64, 80]
+    k3 = np.exp(ref - logp) - (ref - logp) - 1  # the per-token KL, by hand
+    assert f[0]["evidence"]["share"] == pytest.approx(k3[:, 64:80].sum() / k3.sum(), rel=1e-9)
+    assert f[0]["evidence"]["token_share"] == pytest.approx(16 / 100)
+    # the KL spread evenly: kl-mean does not warn, no position is named
+    even = pa.table({"group": np.repeat(np.arange(4), 4), "reward": np.arange(n) % 2 * 1.0,
+                     "logp": list(logp), "old_logp": list(logp),
+                     "ref_logp": list(logp - rng.normal(0, 0.01, (n, length)))})  # fmt: skip
+    pq.write_table(even, tmp_path / "even.parquet")
+    ex = cli.json("explain", tmp_path / "even.parquet")
+    assert not [x for x in ex["findings"] if x["id"] == "kl-position"]
