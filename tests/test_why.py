@@ -568,3 +568,55 @@ def test_every_trainers_mismatch_metric(cli: Cli, tmp_path: Path) -> None:
         want[("trl", name)] = tr[name]
     for (trainer, name), value in want.items():
         assert got[trainer][name] == pytest.approx(value, rel=1e-6, abs=1e-12), (trainer, name)
+
+
+def test_the_runs_sampling_settings_are_named(cli: Cli, tmp_path: Path) -> None:
+    from grpo_cli.integrations._writer import RunWriter, rollout_table
+
+    old, rollout, _, _ = _sampled("top-p", 4, n=16)
+    roll = "actor_rollout_ref.rollout."
+    cfg = VERL_ON_POLICY | {roll + "top_p": 0.8, roll + "temperature": 1.0, roll + "top_k": -1,
+                            roll + "logprobs_mode": "processed_logprobs"}  # fmt: skip
+    w = RunWriter(tmp_path / "run", trainer="verl", trainer_version="0.9.1", config=cfg)
+    t = rollout_table(
+        group=[f"g{i // 4}" for i in range(16)], reward=np.arange(16) % 2 * 1.0,
+        advantage=None, mask=np.ones(old.shape, bool),
+        tokens={"logp": old, "old_logp": old, "rollout_logp": rollout},
+    )  # fmt: skip
+    w.write_micro_batch(1, 0, t, {"micro_batches": 1})
+    w.finish_step(1)
+    res = _rule(cli, tmp_path / "run" / "step_000001")
+    assert res["status"] == "fail" and res["message"].startswith("a truncated sampler")
+    assert res["message"].endswith(
+        "; the run's config: top_p 0.8, logprobs_mode processed_logprobs"
+    )  # temperature 1 and top_k -1 change nothing: not named
+    # without the entropy logged, the kept mass is divided out over the batch
+    assert "divided out" in res["message"] and "over the batch" in res["message"]
+
+
+def test_explain_names_where_the_kl_sits_when_it_drifts(cli: Cli, tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(12)
+    n, length = 16, 100
+    logp = -rng.exponential(1.0, (n, length))
+    ref = logp - rng.normal(0, 0.01, (n, length))
+    ref[:, 64:80] = logp[:, 64:80] - 3.0  # the reference far away at positions 64-79 only
+    t = pa.table({"group": np.repeat(np.arange(4), 4), "reward": np.arange(n) % 2 * 1.0,
+                  "logp": list(logp), "old_logp": list(logp), "ref_logp": list(ref)})  # fmt: skip
+    path = tmp_path / "kl.parquet"
+    pq.write_table(t, path)
+    ex = cli.json("explain", path)
+    f = [x for x in ex["findings"] if x["id"] == "kl-position"]
+    assert len(f) == 1 and f[0]["evidence"]["positions"] == [64, 80]
+    k3 = np.exp(ref - logp) - (ref - logp) - 1  # the per-token KL, by hand
+    assert f[0]["evidence"]["share"] == pytest.approx(k3[:, 64:80].sum() / k3.sum(), rel=1e-9)
+    assert f[0]["evidence"]["token_share"] == pytest.approx(16 / 100)
+    # the KL spread evenly: kl-mean does not warn, no position is named
+    even = pa.table({"group": np.repeat(np.arange(4), 4), "reward": np.arange(n) % 2 * 1.0,
+                     "logp": list(logp), "old_logp": list(logp),
+                     "ref_logp": list(logp - rng.normal(0, 0.01, (n, length)))})  # fmt: skip
+    pq.write_table(even, tmp_path / "even.parquet")
+    ex = cli.json("explain", tmp_path / "even.parquet")
+    assert not [x for x in ex["findings"] if x["id"] == "kl-position"]

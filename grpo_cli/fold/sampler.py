@@ -34,6 +34,11 @@ F64 = NDArray[np.float64]
 ENTROPY_WIDTH, ENTROPY_BINS = 0.25, 40
 
 
+def _exp(x: float) -> float:
+    """``exp`` that overflows to inf (NaN stays NaN) instead of raising."""
+    return math.exp(x) if x < 709.0 else (math.inf if x == x else x)
+
+
 class CoMoments:
     """Mergeable count, means and centred sums of squares and products of a pair (x, y)
     (Chan, Golub & LeVeque 1979, the pairwise update): their Pearson correlation, exact to
@@ -49,10 +54,11 @@ class CoMoments:
         o.n = int(x.shape[0])
         if o.n == 0:
             return
-        o.mx, o.my = float(np.mean(x)), float(np.mean(y))
-        dx, dy = x - o.mx, y - o.my
-        o.cxx, o.cyy, o.cxy = float(dx @ dx), float(dy @ dy), float(dx @ dy)
-        self.merge(o)
+        with np.errstate(over="ignore", invalid="ignore"):  # beyond float64: inf, no r
+            o.mx, o.my = float(np.mean(x)), float(np.mean(y))
+            dx, dy = x - o.mx, y - o.my
+            o.cxx, o.cyy, o.cxy = float(dx @ dx), float(dy @ dy), float(dx @ dy)
+            self.merge(o)
 
     def merge(self, o: CoMoments) -> CoMoments:
         if o.n == 0:
@@ -77,7 +83,8 @@ class CoMoments:
         sx, sy = math.sqrt(self.cxx / self.n), math.sqrt(self.cyy / self.n)
         if sx <= 1e-5 * abs(self.mx) or sy <= 1e-5 * abs(self.my) or sx == 0 or sy == 0:
             return None
-        return max(-1.0, min(1.0, self.cxy / self.n / (sx * sy)))
+        r = self.cxy / self.n / (sx * sy)
+        return max(-1.0, min(1.0, r)) if math.isfinite(r) else None
 
 
 class SupportSums:
@@ -110,8 +117,9 @@ class SupportSums:
         self.n += int(delta.shape[0])
         self.below += int(np.count_nonzero(delta < 0))
         self.above += int(np.count_nonzero(delta > 0))
-        self.d += float(np.sum(delta))
-        self.abs += float(np.sum(np.abs(delta)))
+        with np.errstate(over="ignore", invalid="ignore"):
+            self.d += float(np.sum(delta))
+            self.abs += float(np.sum(np.abs(delta)))
         self.rd.add(r, delta)
         with np.errstate(over="ignore"):
             rho = np.exp(delta)
@@ -147,18 +155,17 @@ class SupportSums:
         kept = corrected = None
         by = None
         if one_sided >= 0.5:
-            with np.errstate(over="ignore", invalid="ignore"):
-                if self.ed.n == n:  # ρ / K, K the geometric mean of exp(δ) in its bin
-                    has = self.bin_n > 0
-                    log_k = self.bin_d[has] / self.bin_n[has]
+            if self.ed.n == n:  # ρ / K, K the geometric mean of exp(δ) in its bin
+                has = self.bin_n > 0
+                log_k = self.bin_d[has] / self.bin_n[has]
+                with np.errstate(over="ignore", invalid="ignore"):
                     corrected = float(np.sum(self.bin_rho[has] * np.exp(-log_k))) / n
-                    by = "entropy"
-                else:
-                    corrected = float(self.rho / n * np.exp(-self.d / n))
-                    by = "batch"
-                kept = float(np.exp(self.d / n))
-            if not (math.isfinite(kept) and math.isfinite(corrected)):
-                # δ beyond float64's exponent (a sampler log-prob of 1e155): no estimate
+                by = "entropy"
+            else:
+                corrected = self.rho / n * _exp(-self.d / n)
+                by = "batch"
+            kept = _exp(self.d / n)
+            if not (math.isfinite(corrected) and math.isfinite(kept)):  # a δ beyond float64
                 kept = corrected = by = None
         return SamplerSupport(
             tokens=n,

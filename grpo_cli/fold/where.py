@@ -37,6 +37,14 @@ def positions(offsets: NDArray[np.int64]) -> NDArray[np.int64]:
     return out
 
 
+def bucket_of(pos: NDArray[np.int64]) -> NDArray[np.int64]:
+    """Each position's bucket of :data:`POSITION_EDGES`, by arithmetic: ``pos // 16``
+    below 512, then ``32 + ⌊log₂ pos⌋ − 9`` (the exponent of ``frexp``), the last open."""
+    exp = np.frexp(pos.astype(np.float64))[1].astype(np.int64)  # ⌊log₂ pos⌋ + 1
+    out: NDArray[np.int64] = np.where(pos < 512, pos >> 4, np.minimum(exp + 22, _B - 1))
+    return out
+
+
 class PositionSums:
     """Per position bucket: tokens, and the sums (and counts) of the entropy, the KL and
     the sampler–trainer ``|δ|`` over the tokens that have them."""
@@ -52,8 +60,9 @@ class PositionSums:
         per-token KL."""
         if not self.wanted or not b.n or int(b.offsets[-1]) == 0:
             return
-        idx = np.searchsorted(POSITION_EDGES, positions(b.offsets), side="right") - 1
-        self.tokens += np.bincount(idx, minlength=_B)
+        idx = bucket_of(positions(b.offsets))
+        per = np.bincount(idx, minlength=_B)
+        self.tokens += per
         f = b.fields
         values: dict[str, F64 | None] = {"entropy": None, "kl": None, "mismatch": None}
         if "entropy" in f:
@@ -69,8 +78,12 @@ class PositionSums:
             if v is None:
                 continue
             good = np.isfinite(v)
-            self.sums[k] += np.bincount(idx[good], weights=v[good], minlength=_B)
-            self.counts[k] += np.bincount(idx[good], minlength=_B)
+            if good.all():  # (the usual case: no copy, the token counts are the counts)
+                self.sums[k] += np.bincount(idx, weights=v, minlength=_B)
+                self.counts[k] += per
+            else:
+                self.sums[k] += np.bincount(idx[good], weights=v[good], minlength=_B)
+                self.counts[k] += np.bincount(idx[good], minlength=_B)
 
     def merge(self, o: PositionSums) -> PositionSums:
         self.wanted = self.wanted or o.wanted
