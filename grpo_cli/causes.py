@@ -326,12 +326,14 @@ def _kl_twice(r: ObjectiveReport) -> Finding | None:
 def _reference_is_policy(r: ObjectiveReport) -> Finding | None:
     """A recorded run with β > 0 and the KL to the reference exactly 0 at every token:
     ref_logp is logp (a file of its own, with no run config, is not judged: hand-made
-    examples often copy the column)."""
+    examples often copy the column; nor is a run's first step, taken before any update)."""
     kl = r.kl
     if not (r.run_config and r.settings.beta > 0 and kl is not None and kl.count > 0):
         return None
     if kl.min != 0.0 or kl.max != 0.0:
         return None
+    if r.recorded_step is not None and r.recorded_step <= 1:
+        return None  # the first optimizer step: no update yet, the policy is the reference
     return Finding(
         "reference-is-policy", "warn",
         f"β = {r.settings.beta:g} but the KL to the reference is exactly 0 at all {kl.count} "

@@ -295,6 +295,8 @@ class ObjectiveReport:
     positions: list[PositionBucket] | None = field(default=None, compare=False, repr=False)
     # a recorded run's meta.json config (the causes from the configuration); not in JSON
     run_config: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    # a recorded run's step number (its first step is taken before any update); not in JSON
+    recorded_step: int | None = field(default=None, compare=False, repr=False)
 
     @property
     def loss(self) -> float:

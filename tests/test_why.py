@@ -350,9 +350,12 @@ VERL_ON_POLICY = {
 }  # fmt: skip
 
 
-def _verl_run(root: Path, config: dict[str, Any], *, noise: float, ref: str = "none") -> Path:
-    """A recorded verl step of 8 answers of 6 tokens: logp = old_logp + N(0, noise) (0: the
-    same bits), ref_logp absent, independent (``"other"``) or logp itself (``"same"``)."""
+def _verl_run(
+    root: Path, config: dict[str, Any], *, noise: float, ref: str = "none", step: int = 2
+) -> Path:
+    """A recorded verl step (``step``; 2: after an update) of 8 answers of 6 tokens:
+    logp = old_logp + N(0, noise) (0: the same bits), ref_logp absent, independent
+    (``"other"``) or logp itself (``"same"``)."""
     from grpo_cli.integrations._writer import RunWriter, rollout_table
 
     rng = np.random.default_rng(7)
@@ -370,9 +373,9 @@ def _verl_run(root: Path, config: dict[str, Any], *, noise: float, ref: str = "n
         advantage=None,
         mask=np.ones((n, width), bool), tokens=tokens,
     )  # fmt: skip
-    w.write_micro_batch(1, 0, t, {"micro_batches": 1})
-    w.finish_step(1)
-    return root / "step_000001"
+    w.write_micro_batch(step, 0, t, {"micro_batches": 1})
+    w.finish_step(step)
+    return root / f"step_{step:06d}"
 
 
 def _finding(cli: Cli, step: Path, fid: str) -> list[dict[str, Any]]:
@@ -425,6 +428,9 @@ def test_a_reference_that_is_the_policy(cli: Cli, tmp_path: Path) -> None:
     assert _config_rule(cli, step)["value"] == 1
     other = _verl_run(tmp_path / "b", kl, noise=0.0, ref="other")
     assert not _finding(cli, other, "reference-is-policy")
+    # the first step is taken before any update: the reference is the policy by design
+    first = _verl_run(tmp_path / "d", kl, noise=0.0, ref="same", step=1)
+    assert not _finding(cli, first, "reference-is-policy")
     off = VERL_ON_POLICY  # β = 0: a reference that is the policy changes nothing
     assert not _finding(cli, _verl_run(tmp_path / "c", off, noise=0.0, ref="same"),
                         "reference-is-policy")  # fmt: skip

@@ -426,6 +426,7 @@ def objective_record(
         log_ratio_bins=_occupied_bins(acc.delta.hist) if acc.tokens else None,
         kl_bins=_kl_bins(acc) if has_kl else None, causes=causes,
         run_config=src.recorded.run.config if src.recorded is not None else {},
+        recorded_step=src.recorded.step if src.recorded is not None else None,
         positions=acc.positions.report(),
     )  # fmt: skip
 
