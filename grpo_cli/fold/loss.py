@@ -13,7 +13,7 @@ numpy path and for the compiled kernel alike. numpy only.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -133,6 +133,26 @@ def correction_of(
     )
 
 
+class _Float64Fields(Mapping[str, F64]):
+    """A batch's token fields as float64, each converted when a loss first reads it (a
+    loss reads two or three of the five a batch may carry)."""
+
+    def __init__(self, fields: Mapping[str, NDArray[np.floating]]) -> None:
+        self._src = fields
+        self._done: dict[str, F64] = {}
+
+    def __getitem__(self, key: str) -> F64:
+        if key not in self._done:
+            self._done[key] = np.asarray(self._src[key], dtype=np.float64)
+        return self._done[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._src)
+
+    def __len__(self) -> int:
+        return len(self._src)
+
+
 def loss_call(
     s: Settings,
     fields: Mapping[str, NDArray[np.floating]],
@@ -143,7 +163,7 @@ def loss_call(
 ) -> LossCall:
     """What a registry row's function is called with over one batch of whole answers."""
     return LossCall(
-        fields={k: np.asarray(v, dtype=np.float64) for k, v in fields.items()},
+        fields=_Float64Fields(fields),
         adv=adv, offsets=offsets, params=s.loss_params if params is None else params,
         clip_low=s.clip_eps, clip_high=s.eps_high, dual_clip=s.dual_clip,
         log_ratio_clamp=s.log_ratio_clamp, ratio_level=s.ratio_level, correction=correction,
@@ -276,10 +296,11 @@ def _loss_runs(
         metrics.add(pt, None, off, batch=False)
         mask = mask_of(s, sub, a, off)
         policy[t0:t1] = pt.term if mask is None else _times(pt.term, mask)
-        if pt.grad is None:
+        g = pt.grad
+        if g is None:
             grad = None
-        if grad is not None:
-            grad[t0:t1] = pt.grad if mask is None else _times(pt.grad, mask)
+        elif grad is not None:
+            grad[t0:t1] = g if mask is None else _times(g, mask)
     return policy, grad
 
 
