@@ -505,6 +505,15 @@ def test_every_loss_correction_and_mask_on_the_kernel_equals_numpy(
     assert list(vc) == list(vn)
     for k, v in vn.items():
         assert math.isclose(vc[k], v, rel_tol=1e-12, abs_tol=1e-14), (k, vc[k], v)
+    # the clipped surrogate's gradient weighted in the kernel; a loss's own stays numpy
+    g = TokenPartial(s, backend="c", gradient=True)
+    assert g.compiled == (s.loss_row.terms is None)
+    if g.compiled:
+        with np.errstate(over="ignore", invalid="ignore"):
+            g.update(b, adv)
+            gn = TokenPartial(s, backend="numpy", gradient=True)
+            gn.update(b, adv)
+        _same_gradient(g, gn)
 
 
 def _loss_scale(n: TokenPartial) -> dict[str, float]:
