@@ -304,6 +304,25 @@ def _loss_runs(
     return policy, grad
 
 
+def _mask_runs(
+    s: Settings, fields: Mapping[str, NDArray[np.floating]], adv: F64, offsets: I64
+) -> F64 | None:
+    """:func:`mask_of` over a batch, run by run (:data:`LOSS_RUN_TOKENS`: a mask is its
+    answers'); None when no mask applies."""
+    if not s.mask_rows:
+        return None
+    n = offsets.shape[0] - 1
+    out = np.empty(int(offsets[-1]))
+    for i, j in _runs(offsets, LOSS_RUN_TOKENS):
+        t0, t1 = int(offsets[i]), int(offsets[j])
+        sub = {k: v[t0:t1] for k, v in fields.items()}
+        a = adv[i:j] if adv.shape == (n,) else adv[t0:t1]
+        m = mask_of(s, sub, a, offsets[i : j + 1] - t0)
+        assert m is not None
+        out[t0:t1] = m
+    return out
+
+
 def loss_policy(
     s: Settings,
     fields: Mapping[str, NDArray[np.floating]],
@@ -332,7 +351,7 @@ def loss_policy(
         metrics.add(None, None if folded else corr, offsets, batch=not folded)
         return LossPolicy(policy, grad)
     weight = None if corr is None else corr.weight
-    mask = mask_of(s, fields, adv, offsets)
+    mask = _mask_runs(s, fields, adv, offsets)
     if mask is not None:
         weight = mask if weight is None else _times(weight, mask)
     if corr is not None:
