@@ -13,7 +13,7 @@ numpy path and for the compiled kernel alike. numpy only.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -133,6 +133,26 @@ def correction_of(
     )
 
 
+class _Float64Fields(Mapping[str, F64]):
+    """A batch's token fields as float64, each converted when a loss first reads it (a
+    loss reads two or three of the five a batch may carry)."""
+
+    def __init__(self, fields: Mapping[str, NDArray[np.floating]]) -> None:
+        self._src = fields
+        self._done: dict[str, F64] = {}
+
+    def __getitem__(self, key: str) -> F64:
+        if key not in self._done:
+            self._done[key] = np.asarray(self._src[key], dtype=np.float64)
+        return self._done[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._src)
+
+    def __len__(self) -> int:
+        return len(self._src)
+
+
 def loss_call(
     s: Settings,
     fields: Mapping[str, NDArray[np.floating]],
@@ -143,7 +163,7 @@ def loss_call(
 ) -> LossCall:
     """What a registry row's function is called with over one batch of whole answers."""
     return LossCall(
-        fields={k: np.asarray(v, dtype=np.float64) for k, v in fields.items()},
+        fields=_Float64Fields(fields),
         adv=adv, offsets=offsets, params=s.loss_params if params is None else params,
         clip_low=s.clip_eps, clip_high=s.eps_high, dual_clip=s.dual_clip,
         log_ratio_clamp=s.log_ratio_clamp, ratio_level=s.ratio_level, correction=correction,
@@ -276,11 +296,31 @@ def _loss_runs(
         metrics.add(pt, None, off, batch=False)
         mask = mask_of(s, sub, a, off)
         policy[t0:t1] = pt.term if mask is None else _times(pt.term, mask)
-        if pt.grad is None:
+        g = pt.grad
+        if g is None:
             grad = None
-        if grad is not None:
-            grad[t0:t1] = pt.grad if mask is None else _times(pt.grad, mask)
+        elif grad is not None:
+            grad[t0:t1] = g if mask is None else _times(g, mask)
     return policy, grad
+
+
+def _mask_runs(
+    s: Settings, fields: Mapping[str, NDArray[np.floating]], adv: F64, offsets: I64
+) -> F64 | None:
+    """:func:`mask_of` over a batch, run by run (:data:`LOSS_RUN_TOKENS`: a mask is its
+    answers'); None when no mask applies."""
+    if not s.mask_rows:
+        return None
+    n = offsets.shape[0] - 1
+    out = np.empty(int(offsets[-1]))
+    for i, j in _runs(offsets, LOSS_RUN_TOKENS):
+        t0, t1 = int(offsets[i]), int(offsets[j])
+        sub = {k: v[t0:t1] for k, v in fields.items()}
+        a = adv[i:j] if adv.shape == (n,) else adv[t0:t1]
+        m = mask_of(s, sub, a, offsets[i : j + 1] - t0)
+        assert m is not None
+        out[t0:t1] = m
+    return out
 
 
 def loss_policy(
@@ -311,7 +351,7 @@ def loss_policy(
         metrics.add(None, None if folded else corr, offsets, batch=not folded)
         return LossPolicy(policy, grad)
     weight = None if corr is None else corr.weight
-    mask = mask_of(s, fields, adv, offsets)
+    mask = _mask_runs(s, fields, adv, offsets)
     if mask is not None:
         weight = mask if weight is None else _times(weight, mask)
     if corr is not None:
