@@ -17,7 +17,6 @@ from grpo_cli.core import aggregate, token_terms
 from grpo_cli.losses import LOSSES as ROWS
 from grpo_cli.losses import logged_metrics
 from grpo_cli.losses import openrlhf as LO
-from grpo_cli.losses import prime_rl as LP
 from grpo_cli.losses import registry as LR
 from grpo_cli.losses import slime as LS
 from grpo_cli.losses import trl as LT

@@ -91,3 +91,5 @@ def test_slime_and_prime_rl_list_their_own_rows() -> None:
         assert {r["name"] for r in rows if r["trainer"] is None} == {"clip"}
     slime = {r["name"] for r in _listed("--trainer", "slime")["rows"]}
     assert {"slime/ppo_eps_clip", "slime/cispo", "slime-tis", "slime/opsm"} <= slime
+    # prime-rl's own spelling of its name lists the same rows
+    assert _listed("--trainer", "prime-rl") == _listed("--trainer", "prime_rl")

@@ -45,6 +45,7 @@ def registry_entries(trainer: str | None = None) -> list[RegistryEntry]:
         out.append(RegistryEntry("mask", m.name, m.trainer, m.words, _params(m.params)))
     if trainer is None:
         return out
+    trainer = trainer.replace("-", "_")  # prime-rl's own spelling of its name
     mine = [e for e in out if e.trainer == trainer or (e.trainer is None and e.name == "clip")]
     if len(mine) <= 1:
         known = sorted({e.trainer for e in out if e.trainer is not None})
