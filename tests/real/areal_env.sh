@@ -12,4 +12,7 @@ fi
 "$venv/bin/pip" install -q -c tests/trainers.txt torch
 "$venv/bin/pip" install -q --no-deps areal==1.0.4
 "$venv/bin/pip" install -q -r tests/real/areal-requirements.txt
+# GRPO_CLI_ENV_DEPS_ONLY=1: without grpo-cli itself (.ci/run builds the rest in the
+# background while another install of this checkout may be building the kernel in place)
+if [ -n "${GRPO_CLI_ENV_DEPS_ONLY:-}" ]; then exit 0; fi
 "$venv/bin/pip" install -q -e .
