@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -163,3 +164,66 @@ def test_a_real_trl_run(cli: Cli, trl_run: Any) -> None:
         cli, run.directory, "--rule", f"kl-mean.fail={mid}", "--rule", "kl-mean.warn=none"
     )
     assert doc["run"]["first_bad_step"]["kl-mean"]["fail"] == 3
+
+
+def test_loss_calls_are_folded_only_at_steps_with_a_logged_record(
+    cli: Cli, tmp_path: Path, monkeypatch: Any
+) -> None:
+    """A step with no record in metrics.jsonl has nothing for logged-metrics to compare:
+    check RUN does not fold its loss calls again (said once, naming the steps); a step
+    with one is compared as check of that step alone compares it. A logged loss of 123
+    is far from any loss of these steps (|J| < 1): logged-metrics fails at steps 2 and 4,
+    the two logged."""
+    import grpo_cli.commands.check as check_mod
+
+    root = _run(tmp_path / "run")
+    with open(root / "metrics.jsonl", "w", encoding="utf-8") as fh:
+        fh.write('{"step": 2, "loss": 123.0}\n{"step": 4, "loss": 123.0}\n')
+    folded: list[int] = []
+    real = check_mod.recorded_calls
+
+    def counted(src: Any, *args: Any, **kw: Any) -> Any:
+        folded.append(src.recorded.step)
+        return real(src, *args, **kw)
+
+    monkeypatch.setattr(check_mod, "recorded_calls", counted)
+    r = cli("check", root, "--format", "json")
+    doc = json.loads(r.stdout)
+    assert folded == [2, 4]
+    assert "steps 1, 3: no logged record (metrics.jsonl) to compare" in r.stderr
+    lm = next(x for x in doc["results"] if x["rule"] == "logged-metrics")
+    assert lm["status"] == "fail" and lm["message"].startswith("first fails at step 2 (2 of 4")
+    assert doc["run"]["first_bad_step"]["logged-metrics"] == {"warn": 2, "fail": 2}
+    folded.clear()
+    _same_as_single_steps(cli, root, doc)  # each step alone folds its calls
+    assert folded == [1, 2, 3, 4]
+
+
+def test_a_files_metadata_is_read_once_within_a_run_command(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """file_info inside infos_cached reads a file's footer once while the file is
+    unchanged, again once it is rewritten, and every time outside the block."""
+    import grpo_cli.io.run as run_mod
+
+    root = _run(tmp_path / "run", steps=(1,))
+    path = next((root / "step_000001").glob("*.parquet"))
+    reads: list[Path] = []
+    real = run_mod._read_info
+
+    def counted(p: Any) -> dict[str, Any]:
+        reads.append(p)
+        return real(p)
+
+    monkeypatch.setattr(run_mod, "_read_info", counted)
+    with run_mod.infos_cached():
+        first = run_mod.file_info(path)
+        first["step"] = -1  # a copy: the cached one is not changed
+        assert run_mod.file_info(path)["step"] == 1 and len(reads) == 1
+        st = path.stat()  # the same bytes, a new modification time: read again
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+        run_mod.file_info(path)
+        assert len(reads) == 2
+    run_mod.file_info(path)
+    run_mod.file_info(path)
+    assert len(reads) == 4 and not run_mod._INFO_CACHE

@@ -40,12 +40,16 @@ def run_check(
     progress: Callable[[int], None] | None = None,
     engine: EngineOptions | None = None,
     logged: LoggedInput | None = None,
+    per_call: bool = True,
 ) -> CheckReport:
     """Evaluate every rule of ``cfg`` on ``src``; optionally compare with a baseline report.
 
     One pass over the raw token batches folds the integrity scan and the objective
     together (:class:`CheckPartial`), over the same streams and batches as ``objective``,
-    so the two commands report the same numbers to the last digit.
+    so the two commands report the same numbers to the last digit. ``per_call`` False:
+    a recorded step of a trainer that logs per loss call keeps the whole step's trainer
+    metrics, its calls not folded again (``check RUN`` at a step with no logged record:
+    only ``logged-metrics`` reads them, and it is skipped there).
     """
     engine = (engine or EngineOptions()).resolved()
     _needs(src)
@@ -61,7 +65,7 @@ def run_check(
     ran = (p1.ran if p1 is not None else ran_by(read)).then(ran)
     report = None
     if p1 is not None and total.objective is not None and not total.invalid:
-        report, ran = _objective(src, s, cfg, p1, total, engine, ran)
+        report, ran = _objective(src, s, cfg, p1, total, engine, ran, per_call)
     facts = Facts(
         src=src, answers=answers, scan=total.scan, report=report, why_no_report=why,
         advantages=answers.advantage, config=cfg, logged=logged,
@@ -133,13 +137,15 @@ def _objective(
     total: CheckPartial,
     engine: EngineOptions,
     ran: Ran,
+    per_call: bool = True,
 ) -> tuple[ObjectiveReport, Ran]:
     """The objective's record of the folded pass (a recorded step of a trainer that logs
-    per loss call: its calls folded too, so their metrics are what is compared)."""
+    per loss call, with ``per_call``: its calls folded too, so their metrics are what is
+    compared)."""
     assert total.objective is not None
     band = cfg.rules["ratio-extreme"].params.get("band", 10.0)
     calls = None
-    if logs_per_call(src, s):
+    if per_call and logs_per_call(src, s):
         calls, _, more = recorded_calls(
             src, s, p1, lambda: TokenPartial(s, backend=engine.backend), engine=engine
         )

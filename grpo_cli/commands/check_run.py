@@ -18,7 +18,7 @@ from ..check.base import CheckConfig, RuleConfig
 from ..engine.options import EngineOptions
 from ..errors import InputError, UsageError
 from ..io import open_source
-from ..io.run import RecordedRun, RecordedStep
+from ..io.run import RecordedRun, RecordedStep, infos_cached
 from ..records import CheckReport, Result, RunVerdict, StepRow, StepVerdict
 from ..settings import Settings
 from .trend import TREND_RULES, _row, _steps, judge_trend, run_steps, skip_notes
@@ -26,6 +26,11 @@ from .trend import TREND_RULES, _row, _steps, judge_trend, run_steps, skip_notes
 __all__ = ["check_run", "choose_steps", "parse_span"]
 
 _RANK = {"skip": 0, "pass": 1, "warn": 2, "fail": 3}
+
+NOT_PER_CALL = (
+    "no logged record (metrics.jsonl) to compare: the trainer's per-call metrics are not "
+    "recomputed (logged-metrics is skipped; every other rule reads the whole step)"
+)
 
 
 def parse_span(text: str | None) -> tuple[int | None, int | None] | None:
@@ -79,15 +84,24 @@ def _check_step(
     step: RecordedStep, settings: Settings, cfg: CheckConfig, engine: EngineOptions
 ) -> tuple[CheckReport, StepRow | None, list[str]]:
     """One step checked as ``check runs/x/step_N`` checks it alone, its trend row and its
-    notes (the objective itself is dropped: a run keeps one step's records at a time)."""
+    notes (the objective itself is dropped: a run keeps one step's records at a time).
+
+    A step of a trainer that logs per loss call with no record in the run's
+    ``metrics.jsonl`` (``logging_steps`` > 1, or no metrics logged) has nothing for
+    ``logged-metrics`` to compare: its calls are not folded again (:data:`NOT_PER_CALL`,
+    said once); every verdict and trend row is the same as with them."""
     from ..logged import recorded_metrics
     from .check import run_check
+    from .objective import logs_per_call
 
     src = open_source([str(step.directory)])
     logged = None if src.recorded is None else recorded_metrics(src.recorded, 0.0)
-    r = run_check(src, settings, cfg, engine=engine, logged=logged)
+    per_call = logged is not None
+    r = run_check(src, settings, cfg, engine=engine, logged=logged, per_call=per_call)
     row = None if r.objective is None else _row(step.step, step.directory, r.objective)
     notes = [*src.notes, *([] if r.objective is None else r.objective.warnings)]
+    if not per_call and r.objective is not None and logs_per_call(src, settings):
+        notes.append(NOT_PER_CALL)
     return replace(r, objective=None), row, notes
 
 
@@ -135,7 +149,8 @@ def check_run(
     if not ok:
         raise InputError(f"{label}: a recorded run with no step folder (step_N): nothing to check")
     chosen = choose_steps(ok, label, last=last, span=span)
-    outs = _each_step(chosen, settings, cfg, engine, on_step)
+    with infos_cached():  # each step's generation metrics read every step's footers
+        outs = _each_step(chosen, settings, cfg, engine, on_step)
     said: dict[str, list[int]] = {}  # a note -> the steps that give it (said once)
     verdicts, rows, by_rule = [], [], {}  # type: ignore[var-annotated]
     for st, (r, row, step_notes) in zip(chosen, outs, strict=True):

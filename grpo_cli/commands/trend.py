@@ -20,7 +20,7 @@ from ..check.base import RuleConfig, _judge, _skip
 from ..engine.options import EngineOptions, Ran
 from ..errors import InputError, UsageError
 from ..io import InputPath, open_source
-from ..io.run import RecordedRun, RecordedStep, find_run, recorded_step
+from ..io.run import RecordedRun, RecordedStep, find_run, infos_cached, recorded_step
 from ..io.source import expand_input
 from ..records import ObjectiveReport, Result, StepRow, TrendReport
 from ..settings import Settings
@@ -124,7 +124,8 @@ def trend_report(
         if step in seen:
             raise InputError(f"{p}: step {step} again (also {seen[step].name}): one file a step")
         seen[step] = p
-    report = _trend(numbered, settings, engine, column_map, rules, progress, on_step, True)
+    with infos_cached():  # a recorded step's generation metrics read every step's footers
+        report = _trend(numbered, settings, engine, column_map, rules, progress, on_step, True)
     notes = [*notes, *skip_notes(skipped, damaged, marker)]
     return replace(report, warnings=[*notes, *report.warnings]) if notes else report
 

@@ -20,8 +20,13 @@ A trainer's own output directory that holds the same things in its own layout (p
 
 from __future__ import annotations
 
+import copy
 import math
 import re
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
@@ -37,6 +42,7 @@ __all__ = [
     "RecordedStep",
     "file_info",
     "find_run",
+    "infos_cached",
     "recorded_step",
     "register_layout",
     "step_of_dir",
@@ -238,11 +244,65 @@ INFO_KEYS: dict[str, tuple[str, float, float]] = {
 }
 
 
+# file_info of files already read, by (path, inode, size, mtime), while a command over a
+# whole run holds :func:`infos_cached`: each step's generation metrics read the footers of
+# every step of the run, O(steps²) reads over the run without it
+_INFO_CACHE: OrderedDict[tuple[str, int, int, int], dict[str, Any]] = OrderedDict()
+_INFO_LOCK = threading.Lock()
+_INFO_USERS = [0]  # the infos_cached blocks open
+INFO_CACHED = 65_536  # files' metadata kept at most (a few hundred bytes each)
+
+
+@contextmanager
+def infos_cached() -> Iterator[None]:
+    """Within the block, a local file's :func:`file_info` is read once while the file is
+    unchanged (the same inode, size and modification time); forgotten when the outermost
+    block ends."""
+    with _INFO_LOCK:
+        _INFO_USERS[0] += 1
+    try:
+        yield
+    finally:
+        with _INFO_LOCK:
+            _INFO_USERS[0] -= 1
+            if not _INFO_USERS[0]:
+                _INFO_CACHE.clear()
+
+
+def _info_key(path: Any) -> tuple[str, int, int, int] | None:
+    if not _INFO_USERS[0] or not isinstance(path, Path):
+        return None
+    try:
+        st = path.stat()
+    except OSError:
+        return None  # read, which says what is wrong
+    return (str(path.resolve()), st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 def file_info(path: Any) -> dict[str, Any]:
     """A recorded file's ``grpo_cli`` metadata (its step, rank, call, normalisers), read
     from its footer: a file whose footer cannot be read (cut mid-write) or whose metadata
     is not the recorder's (a key of :data:`INFO_KEYS` of another type or range) is one
-    line naming the file and the key."""
+    line naming the file and the key. Inside :func:`infos_cached`, read once (a copy is
+    returned)."""
+    key = _info_key(path)
+    if key is not None:
+        with _INFO_LOCK:
+            got = _INFO_CACHE.get(key)
+            if got is not None:
+                _INFO_CACHE.move_to_end(key)
+                return copy.deepcopy(got)
+    info = _read_info(path)
+    if key is not None:
+        with _INFO_LOCK:
+            _INFO_CACHE[key] = copy.deepcopy(info)
+            while len(_INFO_CACHE) > INFO_CACHED:
+                _INFO_CACHE.popitem(last=False)
+    return info
+
+
+def _read_info(path: Any) -> dict[str, Any]:
+    """:func:`file_info` of ``path``, read from its footer."""
     import pyarrow.parquet as pq
 
     try:
