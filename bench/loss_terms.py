@@ -8,7 +8,9 @@ pass it makes anyway. This times that part alone, on one synthetic batch of ~1.1
 (800 answers, log-normal lengths of mean ~1,400, float32 columns as logged), against one
 call of the kernel on the same batch: what `bench/losses.py` measures end to end, without
 the reading, start-up and threads around it (a whole ``objective`` run costs ~200-250 ns a
-token of CPU on the CI machine kind, so 1.2x leaves ~40-50 ns a token to a row).
+token of CPU on the CI machine kind, so 1.2x leaves ~40-50 ns a token to a row). glibc's
+allocator is tuned as the CLI tunes it (``grpo_cli.cli.app._tune_allocator``: freed
+temporaries stay in the heap), so a fresh temporary costs what it costs in ``objective``.
 
 Usage: python bench/loss_terms.py [--repeat 3] [ROW ...]
 """
@@ -25,6 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from grpo_cli.cli.app import _tune_allocator
 from grpo_cli.core import kernel as _fast
 from grpo_cli.fold.loss import LossMetrics, loss_policy
 from grpo_cli.fold.parts import LOG_RATIO_BINS
@@ -70,6 +73,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("rows", nargs="*")
     args = ap.parse_args()
+    _tune_allocator()
     f, off, adv = batch()
     t = int(off[-1])
     o = resolve_settings().term_options()

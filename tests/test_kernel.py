@@ -522,6 +522,56 @@ def test_every_loss_correction_and_mask_on_the_kernel_equals_numpy(
         _same_gradient(g, gn)
 
 
+@pytest.mark.parametrize(
+    "params",
+    [{}, {"bypass_loss_type": "reinforce"}, {"rollout_is": "token", "rollout_is_threshold": 1.2}],
+)
+def test_bypass_mode_by_runs_is_its_function_of_the_whole_batch(
+    params: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """verl's bypass mode computes its own correction; with no rejection and no batch
+    normalisation its weights and metrics are its answers', so it folds run by run
+    (LOSS_RUN_TOKENS): the same per-token terms and gradient as verl_bypass_mode of the
+    whole batch, and the same metrics as the batch folded in one run."""
+    from grpo_cli.fold import loss as fold_loss
+    from grpo_cli.losses import verl_rollout as LVR
+
+    rng = np.random.default_rng(26)
+    b, adv = _row_batch(rng, np.float32)
+    f = {k: np.asarray(v, dtype=np.float64) for k, v in b.fields.items()}
+    s = resolve_settings(loss="verl/bypass_mode", **params)
+    assert not fold_loss._own_whole(s)
+    kw = {k: v for k, v in params.items() if k != "bypass_loss_type"}
+    kind = params.get("bypass_loss_type", "ppo_clip")
+    t, _ = LVR.verl_bypass_mode(f["logp"], f["rollout_logp"], adv, b.offsets, loss_type=kind,
+                                clip_low=s.clip_eps, clip_high=s.eps_high, **kw)  # fmt: skip
+    got = {}
+    for tokens in (64, 1 << 30):
+        monkeypatch.setattr(fold_loss, "LOSS_RUN_TOKENS", tokens)
+        m = fold_loss.LossMetrics.of(s)
+        with np.errstate(over="ignore", invalid="ignore"):
+            lp = fold_loss.loss_policy(s, b.fields, adv, b.offsets, m)
+        assert lp.policy is not None and lp.grad is not None and t.grad is not None
+        np.testing.assert_array_equal(lp.policy, np.where(t.term == 0, 0.0, t.term))
+        np.testing.assert_array_equal(lp.grad, np.where(t.grad == 0, 0.0, t.grad))
+        assert (m.batches, m.answers) == (1, b.n)
+        got[tokens] = m.values()
+    assert list(got[64]) == list(got[1 << 30]) and len(got[64]) > 10
+    for k, v in got[1 << 30].items():
+        assert math.isclose(got[64][k], v, rel_tol=1e-12, abs_tol=1e-14), (k, got[64][k], v)
+
+
+def test_bypass_mode_with_a_rejection_is_one_run() -> None:
+    """A rejection (its spreads do not merge) or batch-normalised weights keep verl's
+    bypass mode over the whole batch."""
+    from grpo_cli.fold import loss as fold_loss
+
+    rs = {"rollout_rs": "token_k1", "rollout_rs_threshold": "0.85_1.15"}
+    assert fold_loss._own_whole(resolve_settings(loss="verl/bypass_mode", **rs))
+    norm = {"rollout_is_batch_normalize": True}
+    assert fold_loss._own_whole(resolve_settings(loss="verl/bypass_mode", **norm))
+
+
 def _loss_scale(n: TokenPartial) -> dict[str, float]:
     """The loss's sums are of other terms than the surrogate's: their own magnitude (the
     numpy partial's) bounds the rounding, with the KL's."""

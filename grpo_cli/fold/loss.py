@@ -323,6 +323,55 @@ def _mask_runs(
     return out
 
 
+def _own_whole(s: Settings) -> bool:
+    """Whether a loss that computes its own correction needs it over the whole batch: its
+    correction rejects tokens or normalises its weights over the batch (metrics of one
+    batch that do not merge, weights that depend on every answer); else the correction,
+    its metrics and the loss's are its answers' and fold run by run."""
+    own = s.loss_row.own_correction
+    crow = None if own is None else CORRECTIONS[own]
+    p = s.loss_params
+    return crow is None or crow.rejects(p) or crow.batch_normalized(p)
+
+
+def _own_runs(
+    s: Settings,
+    fields: Mapping[str, NDArray[np.floating]],
+    adv: F64,
+    offsets: I64,
+    metrics: LossMetrics,
+) -> LossPolicy:
+    """:func:`loss_policy` of a loss that computes its own correction (verl's bypass
+    mode): over the whole batch when :func:`_own_whole`, else run by run
+    (:data:`LOSS_RUN_TOKENS`), the correction's and the loss's metrics of each run folded
+    and the batch counted once."""
+    n, T = offsets.shape[0] - 1, int(offsets[-1])
+    runs = _runs(offsets, LOSS_RUN_TOKENS) if not _own_whole(s) else [(0, n)]
+    if len(runs) == 1:
+        own = own_correction_of(s, fields, adv, offsets)
+        metrics.add(None, own.correction, offsets)
+        metrics.add(own.kept, None, own.kept_offsets, batch=False)
+        return LossPolicy(own.terms.term, own.terms.grad)
+    policy: F64 | None = np.empty(T)
+    grad: F64 | None = np.empty(T)
+    for i, j in runs:
+        t0, t1 = int(offsets[i]), int(offsets[j])
+        off = offsets[i : j + 1] - t0
+        sub = {k: v[t0:t1] for k, v in fields.items()}
+        own = own_correction_of(s, sub, adv[i:j] if adv.shape == (n,) else adv[t0:t1], off)
+        metrics.add(None, own.correction, off, batch=False)
+        metrics.add(own.kept, None, own.kept_offsets, batch=False)
+        assert policy is not None
+        policy[t0:t1] = own.terms.term
+        g = own.terms.grad
+        if g is None:
+            grad = None
+        elif grad is not None:
+            grad[t0:t1] = g
+    metrics.add(None, None, offsets)  # the batch and its answers, once
+    return LossPolicy(policy, grad)
+
+
 def loss_policy(
     s: Settings,
     fields: Mapping[str, NDArray[np.floating]],
@@ -340,10 +389,7 @@ def loss_policy(
     metrics folded with the whole batch."""
     row = s.loss_row
     if row.correction == "own":
-        own = own_correction_of(s, fields, adv, offsets)
-        metrics.add(None, own.correction, offsets)
-        metrics.add(own.kept, None, own.kept_offsets, batch=False)
-        return LossPolicy(own.terms.term, own.terms.grad)
+        return _own_runs(s, fields, adv, offsets, metrics)
     corr = correction_of(s, fields, offsets)
     folded = WEIGHT_FIELD in fields  # the whole batch's correction was folded
     if row.terms is not None:
@@ -545,7 +591,10 @@ class LossMetrics:
         assert self.is_upper is not None
         wc = np.clip(w, 0.0, self.is_upper)
         seq = np.add.reduceat(w, offsets[:-1]) / (np.diff(offsets) + _EPS)
-        sums = (np.sum(wc), np.dot(wc, wc), w.shape[0], np.sum(seq), np.dot(seq, seq), seq.shape[0])
+        # Σx² by einsum, not np.dot: BLAS's threads cost ~6 ms of CPU a call on a busy
+        # machine, and verl's bypass mode adds one run of 65,536 tokens at a time
+        sq = (np.einsum("i,i->", wc, wc), np.einsum("i,i->", seq, seq))
+        sums = (np.sum(wc), sq[0], w.shape[0], np.sum(seq), sq[1], seq.shape[0])
         for i, v in enumerate(sums):
             self.spread[i] += float(v)
 

@@ -583,6 +583,10 @@ def _bypass(c: LossCall) -> OwnCorrection:
         rollout_rs_threshold=p.rollout_rs_threshold,
     )  # fmt: skip
     keep = corr.keep
+    if keep.all():  # no token rejected: every factor is 1, the kept terms are the terms
+        grad = None if t.grad is None else _signed_zero(t.grad)
+        terms = dataclasses.replace(t, term=_signed_zero(t.term), grad=grad)
+        return OwnCorrection(terms=terms, correction=corr, kept=t, kept_offsets=c.offsets)
     factor = kept_stretch(keep, c.offsets) if c.answer_mean else keep.astype(np.float64)
     grad = None if t.grad is None else _mul(t.grad, factor)
     terms = dataclasses.replace(t, term=_mul(t.term, factor), grad=grad)
@@ -593,6 +597,12 @@ def _bypass(c: LossCall) -> OwnCorrection:
         values={k: v[keep] for k, v in t.values.items()},
     )  # fmt: skip
     return OwnCorrection(terms=terms, correction=corr, kept=kept, kept_offsets=off)
+
+
+def _signed_zero(x: F64) -> F64:
+    """``_mul(x, 1.0)`` without the multiplication: ``x`` with ``-0.0`` as ``0.0``."""
+    zero = x == 0
+    return np.where(zero, 0.0, x) if zero.any() else x
 
 
 def _bypass_metrics(p: Params) -> tuple[Metric, ...]:
