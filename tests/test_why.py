@@ -626,3 +626,68 @@ def test_explain_names_where_the_kl_sits_when_it_drifts(cli: Cli, tmp_path: Path
     pq.write_table(even, tmp_path / "even.parquet")
     ex = cli.json("explain", tmp_path / "even.parquet")
     assert not [x for x in ex["findings"] if x["id"] == "kl-position"]
+
+
+# ------------------------------------------------------- before vs after the IS weights' cap
+def _capped_file(tmp_path: Path) -> tuple[Path, np.ndarray]:
+    """Answers whose sampler log-probs are far enough from the trainer's that some of the
+    ratios exp(old − rollout) exceed 2; the raw ratios, flat."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(5, 20, 32)
+    old = [-rng.exponential(1.0, n) for n in lengths]
+    roll = [np.minimum(o - rng.normal(0, 0.6, o.size), -1e-4) for o in old]
+    t = pa.table({"group": np.repeat(np.arange(8), 4), "reward": np.arange(32) % 2 * 1.0,
+                  "logp": old, "old_logp": old, "rollout_logp": roll})  # fmt: skip
+    path = tmp_path / "capped.parquet"
+    pq.write_table(t, path)
+    return path, np.exp(np.concatenate(old) - np.concatenate(roll))
+
+
+CAPS = {
+    "trl": ("sampling/importance_sampling_ratio/mean",
+            ["--preset", "trl", "--correction", "trl-vllm", "--correction-param",
+             "vllm_is_mode=token_truncate", "--correction-param", "vllm_is_clip_max=2"]),
+    "verl": ("rollout_corr/rollout_is_mean",
+             ["--preset", "verl", "--beta", "0", "--correction", "verl-rollout",
+              "--correction-param", "rollout_is=token",
+              "--correction-param", "rollout_is_threshold=2"]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("trainer", list(CAPS))
+def test_an_is_weight_logged_before_its_cap(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, trainer: str
+) -> None:
+    monkeypatch.setenv("GRPO_CLI_BATCH_TOKENS", "40")  # several batches: the partial merges
+    path, rho = _capped_file(tmp_path)
+    assert 0.05 < np.mean(rho > 2) < 0.5  # the cap binds on some tokens
+    metric, flags = CAPS[trainer]
+    capped, raw = np.minimum(rho, 2.0).mean(), rho.mean()  # the trainer's, the raw (by hand)
+    logged = tmp_path / "logged.json"
+
+    def cause_of(value: float) -> dict[str, Any] | None:
+        logged.write_text(json.dumps({metric: value}))
+        doc = cli.json("objective", path, *flags, "--logged", logged)
+        row = next(m for m in doc["logged"]["metrics"] if m["metric"] == metric)
+        assert row["recomputed"] == pytest.approx(capped, rel=1e-7)
+        return row.get("cause")
+
+    cause = cause_of(float(np.float32(raw)))  # logged as a float32, before the cap
+    assert cause is not None and cause["found"] and cause["id"] == "before-cap"
+    assert cause["predicted"] == pytest.approx(raw, rel=1e-7)
+    assert "before their cap" in cause["words"] and "compute_is_metrics" in cause["cite"]
+    assert cause_of(float(capped)) is None  # the trainer's own value: nothing to explain
+    cause = cause_of(float(raw * 1.01))  # another number: before-cap does not reproduce it
+    assert cause is not None and not cause["found"]
+
+
+def test_no_before_cap_without_a_cap(cli: Cli, tmp_path: Path) -> None:
+    path, rho = _capped_file(tmp_path)
+    logged = tmp_path / "logged.json"
+    logged.write_text(json.dumps({"sampling/importance_sampling_ratio/mean": float(rho.mean())}))
+    flags = [*CAPS["trl"][1][:-1], "vllm_is_clip_max=1e9"]  # a bound no ratio reaches
+    doc = cli.json("objective", path, *flags, "--logged", logged)
+    assert not [m for m in doc["logged"]["metrics"] if "cause" in m]  # raw = capped: equal
