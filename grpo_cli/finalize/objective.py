@@ -432,7 +432,8 @@ def objective_record(
         kl_bins=_kl_bins(acc) if has_kl else None, causes=causes,
         run_config=src.recorded.run.config if src.recorded is not None else {},
         recorded_step=src.recorded.step if src.recorded is not None else None,
-        positions=acc.positions.report(),
+        positions=acc.positions.report(), token_ids=acc.positions.token_ids(),
+        turns=acc.positions.by_turn(),
     )  # fmt: skip
 
 
