@@ -27,6 +27,7 @@ from .errors import InputError
 
 __all__ = [
     "SLICE_TOKENS",
+    "TURN_FIELD",
     "Batch",
     "BatchError",
     "Part",
@@ -253,6 +254,35 @@ def validate(raw: RawBatch, *, checked: bool = False) -> Batch:
     return _ragged(raw, checked)
 
 
+# a per-token field of a batch whose answers have several turns (runs of valid tokens):
+# each valid token's turn, 0 for the first run of mask = 1 of its answer (issue 29: by turn)
+TURN_FIELD = "_turn"
+
+
+def turn_index(m: NDArray[np.bool_], offsets: I64, valid: int) -> F64 | None:
+    """Each valid token's turn: the index of its maximal run of ``m`` = True within its
+    answer (answers delimited by ``offsets`` over ``m``, before the mask is applied), or
+    None when no answer has more than one run (``valid``: the answers with a valid token;
+    the usual case costs one comparison of neighbours, nothing more)."""
+    T = m.shape[0]
+    if T == 0:
+        return None
+    rise = np.empty(T, dtype=np.bool_)  # a run starts: valid, and not after a valid token
+    rise[0] = m[0]
+    np.greater(m[1:], m[:-1], out=rise[1:])
+    starts = offsets[:-1][offsets[:-1] < offsets[1:]]  # every non-empty answer's first token
+    rise[starts] = m[starts]
+    if int(np.count_nonzero(rise)) <= valid:
+        return None  # one run an answer
+    c = np.cumsum(rise, dtype=np.int64)
+    before = np.zeros(offsets.shape[0] - 1, dtype=np.int64)  # runs before each answer
+    inner = offsets[:-1] > 0
+    before[inner] = c[offsets[:-1][inner] - 1]
+    turn = c - np.repeat(before, np.diff(offsets)) - 1
+    out: F64 = turn[m].astype(np.float64)
+    return out
+
+
 def _ragged(raw: RawBatch, checked: bool) -> Batch:
     label, start = raw.label, raw.start - raw.file_start  # messages: rows within the file
     wanted = raw.fields
@@ -287,6 +317,10 @@ def _ragged(raw: RawBatch, checked: bool) -> Batch:
             what = f"column {raw.name(f)!r}"
             _raise_nonfinite(values, m, offsets, start, label, what, "row", m is not None)
         out[f] = _floating(values if m is None else values[m])
+    if m is not None:
+        turn = turn_index(m, offsets, int(np.count_nonzero(np.diff(new_offsets))))
+        if turn is not None:
+            out[TURN_FIELD] = turn
     return Batch(
         start=raw.start, offsets=new_offsets, fields=out, width=width, answer=raw.answer,
         rows=raw.rows,
@@ -319,6 +353,9 @@ def _padded(raw: RawBatch, checked: bool) -> Batch:
             given = "mask" in raw.names  # an npz without a mask array: every token counts
             _raise_nonfinite(values, flat_mask, padded_offsets, 0, label, what, "answer", given)
         flat[f] = _floating(values if full else values[flat_mask])
+    turn = None if full else turn_index(flat_mask, padded_offsets, int(np.count_nonzero(lengths)))
+    if turn is not None:
+        flat[TURN_FIELD] = turn
     width = np.full(N, L, dtype=np.int64)
     return Batch(
         start=raw.start, offsets=offsets, fields=flat, width=width, answer=raw.answer,

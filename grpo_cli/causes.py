@@ -15,7 +15,8 @@ The explanations are data (:data:`FACTORS`, :data:`ALTERNATIVES`), one row each:
   optimizer window);
 - an **alternative**: another way of combining the same tokens that grpo-cli computes as
   well (the step's tokens as one batch instead of the mean over loss calls, TRL #7047; the
-  loss under another aggregation, a loss-type scale; the metric before clipping).
+  loss under another aggregation, a loss-type scale; the IS weights' statistics before
+  their cap: ``before-cap``).
 
 This is looked for only when a metric differs (:func:`explain`), never on the happy path.
 """
@@ -135,6 +136,15 @@ ALTERNATIVES: dict[str, tuple[str, str]] = {
         "logging interval's loss calls",
         "TRL #7047 (loss-path metrics averaged over micro-batch entries, so uneven "
         "accumulation windows are weighted by their size; TRL PR #7053)",
+    ),
+    "before-cap": (
+        "the IS weights' statistic before their cap (the raw ratio exp(old_logp − "
+        "rollout_logp), not the truncated or masked weight the loss used)",
+        "TRL 1.16 GRPOTrainer._generate_and_score_completions logs sampling/"
+        "importance_sampling_ratio/* of the weight after vllm_importance_sampling_mode's "
+        "truncation or mask; verl 0.9.1 rollout_corr_helper.compute_is_metrics logs "
+        "rollout_is_mean of the TIS-truncated or IcePop-masked weight, but rollout_is_max / "
+        "_min at sequence level of the raw ratio",
     ),
     "aggregation": (
         "the loss aggregated as {agg} (a loss-type scale)",

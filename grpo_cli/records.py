@@ -45,6 +45,8 @@ __all__ = [
     "SamplerSupport",
     "ShareReport",
     "StepRow",
+    "TokenIdRow",
+    "TokenIds",
     "TrendReport",
 ]
 
@@ -293,6 +295,10 @@ class ObjectiveReport:
     causes: Callable[[], Any] | None = field(default=None, compare=False, repr=False)
     # the entropy, KL and mismatch by position along the answer (explain only); not in JSON
     positions: list[PositionBucket] | None = field(default=None, compare=False, repr=False)
+    # the same by token id, when the input has token ids (explain only); not in JSON
+    token_ids: TokenIds | None = field(default=None, compare=False, repr=False)
+    # the same by turn of a multi-turn mask (``lo``: the turn's index); not in JSON
+    turns: list[PositionBucket] | None = field(default=None, compare=False, repr=False)
     # a recorded run's meta.json config (the causes from the configuration); not in JSON
     run_config: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
     # a recorded run's step number (its first step is taken before any update); not in JSON
@@ -323,6 +329,33 @@ class PositionBucket:
     def to_json(self) -> dict[str, Any]:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}
         return {k: v for k, v in out.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class TokenIdRow:
+    """One sampled token id (:class:`grpo_cli.fold.where.TokenIdSums`): its tokens and the
+    sums of the entropy, the KL and ``|δ|`` over them."""
+
+    token_id: int
+    tokens: int
+    entropy_sum: float
+    kl_sum: float
+    mismatch_sum: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+@dataclass(frozen=True)
+class TokenIds:
+    """The entropy, KL and ``|δ|`` by token id: the tokens, the distinct ids, the tokens
+    whose id is outside the exact range, each logged value's total and its top ids."""
+
+    tokens: int
+    ids: int
+    outside: int
+    totals: Mapping[str, float]
+    top: Mapping[str, list[TokenIdRow]]
 
 
 @dataclass(frozen=True)

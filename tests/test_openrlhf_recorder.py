@@ -277,6 +277,8 @@ def test_columns_are_the_experiences(tmp_path: Path) -> None:
     seq = [(s, m) for e in exps for s, m in zip(e.sequences, e.action_mask.bool(), strict=True)]
     words = [" ".join(f"w{t}" for t in s[1:][m[: len(s) - 1]].tolist()) for s, m in seq]
     assert cols["completion"] == words
+    ids = padded([e.sequences[:, -e.action_mask.shape[1] :] for e in exps])  # the response ids
+    assert cols["token_id"] == ids.astype(np.int64).tolist()
     doc = json.loads((tmp_path / "meta.json").read_text())
     assert (doc["trainer"], doc["trainer_version"]) == ("openrlhf", version("openrlhf"))
     assert doc["config"]["rollout.n_samples_per_prompt"] == N

@@ -42,6 +42,7 @@ from .trl_runs import (
     make_trainer,
     require_trl,
     step_records,
+    tokenizer,
     train,
     without_timing,
 )
@@ -306,8 +307,9 @@ def test_layout_and_schema(trl_run: Any, name: str) -> None:
     has_old = ga % (spg * iters) != 0  # TRL computes old log-probs only then (no vLLM)
     expected = ["group", "reward", "advantage", "logp"]
     expected += ["old_logp"] * has_old + ["ref_logp"] * (s["beta"] != 0.0)
-    expected += ["entropy", "mask", "completion"]
+    expected += ["entropy", "mask", "token_id", "completion"]
     expected += ["entropy_mask"] * (s["top_entropy_quantile"] < 1.0)
+    tok = tokenizer()
     leftovers = [p for p in run.directory.rglob("*") if ".tmp-" in p.name]
     assert leftovers == []
     for step in range(1, STEPS + 1):
@@ -321,6 +323,7 @@ def test_layout_and_schema(trl_run: Any, name: str) -> None:
             assert types["group"] == pa.string() and types["completion"] == pa.string()
             assert types["reward"] == pa.float64() and types["advantage"] == pa.float64()
             assert types["mask"] == pa.list_(pa.bool_())
+            assert types["token_id"] == pa.list_(pa.int64())
             for col in ("logp", "old_logp", "ref_logp", "entropy"):
                 if col in types:
                     assert types[col] == pa.list_(pa.float32()), col
@@ -342,10 +345,13 @@ def test_layout_and_schema(trl_run: Any, name: str) -> None:
             # sample, decode to no text)
             mb = read_micro_batch(path)
             if not s["mask_truncated_completions"]:
-                for text, row in zip(mb["completion"], mb["mask"], strict=True):
+                ids = table.column("token_id").to_pylist()
+                for text, row, tid in zip(mb["completion"], mb["mask"], ids, strict=True):
                     n = int(row.sum())
                     assert 1 <= n and len(text.split()) <= n
                     assert row[:n].all() and not row[n:].any()
+                    # the recorded ids are TRL's completion_ids: they decode to its text
+                    assert tok.decode(tid[:n], skip_special_tokens=True) == text
 
 
 @pytest.mark.parametrize("name", RECORDED)

@@ -367,6 +367,7 @@ def test_install_records_the_update(tmp_path: Path) -> None:
     assert cols["old_logp"] == batch.batch["old_log_probs"].numpy().tolist()
     assert "logp" not in cols and "entropy" not in cols
     assert cols["completion"][0] == " ".join(f"w{t}" for t in x["responses"][0][x["mask"][0]])
+    assert cols["token_id"] == np.asarray(x["responses"]).tolist()  # the sampled ids
     logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
     assert logged == [{"step": 3, **reduce_metrics(dict(expected.meta_info["metrics"]))}]
     doc = json.loads((tmp_path / "run" / "meta.json").read_text())

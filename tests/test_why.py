@@ -626,3 +626,222 @@ def test_explain_names_where_the_kl_sits_when_it_drifts(cli: Cli, tmp_path: Path
     pq.write_table(even, tmp_path / "even.parquet")
     ex = cli.json("explain", tmp_path / "even.parquet")
     assert not [x for x in ex["findings"] if x["id"] == "kl-position"]
+
+
+# ------------------------------------------------------- before vs after the IS weights' cap
+def _capped_file(tmp_path: Path) -> tuple[Path, np.ndarray]:
+    """Answers whose sampler log-probs are far enough from the trainer's that some of the
+    ratios exp(old − rollout) exceed 2; the raw ratios, flat."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(5, 20, 32)
+    old = [-rng.exponential(1.0, n) for n in lengths]
+    roll = [np.minimum(o - rng.normal(0, 0.6, o.size), -1e-4) for o in old]
+    t = pa.table({"group": np.repeat(np.arange(8), 4), "reward": np.arange(32) % 2 * 1.0,
+                  "logp": old, "old_logp": old, "rollout_logp": roll})  # fmt: skip
+    path = tmp_path / "capped.parquet"
+    pq.write_table(t, path)
+    return path, np.exp(np.concatenate(old) - np.concatenate(roll))
+
+
+CAPS = {
+    "trl": ("sampling/importance_sampling_ratio/mean",
+            ["--preset", "trl", "--correction", "trl-vllm", "--correction-param",
+             "vllm_is_mode=token_truncate", "--correction-param", "vllm_is_clip_max=2"]),
+    "verl": ("rollout_corr/rollout_is_mean",
+             ["--preset", "verl", "--beta", "0", "--correction", "verl-rollout",
+              "--correction-param", "rollout_is=token",
+              "--correction-param", "rollout_is_threshold=2"]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("trainer", list(CAPS))
+def test_an_is_weight_logged_before_its_cap(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, trainer: str
+) -> None:
+    monkeypatch.setenv("GRPO_CLI_BATCH_TOKENS", "40")  # several batches: the partial merges
+    path, rho = _capped_file(tmp_path)
+    assert 0.05 < np.mean(rho > 2) < 0.5  # the cap binds on some tokens
+    metric, flags = CAPS[trainer]
+    capped, raw = np.minimum(rho, 2.0).mean(), rho.mean()  # the trainer's, the raw (by hand)
+    logged = tmp_path / "logged.json"
+
+    def cause_of(value: float) -> dict[str, Any] | None:
+        logged.write_text(json.dumps({metric: value}))
+        doc = cli.json("objective", path, *flags, "--logged", logged)
+        row = next(m for m in doc["logged"]["metrics"] if m["metric"] == metric)
+        assert row["recomputed"] == pytest.approx(capped, rel=1e-7)
+        return row.get("cause")
+
+    cause = cause_of(float(np.float32(raw)))  # logged as a float32, before the cap
+    assert cause is not None and cause["found"] and cause["id"] == "before-cap"
+    assert cause["predicted"] == pytest.approx(raw, rel=1e-7)
+    assert "before their cap" in cause["words"] and "compute_is_metrics" in cause["cite"]
+    assert cause_of(float(capped)) is None  # the trainer's own value: nothing to explain
+    cause = cause_of(float(raw * 1.01))  # another number: before-cap does not reproduce it
+    assert cause is not None and not cause["found"]
+
+
+def test_no_before_cap_without_a_cap(cli: Cli, tmp_path: Path) -> None:
+    path, rho = _capped_file(tmp_path)
+    logged = tmp_path / "logged.json"
+    logged.write_text(json.dumps({"sampling/importance_sampling_ratio/mean": float(rho.mean())}))
+    flags = [*CAPS["trl"][1][:-1], "vllm_is_clip_max=1e9"]  # a bound no ratio reaches
+    doc = cli.json("objective", path, *flags, "--logged", logged)
+    assert not [m for m in doc["logged"]["metrics"] if "cause" in m]  # raw = capped: equal
+
+
+# ------------------------------------------------------------------------ by token id
+def _ids_file(tmp_path: Path, hot: bool) -> tuple[Path, np.ndarray, np.ndarray, np.ndarray]:
+    """16 answers of 60 tokens, ids drawn from 500; with ``hot`` the reference is 3 nats
+    away at every token of id 7 only. The path, the ids, logp and ref_logp."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(21)
+    n, length = 16, 60
+    ids = rng.integers(0, 500, (n, length))
+    ids[:, ::10] = 7  # id 7 at one token in ten
+    logp = -rng.exponential(1.0, (n, length))
+    ref = logp - rng.normal(0, 0.01, (n, length))
+    if hot:
+        ref = np.where(ids == 7, logp - 3.0, ref)
+    t = pa.table({"group": np.repeat(np.arange(4), 4), "reward": np.arange(n) % 2 * 1.0,
+                  "logp": list(logp), "old_logp": list(logp), "ref_logp": list(ref),
+                  "token_id": [list(map(int, r)) for r in ids]})  # fmt: skip
+    path = tmp_path / f"ids{int(hot)}.parquet"
+    pq.write_table(t, path)
+    return path, ids, logp, ref
+
+
+def test_explain_names_the_token_id_carrying_the_kl(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GRPO_CLI_BATCH_TOKENS", "100")  # many batches: the sums merge
+    path, ids, logp, ref = _ids_file(tmp_path, hot=True)
+    f = [x for x in cli.json("explain", path)["findings"] if x["id"] == "kl-token"]
+    assert len(f) == 1
+    ev = f[0]["evidence"]
+    d = ref - logp
+    k3 = np.exp(d) - d - 1  # the per-token KL, by hand
+    assert ev["top"][0]["token_id"] == 7 and ev["top"][0]["tokens"] == np.count_nonzero(ids == 7)
+    assert ev["shares"][0] == pytest.approx(k3[ids == 7].sum() / k3.sum(), rel=1e-9)
+    assert ev["shares"][0] > 0.9 and ev["ids"] == np.unique(ids).size
+    second = max((k3[ids == i].sum(), i) for i in np.unique(ids) if i != 7)
+    assert ev["top"][1]["token_id"] == second[1]
+    assert "id 7 " in f[0]["message"]
+    # objective never reads the column: same numbers with and without it
+    a = cli.json("objective", path)
+    assert "token_ids" not in a
+
+
+def test_no_token_finding_without_a_hot_token(cli: Cli, tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    path, *_ = _ids_file(tmp_path, hot=False)
+    assert not [x for x in cli.json("explain", path)["findings"] if x["id"] == "kl-token"]
+    # the KL large at every token alike: kl-mean warns, but no id carries it
+    t = pq.read_table(path)
+    ref = [list(np.asarray(x) - 3.0) for x in t.column("logp").to_pylist()]
+    pq.write_table(t.set_column(t.schema.get_field_index("ref_logp"), "ref_logp", [ref]),
+                   tmp_path / "even.parquet")  # fmt: skip
+    ids = {x["id"] for x in cli.json("explain", tmp_path / "even.parquet")["findings"]}
+    assert "kl-drift" in ids and "kl-token" not in ids
+
+
+def test_token_id_sums_merge_and_cap() -> None:
+    from grpo_cli.fold.where import ID_CAP, TokenIdSums
+
+    ids = np.array([3.0, 3.0, 5.0, ID_CAP + 1.0, -1.0])
+    kl = np.array([1.0, 2.0, 4.0, 8.0, 16.0])
+    one = TokenIdSums()
+    one.update(ids, {"kl": kl, "entropy": None, "mismatch": None})
+    a, b = TokenIdSums(), TokenIdSums()
+    a.update(ids[:2], {"kl": kl[:2]})
+    b.update(ids[2:], {"kl": kl[2:]})
+    merged = a.merge(b)
+    for x in (one, merged):
+        r = x.report(["kl"])
+        assert r is not None and r.tokens == 5 and r.ids == 2 and r.outside == 2
+        assert r.totals == {"kl": 31.0}  # the ids outside the exact range still count
+        assert [(t.token_id, t.tokens, t.kl_sum) for t in r.top["kl"]] == [(5, 1, 4.0), (3, 2, 3.0)]
+
+
+# ---------------------------------------------------------------------------- by turn
+def _turns_file(tmp_path: Path, hot: bool, npz: bool = False) -> Path:
+    """12 answers of three turns (mask runs of 20 tokens, 5 masked tool tokens between
+    them, 5 of padding after); with ``hot`` the reference is 3 nats away in turn 2 only."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(8)
+    n, runs = 12, [(0, 20), (25, 45), (50, 70)]
+    width = 75
+    mask = np.zeros((n, width), bool)
+    for a, z in runs:
+        mask[:, a:z] = True
+    logp = -rng.exponential(1.0, (n, width))
+    ref = logp - rng.normal(0, 0.01, (n, width))
+    if hot:
+        ref[:, 25:45] = logp[:, 25:45] - 3.0
+    ref[:, 45:50] = logp[:, 45:50] - 9.0  # masked tool output: its KL must not count
+    path = tmp_path / f"turns{int(hot)}.{'npz' if npz else 'parquet'}"
+    if npz:
+        np.savez(path, logp=logp, old_logp=logp, ref_logp=ref, mask=mask,
+                 rewards=(np.arange(n) % 2 * 1.0).reshape(3, 4))  # fmt: skip
+        return path
+    t = pa.table({"group": np.repeat(np.arange(3), 4), "reward": np.arange(n) % 2 * 1.0,
+                  "logp": list(logp), "old_logp": list(logp), "ref_logp": list(ref),
+                  "mask": list(mask)})  # fmt: skip
+    pq.write_table(t, path)
+    return path
+
+
+@pytest.mark.parametrize("npz", [False, True])
+def test_explain_names_the_turn_carrying_the_kl(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, npz: bool
+) -> None:
+    monkeypatch.setenv("GRPO_CLI_BATCH_TOKENS", "150")  # batches of a few answers: merged
+    path = _turns_file(tmp_path, hot=True, npz=npz)
+    f = [x for x in cli.json("explain", path)["findings"] if x["id"] == "kl-turn"]
+    assert len(f) == 1 and f[0]["evidence"]["turn"] == 2 and "turn 2 holds" in f[0]["message"]
+    turns = f[0]["evidence"]["turns"]
+    assert [t["tokens"] for t in turns] == [12 * 20] * 3  # the tool tokens left out
+    d = -3.0  # turn 2's KL per token is k3(-3) = e^-3 + 2, by hand
+    assert turns[1]["kl"] == pytest.approx(np.exp(d) - d - 1, rel=1e-12)
+    assert turns[0]["kl"] < 1e-3 and turns[2]["kl"] < 1e-3
+    share = turns[1]["kl_sum"] / sum(t["kl_sum"] for t in turns)
+    assert f[0]["evidence"]["share"] == pytest.approx(share) and share > 0.99
+
+
+def test_no_turn_finding_without_it(cli: Cli, tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    ids = {x["id"] for x in cli.json("explain", _turns_file(tmp_path, hot=False))["findings"]}
+    assert "kl-turn" not in ids
+    # one run an answer (padding after): no turns folded, whatever the KL
+    rng = np.random.default_rng(2)
+    logp = -rng.exponential(1.0, (8, 30))
+    mask = np.arange(30)[None, :] < 20 + np.arange(8)[:, None]
+    t = pa.table({"group": np.repeat(np.arange(2), 4), "reward": np.arange(8) % 2 * 1.0,
+                  "logp": list(logp), "old_logp": list(logp), "ref_logp": list(logp - 3.0),
+                  "mask": list(mask)})  # fmt: skip
+    pq.write_table(t, tmp_path / "one.parquet")
+    ids = {x["id"] for x in cli.json("explain", tmp_path / "one.parquet")["findings"]}
+    assert "kl-drift" in ids and "kl-turn" not in ids
+
+
+def test_turn_index_before_the_mask_drops_tokens() -> None:
+    from grpo_cli.batch import turn_index
+
+    # answers: 3 runs; 2 runs (its first token right after a valid one: a new answer is a
+    # new run); empty; 1 run
+    m = np.array([1, 1, 0, 1, 0, 1, 1, 0, 1, 1, 0, 0, 1], bool)
+    off = np.array([0, 6, 10, 10, 13])
+    got = turn_index(m, off, 3)
+    assert got is not None
+    assert got.tolist() == [0, 0, 1, 2, 0, 1, 1, 0]  # by hand, per valid token
+    assert turn_index(np.array([0, 1, 1, 1, 1, 0], bool), np.array([0, 3, 6]), 2) is None

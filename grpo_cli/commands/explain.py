@@ -277,6 +277,82 @@ def _positions(r: ObjectiveReport) -> list[Finding]:
     return out
 
 
+def _rule_warns(r: ObjectiveReport, key: str) -> bool:
+    """Whether the rule of ``key`` (``kl``: kl-mean; ``mismatch``: rollout-mismatch) warns."""
+    if key == "kl":
+        return (
+            r.kl is not None and r.kl.mean is not None and _level("kl-mean", r.kl.mean) is not None
+        )
+    v = r.rollout.kl_k3 if r.rollout is not None else None
+    return v is not None and _level("rollout-mismatch", v) is not None
+
+
+ID_SHARE, ID_OVER = 0.1, 3.0  # an id named: ≥ 10% of the sum, ≥ 3× its share of tokens
+
+
+def _token_ids(r: ObjectiveReport) -> list[Finding]:
+    """Which sampled token ids carry the KL or the sampler mismatch when its rule warns
+    (:class:`grpo_cli.fold.where.TokenIdSums`, from a ``token_id`` column): named when the
+    top id holds at least :data:`ID_SHARE` of it and :data:`ID_OVER` × its share of the
+    tokens."""
+    t = r.token_ids
+    out: list[Finding] = []
+    for key, words in (("kl", "KL to the reference"), ("mismatch", "sampler–trainer |δ|")):
+        total, top = (t.totals.get(key), t.top.get(key)) if t is not None else (None, None)
+        if t is None or not total or not top or not _rule_warns(r, key):
+            continue
+        rows = top[:5]
+        share = [getattr(x, key + "_sum") / total for x in rows]
+        if share[0] < ID_SHARE or share[0] < ID_OVER * rows[0].tokens / t.tokens:
+            continue  # spread over the ids as the tokens are: no id to name
+        said = ", ".join(
+            f"id {x.token_id} {100 * s:.3g}% ({x.tokens} token(s))"
+            for x, s in zip(rows, share, strict=True)
+        )
+        out.append(Finding(
+            f"{key}-token", "info",
+            f"the {words} by token id: {said}, of {t.tokens:,} tokens with {t.ids:,} distinct "
+            "ids. A few ids holding most of it: look at those tokens (decode the ids with the "
+            "run's tokenizer; grpo-cli answers shows the texts).",
+            {"top": [x.to_json() for x in top], "shares": share, "total": total,
+             "tokens": t.tokens, "ids": t.ids, "outside_id_range": t.outside},
+        ))  # fmt: skip
+    return out
+
+
+TURN_OVER = 1.5  # a turn named: its share of the sum ≥ 1.5× its share of the tokens
+
+
+def _turns(r: ObjectiveReport) -> list[Finding]:
+    """Which turn of multi-turn answers (runs of mask = 1) carries the KL or the sampler
+    mismatch when its rule warns: the one holding the largest share of it, named when that
+    is at least :data:`TURN_OVER` × its share of the tokens."""
+    b = r.turns
+    out: list[Finding] = []
+    if not b or len(b) < 2:
+        return out
+    n = sum(x.tokens for x in b)
+    for key, words in (("kl", "KL to the reference"), ("mismatch", "sampler–trainer |δ|")):
+        total = sum(getattr(x, key + "_sum") for x in b)
+        if not total or getattr(b[0], key) is None or not _rule_warns(r, key):
+            continue
+        top = max(b, key=lambda x: getattr(x, key + "_sum"))
+        share, tokens = getattr(top, key + "_sum") / total, top.tokens / n
+        if share < TURN_OVER * tokens:
+            continue
+        which = f"turn {top.lo + 1}" + ("" if top.hi is not None else " and later")
+        out.append(Finding(
+            f"{key}-turn", "info",
+            f"the {words} by turn of the multi-turn answers: {which} holds "
+            f"{100 * share:.3g}% of it with {100 * tokens:.3g}% of the tokens (mean "
+            f"{getattr(top, key):.4g} there, {total / n:.4g} over all; a turn: a run of "
+            "mask = 1). Look at what the model says in that turn.",
+            {"turn": top.lo + 1, "share": share, "token_share": tokens,
+             "turns": [x.to_json() for x in b]},
+        ))  # fmt: skip
+    return out
+
+
 def _entropy_collapse(r: ObjectiveReport) -> list[Finding]:
     out: list[Finding] = []
     e = r.entropy
@@ -335,7 +411,7 @@ def _logged_causes(r: ObjectiveReport) -> list[Finding]:
 FINDERS: tuple[Callable[[ObjectiveReport], list[Finding]], ...] = (
     _negative_loss, _near_zero_loss, _groups, _clipping, _kl_drift, _ratio_outliers,
     _sampler_mismatch, _sampler_support, _lengths, _entropy_collapse, _residual_advantages,
-    _logged_causes, config_causes, _positions,
+    _logged_causes, config_causes, _positions, _token_ids, _turns,
 )  # fmt: skip
 
 

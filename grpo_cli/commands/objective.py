@@ -7,7 +7,7 @@ one partial, pure), ``TokenPartial.merge``, :func:`grpo_cli.finalize.objective_r
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -21,7 +21,7 @@ from ..fold.calls import Counted, Folded, fold_calls, logged_calls, logging_wind
 from ..fold.pass1 import F64, Pass1, _advantages, objective_pass1
 from ..fold.summaries import group_summary_of, singleton_warning, values_distribution
 from ..fold.tokens import TokenPartial
-from ..io import TOKEN_VALUES, Source, load_answers
+from ..io import TOKEN_IDS, TOKEN_VALUES, Source, load_answers
 from ..logged import LoggedInput
 from ..records import AdvantagesReport, Calls, KLReport, ObjectiveReport
 from ..settings import Settings
@@ -31,6 +31,8 @@ Progress = Callable[[int], None]
 
 
 TOKEN_FIELDS = TOKEN_VALUES
+# explain's fields: the token ids too (by token id, :mod:`grpo_cli.fold.where`)
+WHERE_FIELDS = (*TOKEN_VALUES, *TOKEN_IDS)
 
 
 def advantages_report(
@@ -133,6 +135,7 @@ def objective_report(
     :func:`objective_record`; ``where``: the entropy, KL and mismatch by position along the
     answer too (:mod:`grpo_cli.fold.where`, for explain)."""
     engine = (engine or EngineOptions()).resolved()
+    fields = WHERE_FIELDS if where else TOKEN_FIELDS
 
     def new() -> TokenPartial:
         return TokenPartial(
@@ -143,7 +146,7 @@ def objective_report(
     if logs_per_call(src, settings):
         return _recorded_calls(
             src, settings, new, engine=engine, progress=progress, logged=logged,
-            recompute_advantages=recompute_advantages,
+            recompute_advantages=recompute_advantages, fields=fields,
         )  # fmt: skip
     if src.recorded is not None:  # answers the trainer masked whole: left out, counted
         p1 = objective_pass1(
@@ -158,7 +161,7 @@ def objective_report(
                 fold_tokens(part.tokens, validate(kept))
 
         counted, ran = run(
-            plan(src, TOKEN_FIELDS, engine), lambda: Counted(new()), fold, validated=False,
+            plan(src, fields, engine), lambda: Counted(new()), fold, validated=False,
             progress=progress,
         )  # fmt: skip
         return objective_record(
@@ -166,7 +169,7 @@ def objective_report(
             logged=logged, empty=counted.empty,
         )  # fmt: skip
     # row-group streams start decoding now, while pass 1 reads the answer columns
-    with Pipeline(plan(src, TOKEN_FIELDS, engine)) as pipe:
+    with Pipeline(plan(src, fields, engine)) as pipe:
         p1 = objective_pass1(
             src, settings, recompute_advantages=recompute_advantages, engine=engine
         )
@@ -185,6 +188,7 @@ def recorded_calls(
     engine: EngineOptions,
     whole: TokenPartial | None = None,
     progress: Progress | None = None,
+    fields: Sequence[str] = TOKEN_FIELDS,
 ) -> tuple[Calls, int, Ran]:
     """A recorded step of a trainer that logs per loss call (TRL): each call of the
     logging window's steps folded on its own and combined as the trainer logs the step;
@@ -200,11 +204,11 @@ def recorded_calls(
         other = open_source([str(src.recorded.run.root / f"step_{step:06d}")])
         p1o = objective_pass1(other, settings, engine=engine)
         fold_calls(
-            other, settings, p1o, new, fields=TOKEN_FIELDS, engine=engine, config=config,
+            other, settings, p1o, new, fields=fields, engine=engine, config=config,
             out=folded,
         )  # fmt: skip
     empty, ran = fold_calls(
-        src, settings, p1, new, fields=TOKEN_FIELDS, engine=engine, config=config,
+        src, settings, p1, new, fields=fields, engine=engine, config=config,
         out=folded, whole=whole, progress=progress,
     )  # fmt: skip
     return logged_calls(src, settings, folded, steps), empty, ran
@@ -225,13 +229,14 @@ def _recorded_calls(
     progress: Progress | None,
     logged: LoggedInput | None,
     recompute_advantages: bool,
+    fields: Sequence[str] = TOKEN_FIELDS,
 ) -> ObjectiveReport:
     """The objective of a recorded step logged per loss call: the trainer's metrics from
     the calls, every other number from the step's tokens as one batch."""
     p1 = objective_pass1(src, settings, recompute_advantages=recompute_advantages, engine=engine)
     whole = new()
     calls, empty, ran = recorded_calls(
-        src, settings, p1, new, engine=engine, whole=whole, progress=progress
+        src, settings, p1, new, engine=engine, whole=whole, progress=progress, fields=fields
     )
     return objective_record(
         src, settings, whole, p1, engine=engine, ran=p1.ran.then(ran), logged=logged,

@@ -307,7 +307,8 @@ def cause_context(
     metrics come from several loss calls), and, for a step of one call, the loss and the
     policy term under every other aggregation (the metrics equal to this aggregation's);
     ``combined``: the calls' metrics combined the other ways trainers have (by id of
-    :data:`~grpo_cli.causes.ALTERNATIVES`: per-process means, one value per window)."""
+    :data:`~grpo_cli.causes.ALTERNATIVES`: per-process means, one value per window); a
+    capped correction's weight statistics before the cap (``before-cap``)."""
     rec = src.recorded
     config = rec.run.config if rec is not None else {}
     world = rec.run.world_size if rec is not None else None
@@ -319,6 +320,10 @@ def cause_context(
         if values:
             words, cite = ALTERNATIVES[cid]
             alts.append(Alternative(cid, words, cite, values))
+    before = acc.loss_metrics.before_values()
+    if before:  # a capped correction: its weights' statistics before the cap
+        words, cite = ALTERNATIVES["before-cap"]
+        alts.append(Alternative("before-cap", words, cite, before))
     if not calls or calls == 1:
         words, cite = ALTERNATIVES["aggregation"]
         loss, policy = -acc.objective(settings.agg), -acc.aggregate("policy", settings.agg)
@@ -427,7 +432,8 @@ def objective_record(
         kl_bins=_kl_bins(acc) if has_kl else None, causes=causes,
         run_config=src.recorded.run.config if src.recorded is not None else {},
         recorded_step=src.recorded.step if src.recorded is not None else None,
-        positions=acc.positions.report(),
+        positions=acc.positions.report(), token_ids=acc.positions.token_ids(),
+        turns=acc.positions.by_turn(),
     )  # fmt: skip
 
 

@@ -542,6 +542,9 @@ class LossMetrics:
     metrics: tuple[Metric, ...] = ()
     params: Params | None = None  # the loss's record (its notes read it)
     entries: dict[str, Entry] = field(default_factory=dict)
+    # the correction's capped-weight statistics of the raw ratio before the cap
+    # (:attr:`grpo_cli.losses.registry.Correction.before`), folded the same way
+    before: dict[str, Entry] = field(default_factory=dict)
     batches: int = 0
     answers: int = 0
     gradient_missing: bool = False
@@ -609,10 +612,18 @@ class LossMetrics:
         out[p + "seq_std"] = math.sqrt(max(var, 0.0))
         return out
 
-    def _add(self, name: str, kind: str, value: float, count: float = 0.0) -> None:
-        e = self.entries.get(name)
+    def _add(
+        self,
+        name: str,
+        kind: str,
+        value: float,
+        count: float = 0.0,
+        into: dict[str, Entry] | None = None,
+    ) -> None:
+        entries = self.entries if into is None else into
+        e = entries.get(name)
         if e is None:
-            self.entries[name] = [kind, value, count]
+            entries[name] = [kind, value, count]
             return
         e[2] = float(e[2]) + count  # type: ignore[arg-type]
         if kind in ("mean", "vmean"):
@@ -647,19 +658,26 @@ class LossMetrics:
         if correction is not None and row is not None:
             if self.is_upper is not None and not self.batch_normalize:
                 self._add_spread(correction.weight, offsets)
-            seq = self.seq_correction
-            for name, value in correction.metrics.items():
-                kind, per = row.metric_kind(name, seq)
-                if kind == "mean":
-                    count = float(T if per == "tokens" else n)
-                    if name.startswith("rollout_corr/") and per == "tokens":
-                        # verl's Σx / (T + 1e-8): the sum back, the 1e-8 added once at the end
-                        v = value + _SHIFT.get(name, 0.0)
-                        self._add(name, "vmean", v * (count + _EPS), count)
-                    else:
-                        self._add(name, kind, value * count, count)
+            self._add_correction(row, correction.metrics, T, n, self.entries)
+            self._add_correction(row, correction.before, T, n, self.before)
+
+    def _add_correction(
+        self, row: CorrectionRow, metrics: dict[str, float], T: int, n: int,
+        into: dict[str, Entry],
+    ) -> None:  # fmt: skip
+        """Fold one batch's correction ``metrics`` (of ``T`` tokens, ``n`` answers)."""
+        for name, value in metrics.items():
+            kind, per = row.metric_kind(name, self.seq_correction)
+            if kind == "mean":
+                count = float(T if per == "tokens" else n)
+                if name.startswith("rollout_corr/") and per == "tokens":
+                    # verl's Σx / (T + 1e-8): the sum back, the 1e-8 added once at the end
+                    v = value + _SHIFT.get(name, 0.0)
+                    self._add(name, "vmean", v * (count + _EPS), count, into)
                 else:
-                    self._add(name, kind, value)
+                    self._add(name, kind, value * count, count, into)
+            else:
+                self._add(name, kind, value, into=into)
 
     def add_rejection(self, keep: NDArray[np.bool_], kept: I64, width: I64) -> None:
         """Count what a rejection removed from one batch: ``keep`` ``(T,)`` its tokens kept,
@@ -673,6 +691,8 @@ class LossMetrics:
     def merge(self, o: LossMetrics) -> LossMetrics:
         for name, (kind, value, count) in o.entries.items():
             self._add(name, str(kind), float(value), float(count))  # type: ignore[arg-type]
+        for name, (kind, value, count) in o.before.items():
+            self._add(name, str(kind), float(value), float(count), self.before)  # type: ignore[arg-type]
         self.batches += o.batches
         self.answers += o.answers
         self.spread = [a + b for a, b in zip(self.spread, o.spread, strict=True)]
@@ -683,10 +703,21 @@ class LossMetrics:
         self.seen_width = max(self.seen_width, o.seen_width)
         return self
 
+    def before_values(self) -> dict[str, float]:
+        """The correction's capped-weight statistics of the raw ratio before the cap, by
+        their logged names (empty without a capped correction)."""
+        return self._finished(self.before)
+
     def values(self) -> dict[str, float]:
         """Every metric by its logged name (a statistic of one batch only when one was)."""
+        out = self._finished(self.entries)
+        if self.spread[2]:  # verl's spreads, from sums: whatever the batches
+            out.update({k: v for k, v in self._spread_values().items() if k in self.entries})
+        return out
+
+    def _finished(self, entries: dict[str, Entry]) -> dict[str, float]:
         out: dict[str, float] = {}
-        for name, (kind, value, count) in self.entries.items():
+        for name, (kind, value, count) in entries.items():
             if kind in ("mean", "vmean"):
                 c = float(count) + (_EPS if kind == "vmean" else 0.0)  # type: ignore[arg-type]
                 # no token (a rejection kept none): the trainers' masked means give 0
@@ -697,8 +728,6 @@ class LossMetrics:
                     out[name] = float(value)  # type: ignore[arg-type]
             else:
                 out[name] = float(value)  # type: ignore[arg-type]
-        if self.spread[2]:  # verl's spreads, from sums: whatever the batches
-            out.update({k: v for k, v in self._spread_values().items() if k in self.entries})
         return out
 
     def notes(self) -> list[str]:

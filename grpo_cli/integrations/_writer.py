@@ -93,6 +93,8 @@ def _padded_list(values: np.ndarray, dtype: pa.DataType) -> pa.Array:
     flat = np.ascontiguousarray(values).reshape(-1)
     if pa.types.is_boolean(dtype):
         child = pa.array(flat.astype(np.bool_), type=pa.bool_())
+    elif pa.types.is_integer(dtype):
+        child = pa.array(flat.astype(np.int64), type=pa.int64())
     else:
         flat = flat.astype(np.float64 if dtype == pa.float64() else np.float32, copy=False)
         child = pa.Array.from_buffers(dtype, flat.shape[0], [None, pa.py_buffer(flat)])
@@ -114,6 +116,7 @@ def rollout_table(
     tokens: Mapping[str, np.ndarray | None],
     completion: list[str] | None = None,
     token_dtype: pa.DataType | None = None,
+    token_ids: np.ndarray | None = None,
 ) -> pa.Table:
     """One micro-batch as grpo-cli's schema: ``group``, ``reward``, ``advantage`` per
     answer (``advantage`` ``(N, L)``: a list column of per-token advantages), every
@@ -121,7 +124,10 @@ def rollout_table(
     ``rollout_logp``, ``entropy``; ``(N, L)``) as lists of ``token_dtype`` (None: the
     array's own width, float64 as float64 and every narrower float, float16 and bfloat16
     included, as float32), ``mask`` ``(N, L)`` as lists of booleans, ``completion`` texts
-    when given. Arrays are numpy (the caller moves tensors to CPU)."""
+    when given, ``token_ids`` ``(N, L)`` (the sampled tokens' ids) as lists of int64 in a
+    ``token_id`` column when given (left out when its shape is not the mask's: the ids are
+    optional, never a reason to fail a recording). Arrays are numpy (the caller moves
+    tensors to CPU)."""
     mask = np.asarray(mask)
     if mask.ndim != 2:
         raise ValueError(f"mask: expected (N, L), got shape {mask.shape}")
@@ -146,6 +152,10 @@ def rollout_table(
             raise ValueError(f"{name}: shape {v.shape}, but the mask has {mask.shape}")
         cols[name] = _padded_list(v, token_dtype or _width(v))
     cols["mask"] = _padded_list(mask.astype(np.bool_), pa.bool_())
+    if token_ids is not None:
+        ids = np.asarray(token_ids)
+        if ids.shape == mask.shape and np.issubdtype(ids.dtype, np.integer):
+            cols["token_id"] = _padded_list(ids.astype(np.int64), pa.int64())
     if completion is not None:
         cols["completion"] = pa.array(list(completion), type=pa.string())
     return pa.table(cols)

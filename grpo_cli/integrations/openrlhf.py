@@ -198,6 +198,20 @@ def _completions(
     return out
 
 
+def _ids(experiences: Sequence[Any], masks: Sequence[np.ndarray], width: int) -> np.ndarray | None:
+    """Each answer's response token ids (the last ``A`` of ``sequences``) as ``(ΣB,
+    width)``, or None when absent or unreadable: optional, so never a reason to fail
+    inside training."""
+    try:
+        rows = [
+            _array(e.sequences, "sequences")[:, -m.shape[1] :]
+            for e, m in zip(experiences, masks, strict=True)
+        ]
+        return _padded(rows, width)
+    except Exception:  # the ids are optional: the recording goes on
+        return None
+
+
 def experiences_table(
     experiences: Sequence[Any],
     step: int,
@@ -262,6 +276,7 @@ def experiences_table(
         tokens=tokens,
         completion=None if tokenizer is None else _completions(experiences, masks, tokenizer),
         token_dtype=token_dtype,
+        token_ids=_ids(experiences, masks, width),
     )
     return table, info
 

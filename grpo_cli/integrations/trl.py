@@ -552,6 +552,7 @@ class _Recorder:
             mask=mask,
             tokens=tokens,
             completion=None if texts is None else [texts[r] for r in rows],
+            token_ids=_ids(inputs.get("completion_ids")),
         )
         if capture.get("entropy_mask") is not None:
             entropy_mask = _numpy(capture["entropy_mask"]).astype(bool)
@@ -632,6 +633,15 @@ def _numpy(x: Any) -> np.ndarray:
 
 def _optional(x: Any) -> np.ndarray | None:
     return None if x is None else _numpy(x)
+
+
+def _ids(x: Any) -> np.ndarray | None:
+    """The sampled tokens' ids (``completion_ids``), or None when absent or unreadable:
+    optional, so never a reason to fail inside training."""
+    try:
+        return None if x is None else _numpy(x)
+    except Exception:  # the ids are optional: the recording goes on
+        return None
 
 
 def _text(completion: Any) -> str:

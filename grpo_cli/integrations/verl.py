@@ -346,8 +346,19 @@ def batch_table(
         tokens=tokens,
         completion=_completions(get, mask, tokenizer),
         token_dtype=token_dtype,
+        token_ids=_ids(get, shape),
     )
     return table, info
+
+
+def _ids(get: Any, shape: tuple[int, ...]) -> np.ndarray | None:
+    """``responses`` (the sampled tokens' ids) as ``(N, L)``, or None when absent or
+    unreadable: optional, so never a reason to fail inside training."""
+    try:
+        r = get("responses")
+        return None if r is None else _array(r, "responses").reshape(shape)
+    except Exception:  # the ids are optional: the recording goes on
+        return None
 
 
 # ------------------------------------------------------------------------- config

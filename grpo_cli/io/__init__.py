@@ -12,7 +12,15 @@ the plan (:mod:`grpo_cli.engine.run`) streams the token columns.
 
 from .answers import Answers, load_answers
 from .arrow import arrow_of, numpy_of
-from .fields import ALIASES, ANSWER_FIELDS, FIELDS, TOKEN_FIELDS, TOKEN_VALUES, parse_column_map
+from .fields import (
+    ALIASES,
+    ANSWER_FIELDS,
+    FIELDS,
+    TOKEN_FIELDS,
+    TOKEN_IDS,
+    TOKEN_VALUES,
+    parse_column_map,
+)
 from .lists import raw_from_arrow
 from .paths import InputPath, RemoteFile
 from .source import Source, open_source
@@ -23,6 +31,7 @@ __all__ = [
     "ANSWER_FIELDS",
     "FIELDS",
     "TOKEN_FIELDS",
+    "TOKEN_IDS",
     "TOKEN_VALUES",
     "Answers",
     "InputPath",

@@ -3,7 +3,8 @@
 An answer has ``group``, ``reward`` and ``advantage``; its tokens carry ``logp``,
 ``old_logp``, ``ref_logp``, ``rollout_logp``, ``entropy``, ``entropy_mask`` (TRL's
 high-entropy tokens under ``top_entropy_quantile``: 1 where the policy term counts, read
-as a 0/1 value) and ``mask``. Every reader maps
+as a 0/1 value), ``mask`` and, optionally, ``token_id`` (the sampled token's vocabulary id:
+read only by ``explain``, :data:`TOKEN_IDS`). Every reader maps
 its columns or arrays onto these through :data:`ALIASES` and ``--column FIELD=NAME``.
 ``reward`` and ``advantage`` may also be stored one value per token (:data:`PER_TOKEN`):
 the readers recognise them by their layout (a list column, an ``(N, L)`` array) and reduce
@@ -24,6 +25,7 @@ __all__ = [
     "LOGP_FIELDS",
     "PER_TOKEN",
     "TOKEN_FIELDS",
+    "TOKEN_IDS",
     "TOKEN_VALUES",
     "map_columns",
     "parse_column_map",
@@ -36,7 +38,10 @@ TOKEN_VALUES = ("logp", "old_logp", "ref_logp", "rollout_logp", "entropy", "entr
 LOGP_FIELDS = ("logp", "old_logp", "ref_logp", "rollout_logp")
 FLAG_FIELDS = ("entropy_mask",)
 TOKEN_FIELDS = (*TOKEN_VALUES, "mask")
-FIELDS = ANSWER_FIELDS + TOKEN_FIELDS
+# the sampled token's id: a per-token field only explain reads (by token id, issue 29), so
+# objective and check never pay for its column
+TOKEN_IDS = ("token_id",)
+FIELDS = ANSWER_FIELDS + TOKEN_FIELDS + TOKEN_IDS
 # answer fields a file may hold one value per token of (verl keeps both (N, L))
 PER_TOKEN = ("reward", "advantage")
 
@@ -79,6 +84,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     ),
     "entropy": ("entropy", "entropys", "entropies", "token_entropy"),
     "entropy_mask": ("entropy_mask", "high_entropy_mask"),
+    "token_id": ("token_id", "token_ids", "completion_ids"),
     "mask": (
         "mask",
         "response_mask",

@@ -18,7 +18,7 @@ from ..batch import RawBatch, mask_values
 from ..core import segment_count, segment_sum
 from ..errors import InputError
 from .arrow import arrow_of, null_rows, numpy_of
-from .fields import ANSWER_FIELDS, FLAG_FIELDS, PER_TOKEN, TOKEN_VALUES
+from .fields import ANSWER_FIELDS, FLAG_FIELDS, PER_TOKEN, TOKEN_IDS, TOKEN_VALUES
 
 if TYPE_CHECKING:
     from ..batch import Batch
@@ -369,7 +369,7 @@ def raw_from_arrow(
     ``reward``, ``advantage``) to column names; ``start`` is the row of its first answer
     in the input and ``label`` names it in messages. Values are not checked: see
     :func:`grpo_cli.batch.validate`."""
-    wanted = [f for f in TOKEN_VALUES if f in columns]
+    wanted = [f for f in (*TOKEN_VALUES, *TOKEN_IDS) if f in columns]
     if not wanted:
         raise InputError(f"{label}: no token column among {sorted(columns)}")
     answer = {f: columns[f] for f in ANSWER_FIELDS if f in columns}

@@ -114,11 +114,15 @@ class Correction:
     """A sampler–trainer correction: ``weight`` ``(T,)`` multiplies the policy term (0 on
     a masked token or answer), ``keep`` ``(T,)`` is False on tokens a rejection removes
     from the trainer's mask (they leave the aggregation's counts too: :func:`drop_tokens`),
-    ``metrics`` the trainer's logged metrics by name."""
+    ``metrics`` the trainer's logged metrics by name; ``before``: those of its metrics that
+    are statistics of the capped weights, of the raw ratio before the cap instead (issue
+    29: a logged value may be the one before the truncation; empty when nothing is
+    capped)."""
 
     weight: F64
     keep: Bools
     metrics: dict[str, float]
+    before: dict[str, float] = field(default_factory=dict)
 
 
 # ------------------------------------------------------------------ parameter records

@@ -406,7 +406,14 @@ def trl_vllm_is_correction(
         "sampling/importance_sampling_ratio/max": float(w.max()) if w.size else 0.0,
     }
     weight = _repeat(w, off) if seq else w
-    return Correction(weight=weight, keep=np.ones(weight.shape, dtype=bool), metrics=metrics)
+    before = {  # the same statistics of ρ before its truncation or mask
+        "sampling/importance_sampling_ratio/min": float(rho.min()),
+        "sampling/importance_sampling_ratio/mean": float(rho.mean()),
+        "sampling/importance_sampling_ratio/max": float(rho.max()),
+    } if rho.size else {}  # fmt: skip
+    return Correction(
+        weight=weight, keep=np.ones(weight.shape, dtype=bool), metrics=metrics, before=before
+    )
 
 
 # ===================================================================== policy masks

@@ -303,11 +303,12 @@ def verl_rollout_correction(
     safe = np.clip(lr, -SAFETY_BOUND, SAFETY_BOUND)
     lr_sum = segment_sum(lr, off)
     metrics: dict[str, float] = {}
+    before: dict[str, float] = {}
     weight = np.ones(T)
     if rollout_is is not None:
         weight = _is_weights(
             safe, lr_sum, off, rollout_is, rollout_is_threshold, rollout_is_batch_normalize,
-            metrics,
+            metrics, before,
         )  # fmt: skip
     keep = np.ones(T, dtype=bool)
     if rollout_rs is not None:
@@ -315,8 +316,9 @@ def verl_rollout_correction(
         metrics.update(rs)
     metrics.update(_offpolicy_metrics(old, roll, lr, safe, lr_sum, off))
     return Correction(
-        weight=weight, keep=keep, metrics={f"rollout_corr/{k}": v for k, v in metrics.items()}
-    )
+        weight=weight, keep=keep, metrics={f"rollout_corr/{k}": v for k, v in metrics.items()},
+        before={f"rollout_corr/{k}": v for k, v in before.items()},
+    )  # fmt: skip
 
 
 def _is_weights(
@@ -327,9 +329,12 @@ def _is_weights(
     threshold: float | str,
     batch_normalize: bool,
     metrics: dict[str, float],
+    before: dict[str, float],
 ) -> F64:
     """verl's IS weights of :func:`verl_rollout_correction` (its docstring's IS bullet),
-    their ``rollout_is_*`` metrics added to ``metrics``."""
+    their ``rollout_is_*`` metrics added to ``metrics``, and to ``before`` the mean, the
+    answers' mean and (per token) the extremes of the raw ratio before its truncation or
+    mask (at sequence level verl's ``rollout_is_max`` and ``_min`` are the raw ratio's)."""
     T = safe.shape[0]
     upper, lower = _is_threshold(threshold)
     if level == "token":
@@ -341,6 +346,10 @@ def _is_weights(
     else:
         w = np.where((raw >= lower) & (raw <= upper), raw, 0.0)
     metrics.update(_is_metrics(w, raw, lr_sum, off, level, upper, lower))
+    before["rollout_is_mean"] = _verl_mean(raw, T)
+    before["rollout_is_seq_mean"] = float(_verl_seq_mean(raw, off).mean())
+    if level == "token" and T:
+        before["rollout_is_max"], before["rollout_is_min"] = float(raw.max()), float(raw.min())
     if batch_normalize:
         if level == "token":
             mean = _verl_mean(w, T)
