@@ -568,7 +568,7 @@ def test_bypass_mode_with_a_rejection_is_one_run() -> None:
 
     rs = {"rollout_rs": "token_k1", "rollout_rs_threshold": "0.85_1.15"}
     assert fold_loss._own_whole(resolve_settings(loss="verl/bypass_mode", **rs))
-    norm = {"rollout_is_batch_normalize": True}
+    norm: dict[str, Any] = {"rollout_is_batch_normalize": True}
     assert fold_loss._own_whole(resolve_settings(loss="verl/bypass_mode", **norm))
 
 
