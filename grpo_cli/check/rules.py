@@ -475,8 +475,7 @@ def rule_logged_metrics(f: Facts, c: RuleConfig) -> Result:
     tol = c.fail or 0.0
 
     def judged(m: LoggedComparison) -> float:
-        rel = m.relative or 0.0
-        return 0.0 if m.verdict == "match" and rel > tol else rel
+        return 0.0 if _matched_beyond(m, tol) else m.relative or 0.0
 
     value = max(judged(m) for m in cmp.compared)
     ex: list[dict[str, Any]] = [
@@ -499,9 +498,15 @@ def rule_logged_metrics(f: Facts, c: RuleConfig) -> Result:
     )
 
 
+def _matched_beyond(m: LoggedComparison, tolerance: float) -> bool:
+    """A metric the comparison matched although its relative difference exceeds the
+    tolerance (two near-zero values, a loss logged rounded)."""
+    return m.verdict == "match" and (m.relative or 0.0) > tolerance
+
+
 def _excused(compared: list[LoggedComparison], tolerance: float) -> str:
     """The metrics matched beyond the tolerance, said after the rule's message."""
-    names = [m.metric for m in compared if m.verdict == "match" and (m.relative or 0.0) > tolerance]
+    names = [m.metric for m in compared if _matched_beyond(m, tolerance)]
     if not names:
         return ""
     return f"; {', '.join(names)} match as near-zero values or a loss logged rounded"

@@ -15,7 +15,7 @@ from .. import batch as _batch
 from ..batch import RawBatch, length_mismatches, nonfinite_flags, token_ranges, valid_lengths
 from ..fold.tokens import TokenPartial
 from ..io import Answers, Source
-from ..io.fields import FLAG_FIELDS, LOGP_FIELDS, TOKEN_VALUES
+from ..io.fields import FLAG_FIELDS, LOGP_FIELDS
 from ..logged import LoggedInput
 from ..records import ObjectiveReport
 from .base import MAX_EXAMPLES, CheckConfig
@@ -267,4 +267,4 @@ def _fields(src: Source) -> list[str]:
 def _token_fields(src: Source) -> list[str]:
     """The per-token fields the objective reads, as ``objective`` reads them: the
     log-probs, the entropy and the recorded masks (TRL's ``entropy_mask``) present."""
-    return [f for f in TOKEN_VALUES if src.has(f)]
+    return src.token_fields()

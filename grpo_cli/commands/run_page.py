@@ -39,7 +39,6 @@ from ..engine.options import EngineOptions
 from ..errors import InputError
 from ..fold.loss import answer_view, correction_of, loss_call, policy_terms, rejects
 from ..io import open_source
-from ..io.fields import TOKEN_VALUES
 from ..settings import Settings
 from .answers import GradientWeights, answer_stats, gradient_weights
 from .share import PROMPT_COLUMNS, TEXT_COLUMNS, TOKEN_COLUMNS
@@ -385,7 +384,7 @@ def _fold_step(src: Source, s: Settings, engine: EngineOptions, keep: int) -> tu
     gw = _gradient_weights(src, s, int(p1.adv.shape[0]), engine)
     acc = _Step()
     compiled = engine.backend == "c"
-    fields = [f for f in TOKEN_VALUES if src.has(f)]
+    fields = src.token_fields()
     for b in iter_batches(src, fields, threaded=engine.prefetch):
         _fold_batch(acc, b, p1.advantages(b, src.label), s, gw, p1, keep, compiled)
     return acc, p1

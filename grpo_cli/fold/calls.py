@@ -26,7 +26,7 @@ from ..batch import RawBatch, drop_empty, validate
 from ..engine.options import DEFAULT_BATCH_TOKENS, EngineOptions, Ran
 from ..engine.plan import plan
 from ..engine.run import run
-from ..io import TOKEN_VALUES, Source
+from ..io import Source
 from ..records import Calls
 from ..settings import Settings
 from ..trainers import trainer_of
@@ -236,7 +236,7 @@ def _file_correction(one: Source, settings: Settings) -> LossMetrics:
     """A file's correction metrics (answers without a valid token left out, as the
     trainer masks them)."""
     acc = LossMetrics.of(settings)
-    fields = [f for f in TOKEN_VALUES if one.has(f)]
+    fields = one.token_fields()
     for raw in one.raw_batches(None, fields, DEFAULT_BATCH_TOKENS):
         kept, _ = drop_empty(raw)
         if kept.n:

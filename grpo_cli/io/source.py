@@ -15,7 +15,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..errors import InputError, UsageError
-from .fields import ALIASES, map_columns
+from .fields import ALIASES, TOKEN_VALUES, map_columns
 from .paths import InputPath, RemoteFile, expand
 from .readers import Reader, Unit, directory_files, reader_for, suffix_list
 from .run import RecordedStep, find_run, recorded_step
@@ -58,6 +58,12 @@ class Source:
 
     def has(self, field: str) -> bool:
         return self.columns.get(field) is not None
+
+    def token_fields(self) -> list[str]:
+        """The per-token value fields the input has (log-probs, entropy, recorded 0/1
+        masks), in :data:`~grpo_cli.io.fields.TOKEN_VALUES` order: what a pass over the
+        tokens reads."""
+        return [f for f in TOKEN_VALUES if self.has(f)]
 
     def missing(self, field: str, why: str = "") -> InputError:
         """The one error of a field the input lacks, for every command: its name, why it
