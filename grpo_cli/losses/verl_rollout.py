@@ -338,9 +338,9 @@ def _is_weights(
     T = safe.shape[0]
     upper, lower = _is_threshold(threshold)
     if level == "token":
-        raw = np.exp(safe)
+        raw = _exp(safe)
     else:
-        raw = _repeat(np.exp(np.clip(lr_sum, -SAFETY_BOUND, SAFETY_BOUND)), off)
+        raw = _repeat(_exp(np.clip(lr_sum, -SAFETY_BOUND, SAFETY_BOUND)), off)
     if lower is None:
         w = np.minimum(raw, upper)
     else:
@@ -432,7 +432,7 @@ def _rejection(
 ) -> tuple[Bools, dict[str, float]]:
     options, bounds = zip(*rejection_options(rollout_rs, spec), strict=True)
     T = safe.shape[0]
-    per_token = {"k1": -safe, "k2": 0.5 * safe * safe, "k3": np.exp(safe) - 1.0 - safe}
+    per_token = {"k1": -safe, "k2": 0.5 * safe * safe, "k3": _exp(safe) - 1.0 - safe}
     keep = np.ones(T, dtype=bool)
     m: dict[str, float] = {}
     for opt, (lo, hi) in zip(options, bounds, strict=True):
@@ -489,7 +489,7 @@ def _offpolicy_metrics(
     mean_roll = _verl_seq_mean(roll, off)
     diff = mean_roll - mean_old
     with np.errstate(over="ignore", invalid="ignore"):
-        k3 = np.exp(lr) - lr - 1.0
+        k3 = _exp(lr) - lr - 1.0
         m = {
             "training_ppl": float(np.exp(-mean_old).mean()),
             "training_log_ppl": float((-mean_old).mean()),
@@ -502,7 +502,7 @@ def _offpolicy_metrics(
             "log_ppl_diff_max": float(diff.max()),
             "log_ppl_diff_min": float(diff.min()),
             "ppl_ratio": float(np.exp(diff).mean()),
-            "chi2_token": _verl_mean(np.exp(safe) ** 2, T) - 1.0,
+            "chi2_token": _verl_mean(_exp(safe) ** 2, T) - 1.0,
             "chi2_seq": float(
                 np.exp(2.0 * np.clip(lr_sum, -SAFETY_BOUND, SAFETY_BOUND)).mean() - 1.0
             ),
