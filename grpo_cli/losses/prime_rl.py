@@ -128,6 +128,8 @@ def dppo_binary_terms(
     with np.errstate(invalid="ignore"):
         lr, delta = lp - old, _exp(lp) - _exp(old)
     rho = _exp(lr)
+    with np.errstate(invalid="ignore"):
+        mkl = rho - lr - 1.0  # mismatch_kl(lr), its exponential shared with ρ
     pos, neg = a > 0, a < 0
     up, down = delta > mask_high, delta < -mask_low
     masked = np.where(pos, up, down) if rule == "tv" else (np.abs(delta) > ipo_threshold)
@@ -135,7 +137,6 @@ def dppo_binary_terms(
     policy = np.where(keep, _mul(a, rho) * adv_tau, 0.0)
     kl = _mul(lr, lr) * kl_tau
     grad = policy - 2.0 * kl_tau * lr
-    mkl = mismatch_kl(lr)
     flags = {"is_masked": masked}
     values = {"mismatch_kl": mkl, "mismatch_kl_sq": _mul(mkl, mkl)}
     # the per-sample values, one an answer (each answer holds a token: offsets checked)
