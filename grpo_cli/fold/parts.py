@@ -110,12 +110,14 @@ class RolloutPartial:
             p_old, p_rollout = _fast.exp(lo), _fast.exp(lr)
             pdiff = p_old - p_rollout
             self.p_sum += float(np.sum(np.abs(pdiff)))
-            self.tok["exp_abs"] += float(np.sum(_fast.exp(a)))
-            self.tok["reverse_k3"] += float(np.sum(_fast.exp(-delta) + delta - 1.0))
-            # JS: ½ k3 of each side against the mixture m = ½ (p_old + p_rollout), in logs
-            log_m = np.logaddexp(lo, lr) - math.log(2.0)
-            x, y = lo - log_m, lr - log_m
-            js = 0.5 * (_fast.exp(x) - x - 1.0) + 0.5 * (_fast.exp(y) - y - 1.0)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            inv = 1.0 / r  # e^{−δ}; e^{|δ|} and e^{−|δ|} are the larger and the smaller
+            self.tok["exp_abs"] += float(np.sum(np.maximum(r, inv)))
+            self.tok["reverse_k3"] += float(np.sum(inv + delta - 1.0))
+            # JS: ½ k3 of each side against the mixture m = ½ (p_old + p_rollout). With x, y
+            # the sides' log ratios to m, e^x + e^y = 2, so the sum is −(x + y)/2 = log m −
+            # (lo + lr)/2 = |δ|/2 + log(1 + e^{−|δ|}) − log 2 (= log cosh(δ/2)): δ alone
+            js = 0.5 * a + np.log1p(np.minimum(r, inv)) - math.log(2.0)
             self.tok["js"] += float(np.sum(js))
             self.tok["d2"] += dot(delta, delta)
         self.r_min = min(self.r_min, float(np.min(r)))
