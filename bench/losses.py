@@ -14,11 +14,14 @@ system, which a busy machine disturbs less than wall times) and of their peak RS
 machine whose load average is above its core count, the wall ratio is noise and the CPU
 ratio is the one to read.
 
-The file is ``grpo-cli sample --extras`` output of about ``--tokens`` tokens (default 10M:
-answers of 1 to 8,192 tokens, mean 1,367, groups of 8, row groups of 1,024 answers; the
-extras give the sampler's ``rollout_logp`` the corrections and some masks read), cached
-under ``--data``. TRL's high-entropy mask reads a recorded ``entropy_mask`` column, which
-``sample`` does not write: it is not measured.
+The files are ``grpo-cli sample`` output of about ``--tokens`` tokens (default 10M:
+answers of 1 to 8,192 tokens, mean 1,367, groups of 8, row groups of 1,024 answers), cached
+under ``--data``: the corrections, and the rows whose registry row ``needs`` the sampler's
+``rollout_logp``, run on ``sample --extras`` output, whose sampler statistics every run
+computes too; the other losses and masks on the same rollouts without the extras, where
+the clipped surrogate's run is cheaper and the ratio stricter. TRL's high-entropy mask
+reads a recorded ``entropy_mask`` column, which ``sample`` does not write: it is not
+measured.
 
 Usage: python bench/losses.py [--tokens 10000000] [--paired 5] [--only trl/cispo,slime-tis]
 """
@@ -49,28 +52,37 @@ NEEDS = {
 }
 
 
+NEEDS_OF: dict[str, tuple[str, ...]] = {}  # a loss's or mask's row's extra token fields
+
+
 def targets() -> list[tuple[str, list[str]]]:
     """(name, arguments after ``objective FILE --json``) of every loss, correction and mask
     of the registry (the clipped surrogate itself is the base)."""
     sys.path.insert(0, str(HERE.parent))
     from grpo_cli.losses import CORRECTIONS, LOSSES, MASKS
 
+    for rows in (LOSSES, MASKS):
+        NEEDS_OF.update({name: tuple(row.needs) for name, row in rows.items()})
     out = [(name, ["--loss", name, *NEEDS.get(name, [])]) for name in LOSSES if name != "clip"]
     out += [(name, ["--correction", name, *NEEDS.get(name, [])]) for name in CORRECTIONS]
     out += [(name, ["--loss-param", MASK_ON[name]]) for name in MASKS if name in MASK_ON]
     return out
 
 
-def sample(data: Path, tokens: int) -> Path:
+def sample(data: Path, tokens: int, extras: bool) -> Path:
+    """The benchmark's file (cached): with ``extras`` the sampler's log-probs and the
+    entropies too, which the corrections read and which add the sampler statistics to every
+    run (about 150 ns a token of the base's time); without, for the losses and masks: a
+    cheaper base, so the stricter ratio."""
     groups = max(1, round(tokens / TOKENS_PER_GROUP))
-    path = data / f"losses_{groups}g.parquet"
+    path = data / f"losses_{groups}g{'' if extras else '_plain'}.parquet"
     if not path.exists():
         data.mkdir(parents=True, exist_ok=True)
         print(f"generating {path} ...", file=sys.stderr)
         subprocess.run(
             [sys.executable, "-m", "grpo_cli", "sample", str(path), "--groups", str(groups),
              "--group-size", str(GROUP_SIZE), "--mean-len", str(MEAN_LEN), "--max-len", "8192",
-             "--seed", "1", "--row-group-rows", "1024", "--extras"],
+             "--seed", "1", "--row-group-rows", "1024", *(["--extras"] if extras else [])],
             check=True,
         )  # fmt: skip
     return path
@@ -95,24 +107,32 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=HERE / "data")
     ap.add_argument("--only", default="", help="comma-separated target names")
     args = ap.parse_args()
-    path = sample(args.data, args.tokens)
+    files = {kind: sample(args.data, args.tokens, kind == "extras") for kind in ("plain", "extras")}
     cli = [sys.executable, "-m", "grpo_cli"]
-    base = [*cli, "objective", str(path), "--json"]
+    bases = {kind: [*cli, "objective", str(p), "--json"] for kind, p in files.items()}
     only = {s for s in args.only.split(",") if s}
     load0 = os.getloadavg()
-    print(f"file {path.name}: {path.stat().st_size / 2**20:,.0f} MiB; {args.paired} pairs each")
-    print(f"load average before: {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}")
-    clip = measure(base, 1)
-    print(f"clip alone: {float(clip['wall_s']):.2f} s, {float(clip['rss_mib']):.0f} MiB")
-    print(f"{'target':<22} {'wall':>5} {'range':>11} {'CPU':>5} {'RSS':>5}  verdict (CPU, RSS)")
+    for kind, p in files.items():
+        print(f"file {kind}: {p.name}, {p.stat().st_size / 2**20:,.0f} MiB")
+    print(f"{args.paired} pairs each; load average before: {' '.join(f'{x:.2f}' for x in load0)}")
+    for kind, base in bases.items():
+        clip = measure(base, 1)
+        wall, rss = float(clip["wall_s"]), float(clip["rss_mib"])
+        print(f"clip alone, {kind}: {wall:.2f} s, {rss:.0f} MiB")
+    print(f"{'target':<22} {'file':<6} {'wall':>5} {'range':>11} {'CPU':>5} {'RSS':>5}  verdict")
     for name, extra in targets():
         if only and name not in only:
             continue
+        # a correction, and a loss or mask that reads the sampler's log-probs (its row's
+        # ``needs``), runs on the extras' file; every other row on the plain one
+        sampler = extra[0] == "--correction" or "rollout_logp" in NEEDS_OF[name]
+        kind = "extras" if sampler else "plain"
+        base = bases[kind]
         r = paired(base, [*base, *extra], args.paired)
         wall, cpu, rss = (statistics.median(r[k]) for k in ("wall", "cpu", "rss"))
         ok = cpu <= TIME_LIMIT and rss <= MEMORY_LIMIT
         print(
-            f"{name:<22} {wall:>5.2f} {min(r['wall']):>5.2f}-{max(r['wall']):<5.2f} "
+            f"{name:<22} {kind:<6} {wall:>5.2f} {min(r['wall']):>5.2f}-{max(r['wall']):<5.2f} "
             f"{cpu:>5.2f} {rss:>5.2f}  {'PASS' if ok else 'FAIL'}",
             flush=True,
         )

@@ -13,6 +13,7 @@ import numpy as np
 
 from ..causes import config_causes
 from ..check.rules import RULES, support_words
+from ..core import dot
 from ..records import EXTREME, Finding, ObjectiveReport, PositionBucket
 
 __all__ = ["SEVERITIES", "explain_findings"]
@@ -221,7 +222,7 @@ def _collapse_at(buckets: list[PositionBucket]) -> tuple[int, float, float] | No
     v = np.array([b.entropy or 0.0 for b in e])
 
     def mean(a: int, z: int) -> float:
-        return float(np.dot(w[a:z], v[a:z]) / w[a:z].sum())
+        return dot(w[a:z], v[a:z]) / float(w[a:z].sum())
 
     for j in range(1, len(e)):
         pre = mean(0, j)

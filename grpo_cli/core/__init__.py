@@ -38,6 +38,7 @@ from .aggregate import (
 from .objective import grpo_objective
 from .ragged import (
     COUNT_CHUNK,
+    dot,
     flatten_padded,
     segment_count,
     segment_mean,
@@ -123,6 +124,7 @@ __all__ = [
     "clip_counts_of",
     "clipped_surrogate",
     "difference",
+    "dot",
     "flatten_padded",
     "group_advantages",
     "group_stats",

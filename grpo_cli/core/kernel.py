@@ -109,7 +109,7 @@ _ARGS: list[Any] = [ctypes.POINTER(Params), _i64, *[_ptr] * 5, _i64, ctypes.POIN
 _ARGS += [ctypes.POINTER(Totals), _i64]
 
 
-ABI_VERSION = 5  # grpo_abi() in _kernel.c: bump both when Params, Totals, Out or grpo_fold change
+ABI_VERSION = 6  # grpo_abi() in _kernel.c: bump both when Params, Totals, Out or grpo_fold change
 
 
 def check_abi(lib: ctypes.CDLL, origin: str) -> None:
@@ -144,6 +144,8 @@ def _library() -> ctypes.CDLL | None:
     lib.grpo_fold.argtypes = _ARGS
     lib.grpo_fold.restype = _i64
     lib.grpo_vector_exp.restype = _i64
+    lib.grpo_exp.argtypes = [_ptr, _ptr, _i64]
+    lib.grpo_exp.restype = _i64
     return lib
 
 
@@ -401,4 +403,36 @@ def _take(buf: I64, vmin: float, vmax: float, lo: float, inv_w: float, nb: int) 
     index += a
     out = BinCounts(index, buf[index])
     buf[index] = 0
+    return out
+
+
+@cache
+def _vector_exp() -> ctypes.CDLL | None:
+    """The kernel when it has the AVX2 exponential on this CPU, else None."""
+    lib = _library()
+    return lib if lib is not None and lib.grpo_vector_exp() else None
+
+
+# below this many values numpy's exp costs less than the ctypes call
+_VECTOR_EXP_MIN = 256
+
+
+def exp(x: F64 | float) -> F64:
+    """``exp(x)`` of float64 values, as a fresh array: libmvec's AVX2 exp through the
+    kernel where it is built and the CPU has AVX2 (within 4 ulp of numpy's, ~1 ns a value
+    against ~7), else numpy's. Overflow is ``inf`` without a warning, as the loss
+    functions' ``np.exp`` under ``errstate(over="ignore")``; NaN stays NaN.
+
+    Example:
+        >>> exp(np.array([0.0, 1.0, -np.inf])).tolist()[::2]
+        [1.0, 0.0]
+    """
+    a = np.asarray(x, dtype=np.float64)
+    lib = _vector_exp() if a.size >= _VECTOR_EXP_MIN else None
+    if lib is None:
+        with np.errstate(over="ignore"):
+            return np.exp(a)
+    a = np.ascontiguousarray(a)
+    out = np.empty_like(a)
+    lib.grpo_exp(_p(a), _p(out), a.size)
     return out

@@ -26,6 +26,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..batch import Batch
+from ..core import dot
 from ..io.fields import LOGP_FIELDS
 
 __all__ = ["ALIGNMENT_EVERY", "CLOSING_RUN", "LOGP_FIELDS", "AlignmentSums", "ClosingZeros"]
@@ -95,7 +96,7 @@ class _Pairs:
             return
         self.n += int(x.shape[0])
         with np.errstate(over="ignore", invalid="ignore"):  # beyond float64: inf, no r
-            self.sums += (np.sum(x), np.sum(y), np.dot(x, x), np.dot(y, y), np.dot(x, y))
+            self.sums += (np.sum(x), np.sum(y), dot(x, x), dot(y, y), dot(x, y))
 
     def merge(self, o: _Pairs) -> _Pairs:
         self.n += o.n

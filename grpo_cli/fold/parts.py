@@ -20,6 +20,7 @@ from ..core import (
     SequenceMeans,
     aggregation_divisor,
     aggregation_rule,
+    dot,
     log_ratio,
     segment_count,
     segment_sum,
@@ -98,7 +99,7 @@ class RolloutPartial:
         self.abs_max = max(self.abs_max, float(np.max(a)))
         self.d_sum += float(np.sum(delta))
         with np.errstate(over="ignore", invalid="ignore"):
-            r = np.exp(delta)
+            r = _fast.exp(delta)
             k3 = r - delta
             k3 -= 1.0
             self.k3_sum += float(np.sum(k3))
@@ -106,17 +107,19 @@ class RolloutPartial:
             self.r2_sum += float(np.einsum("i,i->", r, r))
             # probabilities: a difference, not a ratio, of exponentials is the metric itself
             lo, lr = np.asarray(old, dtype=np.float64), np.asarray(rollout, dtype=np.float64)
-            p_old, p_rollout = np.exp(lo), np.exp(lr)
+            p_old, p_rollout = _fast.exp(lo), _fast.exp(lr)
             pdiff = p_old - p_rollout
             self.p_sum += float(np.sum(np.abs(pdiff)))
-            self.tok["exp_abs"] += float(np.sum(np.exp(a)))
-            self.tok["reverse_k3"] += float(np.sum(np.exp(-delta) + delta - 1.0))
-            # JS: ½ k3 of each side against the mixture m = ½ (p_old + p_rollout), in logs
-            log_m = np.logaddexp(lo, lr) - math.log(2.0)
-            x, y = lo - log_m, lr - log_m
-            js = 0.5 * (np.exp(x) - x - 1.0) + 0.5 * (np.exp(y) - y - 1.0)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            inv = 1.0 / r  # e^{−δ}; e^{|δ|} and e^{−|δ|} are the larger and the smaller
+            self.tok["exp_abs"] += float(np.sum(np.maximum(r, inv)))
+            self.tok["reverse_k3"] += float(np.sum(inv + delta - 1.0))
+            # JS: ½ k3 of each side against the mixture m = ½ (p_old + p_rollout). With x, y
+            # the sides' log ratios to m, e^x + e^y = 2, so the sum is −(x + y)/2 = log m −
+            # (lo + lr)/2 = |δ|/2 + log(1 + e^{−|δ|}) − log 2 (= log cosh(δ/2)): δ alone
+            js = 0.5 * a + np.log1p(np.minimum(r, inv)) - math.log(2.0)
             self.tok["js"] += float(np.sum(js))
-            self.tok["d2"] += float(np.dot(delta, delta))
+            self.tok["d2"] += dot(delta, delta)
         self.r_min = min(self.r_min, float(np.min(r)))
         self.r_max = max(self.r_max, float(np.max(r)))
         return segment_sum(delta, offsets), segment_sum(r, offsets), segment_sum(pdiff, offsets)
@@ -259,7 +262,7 @@ class MaskedSums:
     n: int = 0
 
     def add(self, x: F64, m: F64) -> None:
-        self.total += float(np.dot(x, m))
+        self.total += dot(x, m)
         self.n += int(np.count_nonzero(m))
 
     def merge(self, o: MaskedSums) -> MaskedSums:
@@ -360,13 +363,13 @@ class GradientSums:
         with np.errstate(over="ignore", invalid="ignore"):
             p = (gp, gp * inv)
             for i in (0, 1):
-                self.pp[i] += float(np.dot(p[i], p[i]))
+                self.pp[i] += dot(p[i], p[i])
             if gk is not None:
                 k = (gk, gk * inv)
                 for i in (0, 1):
-                    self.kk[i] += float(np.dot(k[i], k[i]))
+                    self.kk[i] += dot(k[i], k[i])
                     for j in (0, 1):
-                        self.pk[i][j] += float(np.dot(p[i], k[j]))
+                        self.pk[i][j] += dot(p[i], k[j])
         nz = gp != 0.0
         self.tokens_policy += int(np.count_nonzero(nz))
         return segment_count(nz, offsets)

@@ -23,7 +23,7 @@ import math
 import numpy as np
 from numpy.typing import NDArray
 
-from ..core import FloatArray
+from ..core import FloatArray, dot, kernel
 from ..records import SamplerSupport
 
 __all__ = ["ENTROPY_WIDTH", "CoMoments", "SupportSums"]
@@ -57,7 +57,7 @@ class CoMoments:
         with np.errstate(over="ignore", invalid="ignore"):  # beyond float64: inf, no r
             o.mx, o.my = float(np.mean(x)), float(np.mean(y))
             dx, dy = x - o.mx, y - o.my
-            o.cxx, o.cyy, o.cxy = float(dx @ dx), float(dy @ dy), float(dx @ dy)
+            o.cxx, o.cyy, o.cxy = dot(dx, dx), dot(dy, dy), dot(dx, dy)
             self.merge(o)
 
     def merge(self, o: CoMoments) -> CoMoments:
@@ -121,8 +121,7 @@ class SupportSums:
             self.d += float(np.sum(delta))
             self.abs += float(np.sum(np.abs(delta)))
         self.rd.add(r, delta)
-        with np.errstate(over="ignore"):
-            rho = np.exp(delta)
+        rho = kernel.exp(delta)
         self.rho += float(np.sum(rho))
         if entropy is not None:
             e = np.asarray(entropy, dtype=np.float64)

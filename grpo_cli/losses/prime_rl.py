@@ -23,6 +23,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
+from ..core import segment_count, segment_sum
 from .registry import (
     F64,
     Bools,
@@ -38,7 +39,6 @@ from .registry import (
     _inputs,
     _mul,
     _positive,
-    _repeat,
     param,
 )
 
@@ -57,23 +57,22 @@ def mismatch_kl(log_ratio: ArrayLike) -> F64:
     """
     x = np.asarray(log_ratio, dtype=np.float64)
     with np.errstate(over="ignore"):
-        out: F64 = np.exp(x) - x - 1.0
+        out: F64 = _exp(x) - x - 1.0
     return out
 
 
 def _share(flags: Bools, where: Bools, off: np.ndarray) -> F64:
-    """Per answer, the share of its ``where`` tokens that are ``flags`` (0 with none),
-    repeated over the answer's tokens (so that an answer's token mean is the share)."""
-    n = np.add.reduceat(where.astype(np.float64), off[:-1]) if where.size else np.zeros(0)
-    k = np.add.reduceat((flags & where).astype(np.float64), off[:-1]) if where.size else n
-    return _repeat(np.divide(k, n, out=np.zeros(n.shape), where=n > 0), off)
+    """Per answer, the share of its ``where`` tokens that are ``flags`` (0 with none)."""
+    n = segment_count(where, off).astype(np.float64)
+    k = segment_count(flags & where, off).astype(np.float64)
+    return np.divide(k, n, out=np.zeros(n.shape), where=n > 0)
 
 
 def _mean_over(x: F64, where: Bools, off: np.ndarray) -> F64:
-    """Per answer, the mean of ``x`` over its ``where`` tokens (0 with none), repeated."""
-    n = np.add.reduceat(where.astype(np.float64), off[:-1]) if where.size else np.zeros(0)
-    s = np.add.reduceat(np.where(where, x, 0.0), off[:-1]) if where.size else n
-    return _repeat(np.divide(s, n, out=np.zeros(n.shape), where=n > 0), off)
+    """Per answer, the mean of ``x`` over its ``where`` tokens (0 with none)."""
+    n = segment_count(where, off).astype(np.float64)
+    s = segment_sum(np.where(where, x, 0.0), off)
+    return np.divide(s, n, out=np.zeros(n.shape), where=n > 0)
 
 
 def dppo_binary_terms(
@@ -105,7 +104,7 @@ def dppo_binary_terms(
     their count over every rank (``rl_scale``): the token mean.
 
     Metrics (``compute_loss``'s per-sample values, as shares over the sample's loss
-    tokens, each repeated over its tokens so that its token mean is the sample's value):
+    tokens, one value an answer in ``answer_values``):
     ``is_masked`` (``is_masked_low``/``_high`` for ``"tv"``), ``masked_mismatch_kl`` /
     ``unmasked_mismatch_kl`` (the mean mismatch KL over its masked / kept tokens, 0 with
     none), ``masked_advantage_positive`` / ``_negative`` (the share of its masked tokens
@@ -129,6 +128,8 @@ def dppo_binary_terms(
     with np.errstate(invalid="ignore"):
         lr, delta = lp - old, _exp(lp) - _exp(old)
     rho = _exp(lr)
+    with np.errstate(invalid="ignore"):
+        mkl = rho - lr - 1.0  # mismatch_kl(lr), its exponential shared with ρ
     pos, neg = a > 0, a < 0
     up, down = delta > mask_high, delta < -mask_low
     masked = np.where(pos, up, down) if rule == "tv" else (np.abs(delta) > ipo_threshold)
@@ -136,24 +137,23 @@ def dppo_binary_terms(
     policy = np.where(keep, _mul(a, rho) * adv_tau, 0.0)
     kl = _mul(lr, lr) * kl_tau
     grad = policy - 2.0 * kl_tau * lr
-    mkl = mismatch_kl(lr)
     flags = {"is_masked": masked}
-    values = {
-        "mismatch_kl": mkl,
-        "mismatch_kl_sq": _mul(mkl, mkl),
-        "mismatch_kl_max": _repeat(np.maximum.reduceat(mkl, off[:-1]), off) if mkl.size else mkl,
+    values = {"mismatch_kl": mkl, "mismatch_kl_sq": _mul(mkl, mkl)}
+    # the per-sample values, one an answer (each answer holds a token: offsets checked)
+    per_answer = {
+        "mismatch_kl_max": np.maximum.reduceat(mkl, off[:-1]) if mkl.size else mkl,
         "masked_mismatch_kl": _mean_over(mkl, masked, off),
         "unmasked_mismatch_kl": _mean_over(mkl, keep, off),
     }
     if rule == "tv":
         flags |= {"is_masked_low": neg & down, "is_masked_high": pos & up}
-        values |= {
-            "masked_advantage_positive": _share(a > 0, masked, off),
-            "masked_advantage_negative": _share(a < 0, masked, off),
+        per_answer |= {
+            "masked_advantage_positive": _share(pos, masked, off),
+            "masked_advantage_negative": _share(neg, masked, off),
         }
     return PolicyTerms(
-        term=policy - kl, grad=grad, ratio=rho, weight=np.where(keep, 1.0, 0.0),
-        flags=flags, values=values,
+        term=policy - kl, grad=grad, ratio=rho, weight=keep.astype(np.float64),
+        flags=flags, values=values, answer_values=per_answer,
     )  # fmt: skip
 
 

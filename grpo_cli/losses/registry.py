@@ -55,6 +55,7 @@ from ..core import (
     segment_mean,
     segment_sum,
 )
+from ..core import kernel as _kernel
 from ..errors import InputError, SettingError, UsageError
 
 __all__ = [
@@ -295,9 +296,14 @@ def metric_sums(
         if unit == "zero":
             out[name] = ("mean", 0.0, 1.0)
             continue
-        if key in terms.answer_values:
+        if key in terms.answer_values:  # one value an answer: no token mean to take
             v = np.asarray(terms.answer_values[key], dtype=np.float64)
-            out[name] = ("mean", float(np.sum(v)), n)
+            if unit == "answer_min":
+                out[name] = ("min", float(v.min()), 0.0)
+            elif unit == "answer_max":
+                out[name] = ("max", float(v.max()), 0.0)
+            else:
+                out[name] = ("mean", float(np.sum(v)), n)
             continue
         x = terms.flags[key] if key in terms.flags else terms.values[key]
         if unit == "level":
@@ -557,8 +563,9 @@ def _mul(a: F64, b: F64 | float) -> F64:
 
 
 def _exp(x: F64) -> F64:
-    with np.errstate(over="ignore"):
-        return np.exp(x)
+    """``exp(x)`` without an overflow warning: the kernel's vector exp where it is built
+    (:func:`grpo_cli.core.kernel.exp`), the loss functions' most costly operation."""
+    return _kernel.exp(x)
 
 
 def _log_ratio(logp: F64, old: F64, clamp: float | None) -> tuple[F64, F64]:
@@ -567,11 +574,6 @@ def _log_ratio(logp: F64, old: F64, clamp: float | None) -> tuple[F64, F64]:
         delta = logp - old
     used = delta if clamp is None else np.clip(delta, -clamp, clamp)
     return delta, used
-
-
-def _sigmoid(x: F64) -> F64:
-    z = np.exp(-np.abs(x))
-    return np.where(x >= 0, 1.0 / (1.0 + z), z / (1.0 + z))
 
 
 def _repeat(per_answer: F64, off: I64) -> F64:

@@ -46,7 +46,6 @@ from .registry import (
     _mul,
     _positive,
     _repeat,
-    _sigmoid,
     param,
 )
 
@@ -183,15 +182,18 @@ def sapo_terms(
         _choice("ratio_level", ratio_level, ("token", "sequence"))
         log_rho = used
     rho = _exp(log_rho)
-    tau = np.where(a > 0, tau_pos, tau_neg)
+    tau = np.array([tau_neg, tau_pos])[(a > 0).view(np.int8)]
     with np.errstate(over="ignore", invalid="ignore"):
         xs = tau * (rho - 1.0)
-        gate = _sigmoid(xs) * (4.0 / tau)
-        # σ(x)(1−σ(x))·ρ in log space: ρ may be inf where σ' is 0
-        ax = np.abs(xs)
-        dlog = log_rho - ax - 2.0 * np.log1p(np.exp(-ax))
-        dgate = 4.0 * np.exp(dlog)
-    dgate = np.where(np.isnan(dgate), 0.0, dgate)
+        # one exponential for both: z = e^{-|x|}, p = 1/(1+z); σ(|x|) = p, σ(−|x|) = z·p,
+        # so σ(x) is p or z·p by the sign of x, and σ(x)(1−σ(x)) = z·p² whatever the sign
+        z = _exp(-np.abs(xs))
+        p = 1.0 / (1.0 + z)
+        zp = z * p
+        gate = np.where(xs >= 0, p, zp) * (4.0 / tau)
+        # σ'·ρ: z underflows to 0 before ρ overflows (x = τ(ρ−1)); ρ = inf gives NaN: 0
+        dgate = 4.0 * (zp * p) * rho
+    dgate[np.isnan(dgate)] = 0.0
     d = _mul(dgate, a)
     if ratio_level == "sequence":
         grad = _answer_mean_repeated(d, off)
@@ -323,13 +325,13 @@ def vespo_terms(
     k = np.where(nonneg, k_pos, k_neg)
     lam = np.maximum(np.where(nonneg, lambda_pos, lambda_neg), 1e-4)
     with np.errstate(over="ignore", invalid="ignore"):
-        phi = np.exp(lam + k * log_w - lam * np.exp(log_w))
+        phi = _exp(lam + k * log_w - lam * _exp(log_w))
     phi = np.where(np.isfinite(phi), phi, 0.0)
     pa = _mul(phi, a)
     return PolicyTerms(
         term=_mul(pa, lp),
         grad=pa,
-        ratio=np.exp(log_w),
+        ratio=_exp(log_w),
         weight=phi,
         answer_values={"phi": phi[off[:-1]]},
         level="sequence",
@@ -390,7 +392,7 @@ def trl_vllm_is_correction(
     seq = mode.startswith("sequence")
     log_rho = segment_sum(d, off) if seq else d
     with np.errstate(over="ignore"):
-        rho = np.exp(log_rho)
+        rho = _exp(log_rho)
     if mode.endswith("truncate"):
         w = np.clip(rho, clip_min, clip_max)
     else:

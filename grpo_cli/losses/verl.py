@@ -112,7 +112,7 @@ def dppo_terms(
     _positive("ratio_cap", ratio_cap)
     lp, old = x["logp"], x["old_logp"]
     _delta, used = _log_ratio(lp, old, log_ratio_clamp)
-    rho = np.exp(used)
+    rho = _exp(used)
     w = np.minimum(rho, ratio_cap)
     p, q = _exp(lp), _exp(old)
     pos = a > 0
@@ -386,7 +386,7 @@ def geo_mean_terms(
         w = x["is_weight"]
         if (w < 0).any():
             raise InputError("is_weight: importance weights must be >= 0")
-        j = _mul(j, np.exp(segment_sum(np.log(w + 1e-10), off) / n))
+        j = _mul(j, _exp(segment_sum(np.log(w + 1e-10), off) / n))
     free = (dt == delta) & (a != 0)
     scale = np.diff(off) / n
     grad = np.where(free, _repeat(_mul(j, scale), off), 0.0)

@@ -301,20 +301,23 @@ def verl_rollout_correction(
     with np.errstate(over="ignore", invalid="ignore"):
         lr = old - roll
     safe = np.clip(lr, -SAFETY_BOUND, SAFETY_BOUND)
+    # e^ℓ and e^ℓ' once for every use (the same array while the ±20 clamp never binds)
+    e_lr = _exp(lr)
+    e_safe = e_lr if np.array_equal(lr, safe) else _exp(safe)
     lr_sum = segment_sum(lr, off)
     metrics: dict[str, float] = {}
     before: dict[str, float] = {}
     weight = np.ones(T)
     if rollout_is is not None:
         weight = _is_weights(
-            safe, lr_sum, off, rollout_is, rollout_is_threshold, rollout_is_batch_normalize,
+            e_safe, lr_sum, off, rollout_is, rollout_is_threshold, rollout_is_batch_normalize,
             metrics, before,
         )  # fmt: skip
     keep = np.ones(T, dtype=bool)
     if rollout_rs is not None:
-        keep, rs = _rejection(safe, off, rollout_rs, rollout_rs_threshold)
+        keep, rs = _rejection(safe, e_safe, off, rollout_rs, rollout_rs_threshold)
         metrics.update(rs)
-    metrics.update(_offpolicy_metrics(old, roll, lr, safe, lr_sum, off))
+    metrics.update(_offpolicy_metrics(old, roll, lr, e_lr, e_safe, lr_sum, off))
     return Correction(
         weight=weight, keep=keep, metrics={f"rollout_corr/{k}": v for k, v in metrics.items()},
         before={f"rollout_corr/{k}": v for k, v in before.items()},
@@ -322,7 +325,7 @@ def verl_rollout_correction(
 
 
 def _is_weights(
-    safe: F64,
+    e_safe: F64,
     lr_sum: F64,
     off: I64,
     level: str,
@@ -334,13 +337,14 @@ def _is_weights(
     """verl's IS weights of :func:`verl_rollout_correction` (its docstring's IS bullet),
     their ``rollout_is_*`` metrics added to ``metrics``, and to ``before`` the mean, the
     answers' mean and (per token) the extremes of the raw ratio before its truncation or
-    mask (at sequence level verl's ``rollout_is_max`` and ``_min`` are the raw ratio's)."""
-    T = safe.shape[0]
+    mask (at sequence level verl's ``rollout_is_max`` and ``_min`` are the raw ratio's);
+    ``e_safe`` is ``exp(clamp(ℓ_t, ±20))`` per token."""
+    T = e_safe.shape[0]
     upper, lower = _is_threshold(threshold)
     if level == "token":
-        raw = np.exp(safe)
+        raw = e_safe
     else:
-        raw = _repeat(np.exp(np.clip(lr_sum, -SAFETY_BOUND, SAFETY_BOUND)), off)
+        raw = _repeat(_exp(np.clip(lr_sum, -SAFETY_BOUND, SAFETY_BOUND)), off)
     if lower is None:
         w = np.minimum(raw, upper)
     else:
@@ -428,11 +432,11 @@ def rejection_options(
 
 
 def _rejection(
-    safe: F64, off: I64, rollout_rs: str, spec: float | str | None
+    safe: F64, e_safe: F64, off: I64, rollout_rs: str, spec: float | str | None
 ) -> tuple[Bools, dict[str, float]]:
     options, bounds = zip(*rejection_options(rollout_rs, spec), strict=True)
     T = safe.shape[0]
-    per_token = {"k1": -safe, "k2": 0.5 * safe * safe, "k3": np.exp(safe) - 1.0 - safe}
+    per_token = {"k1": -safe, "k2": 0.5 * safe * safe, "k3": e_safe - 1.0 - safe}
     keep = np.ones(T, dtype=bool)
     m: dict[str, float] = {}
     for opt, (lo, hi) in zip(options, bounds, strict=True):
@@ -482,14 +486,14 @@ def _rejection(
 
 
 def _offpolicy_metrics(
-    old: F64, roll: F64, lr: F64, safe: F64, lr_sum: F64, off: I64
+    old: F64, roll: F64, lr: F64, e_lr: F64, e_safe: F64, lr_sum: F64, off: I64
 ) -> dict[str, float]:
     T = old.shape[0]
     mean_old = _verl_seq_mean(old, off)
     mean_roll = _verl_seq_mean(roll, off)
     diff = mean_roll - mean_old
     with np.errstate(over="ignore", invalid="ignore"):
-        k3 = np.exp(lr) - lr - 1.0
+        k3 = e_lr - lr - 1.0
         m = {
             "training_ppl": float(np.exp(-mean_old).mean()),
             "training_log_ppl": float((-mean_old).mean()),
@@ -502,7 +506,7 @@ def _offpolicy_metrics(
             "log_ppl_diff_max": float(diff.max()),
             "log_ppl_diff_min": float(diff.min()),
             "ppl_ratio": float(np.exp(diff).mean()),
-            "chi2_token": _verl_mean(np.exp(safe) ** 2, T) - 1.0,
+            "chi2_token": _verl_mean(e_safe * e_safe, T) - 1.0,
             "chi2_seq": float(
                 np.exp(2.0 * np.clip(lr_sum, -SAFETY_BOUND, SAFETY_BOUND)).mean() - 1.0
             ),
