@@ -44,7 +44,8 @@ def test_each_micro_batch_loss_and_metric_is_prime_rl_s(case: dict) -> None:
                     # one value per packed sequence: the padding lengthens the last one
                     # (pad_micro_batch), it is no sequence of its own
                     assert len(logged) == len(mb["samples"]), key
-                    mine = t.answer_values[key][0] if key in t.answer_values else t.flags[key].mean()
+                    per_answer = t.answer_values
+                    mine = per_answer[key][0] if key in per_answer else t.flags[key].mean()
                     assert mine == pytest.approx(logged[j], rel=1e-5, abs=1e-6), key
             assert total / st["rl_scale"] == pytest.approx(mb["loss"], rel=1e-5, abs=1e-7)
 
