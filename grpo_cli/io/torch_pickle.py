@@ -18,11 +18,16 @@ is built. Tensors come back as independent NumPy arrays of their shape: float16/
 int8–64, uint8–64, bool and complex keep their dtype; **bfloat16 is widened to float32**
 (exactly: a bfloat16 is the upper half of a float32).
 
-Bounded: the pickle (``data.pkl``) may hold at most ``max_pickle_bytes`` (default
-512 MiB; Python objects take several times their pickled size in memory) and the
-storages read plus the arrays built at most ``max_array_bytes`` (default 4 GiB); a larger
-file is refused before it is read. The zip entries' sizes are read from the archive's
-directory, so a compressed entry cannot expand past the bound.
+Bounded: only a regular file is opened (a FIFO would block, ``/dev/zero`` never ends);
+the pickle (``data.pkl``) may hold at most ``max_pickle_bytes`` (default 512 MiB; Python
+objects take several times their pickled size in memory) and the storages read plus the
+arrays built at most ``max_array_bytes`` (default 4 GiB) and at most
+:data:`MAX_EXPANSION` times the file's size on disk (64 MiB at least): ``torch.save``
+stores its entries uncompressed, so a real dump's arrays are about twice its size, while
+a deflated entry of zeros (a zip bomb: 1 MB on disk, 1 GiB read) is refused before it
+is read. The zip entries' sizes are read from the archive's directory, so a compressed
+entry cannot expand past the bound; an entry whose bytes end before the size its
+directory claims is named, as damaged.
 
 The legacy non-zip format (torch < 1.6, or ``_use_new_zipfile_serialization=False``) is
 not read: slime's dump writers call ``torch.save(obj, path)`` with the defaults
@@ -34,6 +39,7 @@ from __future__ import annotations
 import io
 import pickle
 import zipfile
+import zlib
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
@@ -43,10 +49,19 @@ import numpy as np
 
 from grpo_cli.errors import InputError
 
-__all__ = ["MAX_ARRAY_BYTES", "MAX_PICKLE_BYTES", "load"]
+from .bounded import regular
+
+__all__ = ["MAX_ARRAY_BYTES", "MAX_EXPANSION", "MAX_PICKLE_BYTES", "load"]
 
 MAX_PICKLE_BYTES = 512 * 2**20
 MAX_ARRAY_BYTES = 4 * 2**30
+MAX_EXPANSION = 16
+"""The storages read plus the arrays built: at most this many times the file's size."""
+_EXPANSION_FLOOR = 64 * 2**20
+# what reading a damaged or hostile zip entry raises (a CRC or size mismatch, a bad
+# deflate stream, an encrypted entry or an unknown compression method)
+_ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, OSError, RuntimeError,
+               NotImplementedError)  # fmt: skip
 
 # torch.<Name>Storage -> the NumPy dtype of one element (bfloat16: its raw 16 bits).
 _STORAGE_DTYPES: dict[str, str] = {
@@ -108,8 +123,17 @@ class _Loader:
     """The state of one :func:`load`: the archive, its storages read so far, the bytes
     spent against ``max_array_bytes``."""
 
-    def __init__(self, path: Path, archive: zipfile.ZipFile, prefix: str, limit: int) -> None:
-        self.path, self.archive, self.prefix, self.limit = path, archive, prefix, limit
+    def __init__(
+        self, path: Path, archive: zipfile.ZipFile, prefix: str, limit: int, size: int
+    ) -> None:
+        self.path, self.archive, self.prefix = path, archive, prefix
+        expansion = max(MAX_EXPANSION * size, _EXPANSION_FLOOR)
+        self.limit = min(limit, expansion)
+        self.bound = (
+            "max_array_bytes" if limit <= expansion
+            else f"{MAX_EXPANSION} times the file's {size} bytes: torch.save stores its "
+            "storages uncompressed, so this archive expands as a zip bomb does"
+        )  # fmt: skip
         self.spent = 0
         self.numpy_named = False
         self.storages: dict[str, _Storage] = {}
@@ -123,7 +147,7 @@ class _Loader:
         if self.spent > self.limit:
             raise _Refused(
                 f"{what} brings the arrays read to {self.spent} bytes, over the limit of "
-                f"{self.limit} (max_array_bytes)"
+                f"{self.limit} ({self.bound})"
             )
 
     def storage(self, saved_id: Any) -> _Storage:
@@ -146,8 +170,16 @@ class _Loader:
         if info.file_size < nbytes:
             raise _Refused(f"storage {key!r} holds {info.file_size} bytes, {nbytes} expected")
         self.spend(nbytes, f"storage {key!r}")
-        with self.archive.open(info) as f:
-            raw = f.read(nbytes)
+        try:
+            with self.archive.open(info) as f:
+                raw = f.read(nbytes)
+        except _ZIP_ERRORS as exc:
+            raise _Refused(
+                f"storage {key!r} cannot be read from the archive "
+                f"({exc or type(exc).__name__}): the file is damaged"
+            ) from None
+        if len(raw) < nbytes:
+            raise _Refused(f"storage {key!r} ends after {len(raw)} bytes, {nbytes} expected")
         data = np.frombuffer(raw, dtype=dtype.newbyteorder(self.byteorder), count=numel)
         storage = _Storage(key, kind.dtype, data)
         self.storages[key] = storage
@@ -245,12 +277,13 @@ def load(
         the file and the global).
     """
     path = Path(path)
+    if path.is_dir():
+        raise InputError(f"{path}: is a directory, not a torch.save file")
+    st = regular(path)
     try:
         archive = zipfile.ZipFile(path)
     except FileNotFoundError:
         raise InputError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise InputError(f"{path}: is a directory, not a torch.save file") from None
     except (zipfile.BadZipFile, OSError) as e:
         raise InputError(
             f"{path}: not a zip archive as torch.save writes ({e}); the legacy format "
@@ -271,11 +304,19 @@ def load(
                 f"{path}: its pickle ({name}) is {size} bytes, over the limit of "
                 f"{max_pickle_bytes} (max_pickle_bytes)"
             )
-        with archive.open(name) as f:
-            data = f.read(size + 1)
-        if len(data) > size:
-            raise InputError(f"{path}: {name} is longer than the archive's directory says")
-        loader = _Loader(path, archive, prefix, max_array_bytes)
+        try:
+            with archive.open(name) as f:
+                data = f.read(size + 1)
+        except _ZIP_ERRORS as e:
+            raise InputError(
+                f"{path}: {name} cannot be read ({e or type(e).__name__}): the file is damaged"
+            ) from None
+        if len(data) != size:
+            raise InputError(
+                f"{path}: {name} holds {len(data)} bytes, its archive's directory says {size}: "
+                "the file is damaged"
+            )
+        loader = _Loader(path, archive, prefix, max_array_bytes, st.st_size)
         unpickler = _Unpickler(io.BytesIO(data), loader)
         try:
             obj = unpickler.load()
@@ -283,7 +324,8 @@ def load(
             return _finish(obj) if loader.numpy_named else obj
         except _Refused as e:
             raise InputError(f"{path}: refused: {e}; grpo-cli runs no code from a pickle") from None
-        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError) as e:
+        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError,
+                RecursionError) as e:  # fmt: skip
             raise InputError(f"{path}: {name} is not a readable pickle ({e})") from None
 
 
