@@ -176,7 +176,7 @@ class _Loader:
         except _ZIP_ERRORS as exc:
             raise _Refused(
                 f"storage {key!r} cannot be read from the archive "
-                f"({exc or type(exc).__name__}): the file is damaged"
+                f"({str(exc) or type(exc).__name__}): the file is damaged"
             ) from None
         if len(raw) < nbytes:
             raise _Refused(f"storage {key!r} ends after {len(raw)} bytes, {nbytes} expected")
@@ -309,7 +309,7 @@ def load(
                 data = f.read(size + 1)
         except _ZIP_ERRORS as e:
             raise InputError(
-                f"{path}: {name} cannot be read ({e or type(e).__name__}): the file is damaged"
+                f"{path}: {name} cannot be read ({str(e) or type(e).__name__}): the file is damaged"
             ) from None
         if len(data) != size:
             raise InputError(

@@ -153,6 +153,7 @@ _PARAMS = {
     "default": ("dppo_mask_low", "dppo_mask_high", "adv_tau", "kl_tau"),
     "ipo": ("ipo_threshold", "adv_tau", "kl_tau"),
 }
+VERSION = "0.8.0"
 _DEFAULTS = "dppo_mask_low 0.2, dppo_mask_high 0.2, adv_tau 1.0, kl_tau 0.001"
 
 
@@ -180,6 +181,12 @@ def from_config(c: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     for key in _PARAMS[kind]:
         if f"loss.{key}" in c:
             out[key] = float(c[f"loss.{key}"])
+    known = {"loss.type", *(f"loss.{k}" for k in _PARAMS[kind])}
+    unread = sorted(k for k in c if k.startswith("loss.") and k not in known)
+    if unread:  # never dropped silently: a key of another release's loss would change it
+        shown = ", ".join(f"{k} = {c[k]!r}"[:60] for k in unread[:5])
+        notes.append(f"{WHERE}: {shown}: not a parameter of prime-rl {VERSION}'s {kind!r} loss, "
+                     "not applied (the loss recomputed here leaves it out)")  # fmt: skip
     if "token_export.micro_batches" in c:
         out["micro_batches"] = int(c["token_export.micro_batches"])
     return out, notes
