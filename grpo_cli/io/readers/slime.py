@@ -50,7 +50,7 @@ import re
 import zipfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import numpy as np
 import pyarrow as pa
@@ -381,12 +381,12 @@ def _answer(
     if not _real(reward):
         raise InputError(f"{rat}: reward is {_shown(reward)}, not a number")
     integral = isinstance(group, numbers.Integral) and not isinstance(group, bool | np.bool_)
-    if not integral or not -(2**63) <= int(group) < 2**63:
+    if not integral or not -(2**63) <= int(cast(int, group)) < 2**63:
         raise InputError(
             f"{rat}: group_index is {_shown(group)}: slime's dump names each sample's group "
             "by an integer (int64)"
         )
-    out["reward"], out["group_index"] = float(reward), int(group)
+    out["reward"], out["group_index"] = float(cast(float, reward)), int(cast(int, group))
     return out
 
 
