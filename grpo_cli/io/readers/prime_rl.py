@@ -49,22 +49,17 @@ import hashlib
 import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
 
-from ...batch import BatchError, RawBatch
 from ...errors import InputError
 from ..bounded import MAX_LINE, loads, mib, read_document, regular
-from ..fields import ANSWER_FIELDS
-from ..lists import answer_table, list_array, raw_record_batch
+from ..lists import list_array
 from ..paths import InputPath
 from ..run import FORMAT, RecordedRun, RecordedStep, step_of_dir
-from .base import AnswerColumns, ReadColumns, Unit
-
-if TYPE_CHECKING:
-    from .base import Source
+from ._tables import TableReader
 
 __all__ = ["LAYOUT", "PrimeRLReader", "PrimeRLRun", "PrimeRLStep", "read_step"]
 
@@ -584,12 +579,13 @@ def _read_step(stamp: tuple[tuple[str, int, int], ...]) -> Step:
 
 # ------------------------------------------------------------------------- the reader
 @dataclasses.dataclass(frozen=True)
-class PrimeRLReader:
-    """The rank files of one prime-rl ``token_exports/step_N`` (one step)."""
+class PrimeRLReader(TableReader):
+    """The rank files of one prime-rl ``token_exports/step_N`` (one step), its joined
+    table held in memory (:class:`~grpo_cli.io.readers._tables.TableReader`)."""
 
     format: ClassVar[str] = "prime-rl"
     suffixes: ClassVar[tuple[str, ...]] = (".jsonl",)
-    what: ClassVar[str] = "field"
+    token_column: ClassVar[str] = "logp"
     unit: ClassVar[str] = "record"
     datasets: ClassVar[bool] = False
     remote: ClassVar[bool] = False
@@ -615,12 +611,14 @@ class PrimeRLReader:
         local = [Path(str(p)) for p in paths]
         return cls(tuple(paths), read_step(local))
 
-    @property
+    def held(self) -> pa.Table:
+        return self.step.table
+
     def label(self) -> str:
         return str(Path(str(self.paths[0])).parent)
 
-    def names(self) -> list[str]:
-        return list(self.step.table.column_names)
+    def held_notes(self) -> tuple[str, ...]:
+        return self.step.notes
 
     def default_name(self, field: str) -> str:
         return field
@@ -628,48 +626,3 @@ class PrimeRLReader:
     def rows_per_file(self) -> list[int] | None:
         """Each rank file's records (read when the step was opened)."""
         return list(self.step.per_file)
-
-    def _answer_names(self, src: Source) -> dict[str, str]:
-        return {f: src.name(f) for f in ANSWER_FIELDS if src.has(f)}
-
-    def read_file_columns(self, src: Source, i: int, cols: list[str]) -> pa.Table:
-        del i, cols
-        return answer_table(self.step.table, self._answer_names(src), None, self.label, 0,
-                            what=self.what)  # fmt: skip
-
-    def answer_columns(
-        self, src: Source, need_rewards: bool, allow_nonfinite: bool, read: ReadColumns | None
-    ) -> AnswerColumns:
-        """The step's records, read once when it was opened, with the join's notes."""
-        del need_rewards, allow_nonfinite, read
-        table = self.read_file_columns(src, 0, [])
-        names = self._answer_names(src)
-        return AnswerColumns([table], names, table.num_rows, notes=self.step.notes)
-
-    def units(self, src: Source) -> list[Unit]:
-        t = self.step.table
-        return [Unit(0, -1, 0, t.num_rows, len(t.column("logp").combine_chunks().values))]
-
-    def raw_batches(
-        self, src: Source, units: Sequence[Unit] | None, fields: Sequence[str], batch_tokens: int
-    ) -> Iterator[RawBatch]:
-        """The step's records in order, about ``batch_tokens`` loss tokens a batch."""
-        del units
-        wanted = [f for f in fields if src.has(f)]
-        if not wanted:
-            return
-        names = [src.name(f) for f in wanted]
-        answer = self._answer_names(src)
-        t = self.step.table
-        lengths = np.diff(np.asarray(t.column("logp").combine_chunks().offsets))
-        row = 0
-        while row < t.num_rows:
-            end = row + max(1, int(np.searchsorted(np.cumsum(lengths[row:]), batch_tokens)))
-            rb = t.slice(row, end - row).combine_chunks().to_batches()[0]
-            try:
-                raw = raw_record_batch(rb, wanted, names, None, row, self.label, answer, 0,
-                                       what=self.what)  # fmt: skip
-            except InputError as exc:
-                raise BatchError(row, exc) from None
-            yield raw
-            row = end

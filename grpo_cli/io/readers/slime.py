@@ -48,25 +48,19 @@ import dataclasses
 import numbers
 import re
 import zipfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, cast
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import pyarrow as pa
 
 from ...errors import InputError
 from ..bounded import loads, read_document, regular
-from ..fields import ANSWER_FIELDS
-from ..lists import answer_table, raw_record_batch
 from ..paths import InputPath
 from ..run import RecordedRun, RecordedStep
 from ..torch_pickle import load
-from .base import AnswerColumns, ReadColumns, Unit, token_columns
-
-if TYPE_CHECKING:
-    from ...batch import RawBatch
-    from .base import Source
+from ._tables import TableReader
 
 __all__ = ["LAYOUT", "SlimeReader", "SlimeRun", "SlimeStep", "dump_files", "dump_run"]
 
@@ -479,12 +473,13 @@ def _later(steps: int) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class SlimeReader:
-    """One slime ``train_data/{rollout_id}.pt`` (one rollout: one step)."""
+class SlimeReader(TableReader):
+    """One slime ``train_data/{rollout_id}.pt`` (one rollout: one step), its joined table
+    held in memory (:class:`~grpo_cli.io.readers._tables.TableReader`)."""
 
     format: ClassVar[str] = "slime"
     suffixes: ClassVar[tuple[str, ...]] = (".pt",)
-    what: ClassVar[str] = "field"
+    token_column: ClassVar[str] = "loss_masks"
     unit: ClassVar[str] = "sample"
     datasets: ClassVar[bool] = False
     remote: ClassVar[bool] = False
@@ -531,53 +526,17 @@ class SlimeReader:
             )
         return cls(tuple(paths), table, notes, run)
 
-    def names(self) -> list[str]:
-        return list(self.table.column_names)
+    def held(self) -> pa.Table:
+        return self.table
+
+    def label(self) -> str:
+        return str(self.paths[0])
+
+    def held_notes(self) -> tuple[str, ...]:
+        return self.notes
 
     def default_name(self, field: str) -> str:
         return NAMES.get(field, field)
 
     def rows_per_file(self) -> list[int] | None:
         return [self.table.num_rows]
-
-    def _answers(self, src: Source) -> tuple[pa.Table, dict[str, str]]:
-        names = {f: src.name(f) for f in ANSWER_FIELDS if src.has(f)}
-        mname = src.name("mask") if src.has("mask") else None
-        return answer_table(self.table, names, mname, str(self.paths[0]), 0, what=self.what), names
-
-    def read_file_columns(self, src: Source, i: int, cols: list[str]) -> pa.Table:
-        del i, cols
-        return self._answers(src)[0]
-
-    def answer_columns(
-        self, src: Source, need_rewards: bool, allow_nonfinite: bool, read: ReadColumns | None
-    ) -> AnswerColumns:
-        del need_rewards, allow_nonfinite, read
-        table, names = self._answers(src)
-        return AnswerColumns([table], names, table.num_rows, notes=self.notes)
-
-    def units(self, src: Source) -> list[Unit]:
-        n = self.table.num_rows
-        tokens = int(sum(len(m) for m in self.table.column("loss_masks").to_pylist()))
-        return [Unit(0, -1, 0, n, tokens)]
-
-    def raw_batches(
-        self, src: Source, units: Sequence[Unit] | None, fields: Sequence[str], batch_tokens: int
-    ) -> Iterator[RawBatch]:
-        """The step's samples in rollout order, about ``batch_tokens`` tokens a batch."""
-        del units
-        wanted = [f for f in fields if src.has(f)]
-        if not wanted:
-            return
-        names, mname, cols, answer = token_columns(src, wanted)
-        n = self.table.num_rows
-        per_row = max(1, self.units(src)[0].tokens // max(n, 1))
-        rows = max(1, batch_tokens // per_row)
-        start = 0
-        for rb in self.table.select(cols).to_batches(max_chunksize=rows):
-            if not rb.num_rows:
-                continue
-            yield raw_record_batch(
-                rb, wanted, names, mname, start, str(self.paths[0]), answer, 0, what=self.what
-            )
-            start += rb.num_rows
