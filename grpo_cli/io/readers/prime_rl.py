@@ -169,9 +169,9 @@ def _run(root: Path, micro_batches: int | None = None) -> PrimeRLRun:
 
 def _step(run: RecordedRun, d: Path, n: int) -> PrimeRLStep:
     files = [(int(m.group(1)), p) for p in d.iterdir() if (m := _RANK.search(p.name))]
-    # every rank file but a directory: a FIFO or a device is named when it is read, never
-    # left out (the step would be read without that rank's records)
-    ranked = tuple(p for _, p in sorted(files) if not p.is_dir())
+    # every rank file: one that is a FIFO, a device or a directory is named when it is
+    # read, never left out (the step would be read without that rank's records)
+    ranked = tuple(p for _, p in sorted(files))
     return PrimeRLStep(run, n, d, ranked, (d / STABLE).exists())
 
 

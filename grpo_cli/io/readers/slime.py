@@ -96,8 +96,8 @@ def dump_files(p: Path) -> list[Path] | None:
     d = p / TRAIN
     if not p.is_dir() or not d.is_dir():
         return None
-    # every {id}.pt but a directory: a FIFO or a device is its step's to name
-    files = [q for q in d.iterdir() if _ID.match(q.name) and not q.is_dir()]
+    # every {id}.pt: one that is a FIFO, a device or a directory is its step's to name
+    files = [q for q in d.iterdir() if _ID.match(q.name)]
     if not files:
         raise InputError(f"{d}: no {{rollout_id}}.pt file: not a slime --dump-details directory")
     return sorted(files, key=lambda q: int(q.stem))
