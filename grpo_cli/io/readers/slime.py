@@ -398,9 +398,9 @@ def _table(path: Path, rollout_old: bool = False) -> tuple[pa.Table, tuple[str, 
     if not isinstance(train, dict):
         raise InputError(f"{label}: holds {type(train).__name__}, not slime's train dump dict")
     version = train.get("format_version")
-    if version != FORMAT_VERSION:
+    if type(version) is not int or version != FORMAT_VERSION:  # an array compares by element
         raise InputError(
-            f"{label}: format_version is {version!r}; grpo-cli reads slime's train dump "
+            f"{label}: format_version is {_shown(version)}; grpo-cli reads slime's train dump "
             f"format {FORMAT_VERSION} (slime {COMMIT})"
         )
     rid = _field(train, "rollout_id", label, int)
