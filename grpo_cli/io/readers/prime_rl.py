@@ -79,6 +79,7 @@ COLUMNS = {
     "entropy": "entropy",
 }
 MICRO_BATCHES = "token_export.micro_batches"  # grpo-cli's count, in the run's config
+LOSS_KEYS = "trainer_config.loss_keys"  # the loss section's key names (trainers/prime_rl.py)
 _SHOWN = 5  # records named in a note
 # a rank, micro-step or sequence index beyond this is no count prime-rl makes (its int32
 # tensors): refused, so the micro-batch count for loss/mean stays bounded
@@ -144,8 +145,9 @@ class PrimeRLStep(RecordedStep):
 
 
 def _read_config(root: Path) -> dict[str, Any]:
-    """The loss section of ``configs/trainer.json`` as dotted keys (``loss.type``, ...);
-    empty without the file (the trainer module names prime-rl's defaults in a note)."""
+    """The loss section of ``configs/trainer.json`` as dotted keys (``loss.type``, ...)
+    and the section's key names (:data:`LOSS_KEYS`); empty without the file (the trainer
+    module names prime-rl's defaults in a note)."""
     path = root / "configs" / "trainer.json"
     if not path.exists():
         return {}
@@ -155,7 +157,7 @@ def _read_config(root: Path) -> dict[str, Any]:
     loss = doc.get("loss", {})
     if not isinstance(loss, dict):
         raise InputError(f"{path}: 'loss' is a {type(loss).__name__}: expected an object")
-    return {f"loss.{k}": v for k, v in loss.items()}
+    return {**{f"loss.{k}": v for k, v in loss.items()}, LOSS_KEYS: sorted(map(str, loss))}
 
 
 def _run(root: Path, micro_batches: int | None = None) -> PrimeRLRun:
