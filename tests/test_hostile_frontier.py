@@ -549,15 +549,21 @@ def test_install_names_each_wrong_argument(
     assert not (tmp_path / "run").exists()
 
 
-def test_install_names_a_directory_that_is_a_file_or_not_a_path(tmp_path: Path) -> None:
+def test_install_names_a_directory_that_is_not_a_path(tmp_path: Path) -> None:
+    """Not a path: a TypeError at setup. An existing file where the run goes is, as for
+    every recorder, the environment's: one warning at the first step, training goes on."""
     from grpo_cli.integrations import areal
 
-    (tmp_path / "f").write_text("x")
-    with pytest.raises(ValueError, match=r"directory: .* exists and is not a directory"):
-        areal.install(_actor(), tmp_path / "f")
+    from .test_areal import _trajectories
+
     for wrong in (None, 5, ""):
         with pytest.raises(TypeError, match="directory: expected a directory path"):
             areal.install(_actor(), wrong)  # type: ignore[arg-type]
+    (tmp_path / "f").write_text("x")
+    actor = areal.install(_actor(), tmp_path / "f", group_size=2)
+    with pytest.warns(RuntimeWarning, match="recording the areal run failed"):
+        actor.ppo_update(_trajectories())
+    assert actor.export_stats() == {"ppo_actor/update/actor_loss/avg": 0.5}
 
 
 @pytest.mark.parametrize(

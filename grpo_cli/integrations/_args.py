@@ -37,14 +37,11 @@ def index(name: str, value: Any, size: int, size_name: str) -> int:
 
 
 def directory(name: str, value: Any) -> str | os.PathLike[str]:
-    """A path (a string or ``os.PathLike``), not empty, and not an existing file (the
-    recorder would fail writing its first step)."""
+    """A path (a string or ``os.PathLike``), not empty."""
     if not isinstance(value, str | os.PathLike) or not str(os.fspath(value)).strip():
         raise TypeError(
             f"{name}: expected a directory path (str or os.PathLike), got {_given(value)}"
         )
-    if os.path.exists(value) and not os.path.isdir(value):
-        raise ValueError(f"{name}: {os.fspath(value)!s} exists and is not a directory")
     return value
 
 

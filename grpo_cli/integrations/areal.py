@@ -388,10 +388,10 @@ def install(
     Raises ``TypeError`` or ``ValueError`` naming the argument before training starts
     (an actor without ``ppo_update``, ``train_batch`` and ``export_stats``,
     ``every_steps``, ``first_step`` or ``group_size`` not an integer >= 1, ``token_dtype``
-    not None or a pyarrow float type, ``tokenizer`` without ``batch_decode``, ``directory``
-    an existing file, the actor's config with a nested config that is not one or a group
-    size that is not an integer >= 1); afterwards a recording failure is one
-    ``RuntimeWarning``, recording stops, and training goes on.
+    not None or a pyarrow float type, ``tokenizer`` without ``batch_decode``, the actor's
+    config with a nested config that is not one or a group size that is not an integer
+    >= 1); afterwards a recording failure (a directory that cannot be made, a full disk)
+    is one ``RuntimeWarning``, recording stops, and training goes on.
     """
     _args.directory("directory", directory)
     _args.count("every_steps", every_steps)
