@@ -313,6 +313,46 @@ def test_a_damaged_pickle_entry_is_named(tmp_path: Path) -> None:
         load(p)
 
 
+def pickle_archive(path: Path, ops: Ops) -> Path:
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("archive/data.pkl", ops.done())
+    return path
+
+
+def test_a_pickle_no_recursive_walk_survives_is_refused(tmp_path: Path) -> None:
+    """200,000 nested lists (400 KB: its repr raised RecursionError, a traceback), a list
+    holding itself, and 60 levels of a list of two references to the next (2⁶⁰
+    elements expanded): each refused by what it is, at once."""
+    n = 200_000
+    deep = pickle_archive(tmp_path / "deep.pt", Ops().raw(b"]" * n + b"a" * (n - 1)))
+    with pytest.raises(InputError, match="containers nested deeper than 64 levels"):
+        load(deep)
+    itself = pickle_archive(tmp_path / "self.pt", Ops().raw(b"]q\x00h\x00a"))
+    with pytest.raises(InputError, match="a container holds itself"):
+        load(itself)
+    laughs = Ops().raw(b"]").num(1).raw(b"aq\x00")
+    for i in range(1, 60):
+        laughs.raw(b"]h" + bytes([i - 1]) + b"ah" + bytes([i - 1]) + b"aq" + bytes([i]))
+    t0 = time.monotonic()
+    with pytest.raises(InputError, match="containers shared so often that they expand"):
+        load(pickle_archive(tmp_path / "laughs.pt", laughs))
+    assert time.monotonic() - t0 < 5
+    # sharing within the budget reads: 2 levels of two references, 4 leaves
+    fine = Ops().raw(b"]").num(1).raw(b"aq\x00]h\x00ah\x00aq\x01]h\x01ah\x01a")
+    assert load(pickle_archive(tmp_path / "fine.pt", fine)) == [[[1], [1]], [[1], [1]]]
+
+
+def test_a_deep_reward_in_a_rollout_dump_is_one_line(cli: Cli, tmp_path: Path) -> None:
+    n = 200_000
+    ops = Ops().raw(b"}").text("rollout_id").num(0).raw(b"s").text("samples").raw(b"]")
+    for i in range(16):
+        ops.raw(b"}").text("reward").raw(b"]" * n + b"a" * (n - 1)).raw(b"s")
+        ops.text("group_index").num(0).raw(b"s").text("index").num(i).raw(b"sa")
+    d = slime_dump(tmp_path)
+    pickle_archive(d / ROLL, ops.raw(b"s"))
+    one_line(cli("objective", d / TRAIN), str(d / ROLL), "nested deeper than 64 levels")
+
+
 @pytest.mark.parametrize("kind", ["fifo", "dev/zero"])
 def test_load_opens_only_a_regular_file(tmp_path: Path, kind: str) -> None:
     p = tmp_path / "x.pt"

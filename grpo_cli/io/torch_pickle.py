@@ -25,9 +25,11 @@ arrays built at most ``max_array_bytes`` (default 4 GiB) and at most
 :data:`MAX_EXPANSION` times the file's size on disk (64 MiB at least): ``torch.save``
 stores its entries uncompressed, so a real dump's arrays are about twice its size, while
 a deflated entry of zeros (a zip bomb: 1 MB on disk, 1 GiB read) is refused before it
-is read. The zip entries' sizes are read from the archive's directory, so a compressed
-entry cannot expand past the bound; an entry whose bytes end before the size its
-directory claims is named, as damaged.
+is read; containers nested deeper than 64 levels, holding themselves or shared past
+16 times the pickle's bytes are refused (:func:`_check_shape`). The zip entries' sizes
+are read from the archive's directory, so a compressed entry cannot expand past the
+bound; an entry whose bytes end before the size its directory claims is named, as
+damaged.
 
 The legacy non-zip format (torch < 1.6, or ``_use_new_zipfile_serialization=False``) is
 not read: slime's dump writers call ``torch.save(obj, path)`` with the defaults
@@ -49,7 +51,7 @@ import numpy as np
 
 from grpo_cli.errors import InputError
 
-from .bounded import regular
+from .bounded import MAX_DEPTH, regular
 
 __all__ = ["MAX_ARRAY_BYTES", "MAX_EXPANSION", "MAX_PICKLE_BYTES", "load"]
 
@@ -320,6 +322,7 @@ def load(
         unpickler = _Unpickler(io.BytesIO(data), loader)
         try:
             obj = unpickler.load()
+            _check_shape(obj, size)  # before anything recurses into it (repr, _finish)
             # NumPy objects are placeholders until their state is set: swap in the values
             return _finish(obj) if loader.numpy_named else obj
         except _Refused as e:
@@ -470,6 +473,54 @@ def _numpy_scalar(dtype: Any, raw: Any = None) -> Any:
     if dt is None or not isinstance(raw, bytes) or len(raw) != dt.itemsize:
         raise _Refused(f"a NumPy scalar of {_short(dtype)}")
     return np.frombuffer(raw, dtype=dt, count=1)[0]
+
+
+_CONTAINERS = (dict, list, tuple, set, frozenset)
+
+
+def _kids(v: Any) -> list[Any]:
+    if isinstance(v, dict):
+        return [x for kv in v.items() for x in kv if isinstance(x, _CONTAINERS)]
+    return [x for x in v if isinstance(x, _CONTAINERS)]
+
+
+def _check_shape(value: Any, pickled: int) -> None:
+    """Refuse what no recursive walk (``repr``, :func:`_finish`, a reader) survives:
+    containers nested deeper than :data:`~grpo_cli.io.bounded.MAX_DEPTH` (200,000 nested
+    lists are 400 KB of pickle), a container holding itself, and containers shared so
+    often that, expanded, they hold over :data:`MAX_EXPANSION` times the pickle's bytes
+    (a "billion laughs": 60 levels of a list of two references to the next). One
+    depth-first walk with a stack, each container once."""
+    budget = MAX_EXPANSION * pickled + (1 << 20)
+    size: dict[int, int] = {}  # a finished container's elements, expanded
+    height: dict[int, int] = {}
+    open_: set[int] = set()  # the containers on the current path
+    stack: list[tuple[Any, bool]] = [(value, False)] if isinstance(value, _CONTAINERS) else []
+    while stack:
+        v, finished = stack.pop()
+        i = id(v)
+        if finished:
+            kids = _kids(v)
+            size[i] = len(v) + sum(size[id(k)] for k in kids)
+            height[i] = 1 + max((height[id(k)] for k in kids), default=0)
+            open_.discard(i)
+            if height[i] > MAX_DEPTH:
+                raise _Refused(
+                    f"containers nested deeper than {MAX_DEPTH} levels (grpo-cli's limit)"
+                )
+            if size[i] > budget:
+                raise _Refused(
+                    f"containers shared so often that they expand to over {budget} elements "
+                    f"({MAX_EXPANSION} times the pickle's bytes)"
+                )
+            continue
+        if i in size:
+            continue
+        if i in open_:
+            raise _Refused("a container holds itself")
+        open_.add(i)
+        stack.append((v, True))
+        stack.extend((k, False) for k in _kids(v) if id(k) not in size)
 
 
 def _finish(value: Any) -> Any:
