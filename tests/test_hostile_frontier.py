@@ -320,10 +320,10 @@ def pickle_archive(path: Path, ops: Ops) -> Path:
 
 
 def test_a_pickle_no_recursive_walk_survives_is_refused(tmp_path: Path) -> None:
-    """200,000 nested lists (400 KB: its repr raised RecursionError, a traceback), a list
+    """5,000 nested lists (10 KB: their repr raised RecursionError, a traceback), a list
     holding itself, and 60 levels of a list of two references to the next (2⁶⁰
     elements expanded): each refused by what it is, at once."""
-    n = 200_000
+    n = 5_000
     deep = pickle_archive(tmp_path / "deep.pt", Ops().raw(b"]" * n + b"a" * (n - 1)))
     with pytest.raises(InputError, match="containers nested deeper than 64 levels"):
         load(deep)
@@ -343,7 +343,7 @@ def test_a_pickle_no_recursive_walk_survives_is_refused(tmp_path: Path) -> None:
 
 
 def test_a_deep_reward_in_a_rollout_dump_is_one_line(cli: Cli, tmp_path: Path) -> None:
-    n = 200_000
+    n = 5_000
     ops = Ops().raw(b"}").text("rollout_id").num(0).raw(b"s").text("samples").raw(b"]")
     for i in range(16):
         ops.raw(b"}").text("reward").raw(b"]" * n + b"a" * (n - 1)).raw(b"s")
