@@ -238,3 +238,122 @@ def test_random_nemo_rl(
     p = tmp_path_factory.mktemp("nemo") / "train_data_step3.jsonl"
     p.write_bytes(b"\n".join(lines) + b"\n")
     Bounded().run(cli, *args_of(cmd, p), "--beta", "0")
+
+
+# ------------------------------------------------ slime dumps and prime-rl output dirs
+FRONTIER = settings(
+    max_examples=20,  # each example copies a fixture and runs one command: ~0.2 s
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+FIX = Path(__file__).resolve().parent.parent / "conformance" / "frontier" / "fixtures"
+
+
+@st.composite
+def arrays(draw: st.DrawFn) -> Any:
+    """A per-token field as a dump may hold it: any dtype, rank or length, non-finite."""
+    import numpy as np
+
+    dtype = draw(st.sampled_from(["float32", "float64", "int32", "bool", "complex64", "f2"]))
+    shape = draw(st.sampled_from([(1,), (0,), (2,), (1, 1), ()]))
+    value = draw(st.sampled_from([0.0, 1.0, -0.5, math.nan, math.inf, 2.0]))
+    with np.errstate(invalid="ignore"):
+        return np.full(shape, value).astype(dtype)
+
+
+DUMP_VALUES = st.one_of(VALUES, arrays())
+
+
+@st.composite
+def slime_edit(draw: st.DrawFn, d: Path) -> None:
+    """Rollout 0 of the fixture dump with fields of a sample, a shard or the dump
+    replaced, a file cut, or an ``args.json`` of slime's options of any value."""
+    from grpo_cli.io.torch_pickle import load
+    from grpo_cli.trainers import slime
+
+    from .test_hostile_frontier import save
+
+    how = draw(st.sampled_from(["train", "train", "rollout", "shard", "cut", "args"]))
+    if how == "args":
+        keys = draw(st.lists(st.sampled_from(sorted(slime.CONFIG_KEYS)), max_size=4))
+        body = text_of({k: draw(VALUES) for k in keys})
+        (d / "args.json").write_bytes(draw(damage(body)))
+        return
+    name = "rollout_data/0.pt" if how == "rollout" else "train_data/0.pt"
+    if how == "cut":
+        whole = (d / name).read_bytes()
+        (d / name).write_bytes(whole[: draw(st.integers(0, len(whole) - 1))])
+        return
+    obj = load(d / name)
+    if how == "shard":
+        shard = obj["dp_shards"][0]
+        key = draw(st.sampled_from(sorted(shard)))
+        shard[key] = draw(DUMP_VALUES)
+    else:
+        row = obj["samples"][draw(st.integers(0, 3))]
+        keys = sorted(row) + ["rollout_id", "format_version"] * (how == "train")
+        key = draw(st.sampled_from(keys))
+        target = obj if key in ("rollout_id", "format_version") else row
+        target[key] = draw(DUMP_VALUES)
+    save(d / name, obj)
+
+
+@FRONTIER
+@given(data=st.data(), cmd=COMMANDS)
+def test_random_slime_dumps(
+    cli: Cli, tmp_path_factory: pytest.TempPathFactory, data: st.DataObject, cmd: str
+) -> None:
+    import shutil
+
+    d = tmp_path_factory.mktemp("slime") / "dump"
+    for sub in ("train_data", "rollout_data"):
+        (d / sub).mkdir(parents=True)
+        shutil.copy(FIX / "slime_dump" / sub / "0.pt", d / sub / "0.pt")
+    data.draw(slime_edit(d))
+    target = d if cmd == "trend" else d / "train_data" / "0.pt"
+    Bounded().run(cli, *args_of(cmd, target))
+
+
+@st.composite
+def prime_edit(draw: st.DrawFn, d: Path) -> None:
+    """The fixture run with a token record's fields replaced (lists of any length and
+    value), a line damaged, a trace line replaced, or a trainer config of any value."""
+    from grpo_cli.trainers import prime_rl
+
+    how = draw(st.sampled_from(["record", "record", "line", "trace", "config"]))
+    if how == "config":
+        keys = [k for k in prime_rl.CONFIG_KEYS if k.startswith("loss.")] + ["loss.x"]
+        chosen = draw(st.lists(st.sampled_from(keys), max_size=3))
+        loss = {k.removeprefix("loss."): draw(VALUES) for k in chosen}
+        body = text_of(draw(st.sampled_from([{"loss": loss}, {"loss": draw(VALUES)}])))
+        (d / "configs" / "trainer.json").write_bytes(draw(damage(body)))
+        return
+    rel = ("rollouts/step_1/train/effective/traces.jsonl" if how == "trace"
+           else "token_exports/step_1/rank_0.jsonl")  # fmt: skip
+    p = d / rel
+    lines = p.read_bytes().splitlines()
+    i = draw(st.integers(0, len(lines) - 1))
+    rec = json.loads(lines[i])
+    if how == "record":
+        key = draw(st.sampled_from(sorted(rec)))
+        n = len(rec["token_ids"]) + draw(st.sampled_from([0, 0, -1, 1]))
+        items = st.one_of(NUMBERS, st.none(), st.booleans(), st.text(max_size=2))
+        rec[key] = draw(st.one_of(VALUES, st.lists(items, min_size=max(n, 0), max_size=max(n, 0))))
+    elif how == "trace":
+        rec[draw(st.sampled_from(sorted(rec)))] = draw(VALUES)
+    lines[i] = draw(damage(text_of(rec))) if how != "trace" else text_of(rec).encode()
+    p.write_bytes(b"\n".join(lines) + b"\n")
+
+
+@FRONTIER
+@given(data=st.data(), cmd=COMMANDS)
+def test_random_prime_rl_runs(
+    cli: Cli, tmp_path_factory: pytest.TempPathFactory, data: st.DataObject, cmd: str
+) -> None:
+    import shutil
+
+    d = tmp_path_factory.mktemp("prime") / "run"
+    shutil.copytree(FIX / "prime_rl_run", d)
+    data.draw(prime_edit(d))
+    target = d if cmd == "trend" else d / "token_exports" / "step_1"
+    Bounded().run(cli, *args_of(cmd, target))

@@ -109,10 +109,34 @@ def _config(actor: Any) -> Any:
     return getattr(actor, "config", None) or getattr(getattr(actor, "actor", None), "config", None)
 
 
+def _section(sub: Any, name: str) -> dict[str, Any]:
+    """The fields of a nested config (a NormConfig: a dataclass, a dict or a namespace)."""
+    if isinstance(sub, Mapping):
+        return dict(sub)
+    if dataclasses.is_dataclass(sub) and not isinstance(sub, type):
+        return dataclasses.asdict(sub)
+    if hasattr(sub, "__dict__") and not callable(sub):
+        return dict(vars(sub))
+    raise TypeError(
+        f"config.{name}: expected a NormConfig (a dataclass), a dict or None, got "
+        f"{sub!r} ({type(sub).__name__})"
+    )
+
+
 def config_items(config: Any) -> dict[str, Any]:
-    """The :data:`CONFIG_KEYS` of a ``PPOActorConfig`` (or a dict), and the fields of its
-    ``adv_norm``, ``reward_norm`` and ``rejection_sampling`` as ``adv_norm.mean_level``
-    ... (left out when those are None)."""
+    """The :data:`CONFIG_KEYS` of a ``PPOActorConfig`` (or a dict; None: none), and the
+    fields of its ``adv_norm``, ``reward_norm`` and ``rejection_sampling`` as
+    ``adv_norm.mean_level`` ... (left out when those are None).
+
+    Raises:
+      TypeError: ``config`` is a number, a string or a sequence, or one of its nested
+        configs is not a dataclass, a dict or None (naming it).
+    """
+    if isinstance(config, str | bytes | int | float | list | tuple):
+        raise TypeError(
+            f"config: expected a PPOActorConfig, a dict or None, got {config!r} "
+            f"({type(config).__name__})"
+        )
 
     def get(obj: Any, key: str) -> Any:
         return obj.get(key) if isinstance(obj, Mapping) else getattr(obj, key, None)
@@ -126,8 +150,7 @@ def config_items(config: Any) -> dict[str, Any]:
         sub = get(config, name)
         if sub is None:
             continue
-        fields = sub if isinstance(sub, Mapping) else dataclasses.asdict(sub)
-        for key, value in fields.items():
+        for key, value in _section(sub, name).items():
             out[f"{name}.{key}"] = value
     return out
 
@@ -140,10 +163,13 @@ def _version() -> str | None:
 
 
 def _config_group_size(config: Any) -> int | None:
+    """The group size of the config's ``adv_norm`` or ``reward_norm`` when it normalises
+    by group (None: it does not); a size that is not an integer >= 1 is named."""
+    items = config_items(config)
     for name in ("adv_norm", "reward_norm"):
-        norm = getattr(config, name, None)
-        if norm is not None and "group" in (norm.mean_level, norm.std_level):
-            return int(norm.group_size)
+        levels = (items.get(f"{name}.mean_level"), items.get(f"{name}.std_level"))
+        if "group" in levels:
+            return _args.count(f"config.{name}.group_size", items.get(f"{name}.group_size"))
     return None
 
 
@@ -362,8 +388,10 @@ def install(
     Raises ``TypeError`` or ``ValueError`` naming the argument before training starts
     (an actor without ``ppo_update``, ``train_batch`` and ``export_stats``,
     ``every_steps``, ``first_step`` or ``group_size`` not an integer >= 1, ``token_dtype``
-    not None or a pyarrow float type); afterwards a recording failure is one
-    ``RuntimeWarning``, recording stops, and training goes on.
+    not None or a pyarrow float type, ``tokenizer`` without ``batch_decode``, the actor's
+    config with a nested config that is not one or a group size that is not an integer
+    >= 1); afterwards a recording failure (a directory that cannot be made, a full disk)
+    is one ``RuntimeWarning``, recording stops, and training goes on.
     """
     _args.directory("directory", directory)
     _args.count("every_steps", every_steps)
@@ -385,8 +413,18 @@ def install(
         )
     else:
         originals = (actor.ppo_update, actor.train_batch, actor.export_stats)
-    if tokenizer is None:
+    if tokenizer is None:  # the actor's, when it can decode
         tokenizer = getattr(actor, "tokenizer", None)
+        tokenizer = tokenizer if callable(getattr(tokenizer, "batch_decode", None)) else None
+    elif not callable(getattr(tokenizer, "batch_decode", None)):
+        raise TypeError(
+            f"tokenizer: expected None or a tokenizer with batch_decode, got "
+            f"{type(tokenizer).__name__}"
+        )
+    if group_size is None:  # the config's groups, checked now rather than in a step
+        _config_group_size(_config(actor))
+    else:
+        config_items(_config(actor))
     rec = _Recorder(actor, directory, every_steps, group_size, tokenizer, token_dtype, first_step)
     _hook(actor, rec, originals)
     actor._grpo_cli_recorder = rec

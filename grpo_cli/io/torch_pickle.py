@@ -18,11 +18,18 @@ is built. Tensors come back as independent NumPy arrays of their shape: float16/
 int8–64, uint8–64, bool and complex keep their dtype; **bfloat16 is widened to float32**
 (exactly: a bfloat16 is the upper half of a float32).
 
-Bounded: the pickle (``data.pkl``) may hold at most ``max_pickle_bytes`` (default
-512 MiB; Python objects take several times their pickled size in memory) and the
-storages read plus the arrays built at most ``max_array_bytes`` (default 4 GiB); a larger
-file is refused before it is read. The zip entries' sizes are read from the archive's
-directory, so a compressed entry cannot expand past the bound.
+Bounded: only a regular file is opened (a FIFO would block, ``/dev/zero`` never ends);
+the pickle (``data.pkl``) may hold at most ``max_pickle_bytes`` (default 512 MiB; Python
+objects take several times their pickled size in memory) and the storages read plus the
+arrays built at most ``max_array_bytes`` (default 4 GiB) and at most
+:data:`MAX_EXPANSION` times the file's size on disk (64 MiB at least): ``torch.save``
+stores its entries uncompressed, so a real dump's arrays are about twice its size, while
+a deflated entry of zeros (a zip bomb: 1 MB on disk, 1 GiB read) is refused before it
+is read; containers nested deeper than 64 levels, holding themselves or shared past
+16 times the pickle's bytes are refused (:func:`_check_shape`). The zip entries' sizes
+are read from the archive's directory, so a compressed entry cannot expand past the
+bound; an entry whose bytes end before the size its directory claims is named, as
+damaged.
 
 The legacy non-zip format (torch < 1.6, or ``_use_new_zipfile_serialization=False``) is
 not read: slime's dump writers call ``torch.save(obj, path)`` with the defaults
@@ -34,6 +41,7 @@ from __future__ import annotations
 import io
 import pickle
 import zipfile
+import zlib
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
@@ -43,10 +51,19 @@ import numpy as np
 
 from grpo_cli.errors import InputError
 
-__all__ = ["MAX_ARRAY_BYTES", "MAX_PICKLE_BYTES", "load"]
+from .bounded import MAX_DEPTH, regular
+
+__all__ = ["MAX_ARRAY_BYTES", "MAX_EXPANSION", "MAX_PICKLE_BYTES", "load"]
 
 MAX_PICKLE_BYTES = 512 * 2**20
 MAX_ARRAY_BYTES = 4 * 2**30
+MAX_EXPANSION = 16
+"""The storages read plus the arrays built: at most this many times the file's size."""
+_EXPANSION_FLOOR = 64 * 2**20
+# what reading a damaged or hostile zip entry raises (a CRC or size mismatch, a bad
+# deflate stream, an encrypted entry or an unknown compression method)
+_ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, OSError, RuntimeError,
+               NotImplementedError)  # fmt: skip
 
 # torch.<Name>Storage -> the NumPy dtype of one element (bfloat16: its raw 16 bits).
 _STORAGE_DTYPES: dict[str, str] = {
@@ -108,8 +125,17 @@ class _Loader:
     """The state of one :func:`load`: the archive, its storages read so far, the bytes
     spent against ``max_array_bytes``."""
 
-    def __init__(self, path: Path, archive: zipfile.ZipFile, prefix: str, limit: int) -> None:
-        self.path, self.archive, self.prefix, self.limit = path, archive, prefix, limit
+    def __init__(
+        self, path: Path, archive: zipfile.ZipFile, prefix: str, limit: int, size: int
+    ) -> None:
+        self.path, self.archive, self.prefix = path, archive, prefix
+        expansion = max(MAX_EXPANSION * size, _EXPANSION_FLOOR)
+        self.limit = min(limit, expansion)
+        self.bound = (
+            "max_array_bytes" if limit <= expansion
+            else f"{MAX_EXPANSION} times the file's {size} bytes: torch.save stores its "
+            "storages uncompressed, so this archive expands as a zip bomb does"
+        )  # fmt: skip
         self.spent = 0
         self.numpy_named = False
         self.storages: dict[str, _Storage] = {}
@@ -123,7 +149,7 @@ class _Loader:
         if self.spent > self.limit:
             raise _Refused(
                 f"{what} brings the arrays read to {self.spent} bytes, over the limit of "
-                f"{self.limit} (max_array_bytes)"
+                f"{self.limit} ({self.bound})"
             )
 
     def storage(self, saved_id: Any) -> _Storage:
@@ -146,8 +172,16 @@ class _Loader:
         if info.file_size < nbytes:
             raise _Refused(f"storage {key!r} holds {info.file_size} bytes, {nbytes} expected")
         self.spend(nbytes, f"storage {key!r}")
-        with self.archive.open(info) as f:
-            raw = f.read(nbytes)
+        try:
+            with self.archive.open(info) as f:
+                raw = f.read(nbytes)
+        except _ZIP_ERRORS as exc:
+            raise _Refused(
+                f"storage {key!r} cannot be read from the archive "
+                f"({str(exc) or type(exc).__name__}): the file is damaged"
+            ) from None
+        if len(raw) < nbytes:
+            raise _Refused(f"storage {key!r} ends after {len(raw)} bytes, {nbytes} expected")
         data = np.frombuffer(raw, dtype=dtype.newbyteorder(self.byteorder), count=numel)
         storage = _Storage(key, kind.dtype, data)
         self.storages[key] = storage
@@ -245,12 +279,13 @@ def load(
         the file and the global).
     """
     path = Path(path)
+    if path.is_dir():
+        raise InputError(f"{path}: is a directory, not a torch.save file")
+    st = regular(path)
     try:
         archive = zipfile.ZipFile(path)
     except FileNotFoundError:
         raise InputError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise InputError(f"{path}: is a directory, not a torch.save file") from None
     except (zipfile.BadZipFile, OSError) as e:
         raise InputError(
             f"{path}: not a zip archive as torch.save writes ({e}); the legacy format "
@@ -271,19 +306,29 @@ def load(
                 f"{path}: its pickle ({name}) is {size} bytes, over the limit of "
                 f"{max_pickle_bytes} (max_pickle_bytes)"
             )
-        with archive.open(name) as f:
-            data = f.read(size + 1)
-        if len(data) > size:
-            raise InputError(f"{path}: {name} is longer than the archive's directory says")
-        loader = _Loader(path, archive, prefix, max_array_bytes)
+        try:
+            with archive.open(name) as f:
+                data = f.read(size + 1)
+        except _ZIP_ERRORS as e:
+            raise InputError(
+                f"{path}: {name} cannot be read ({str(e) or type(e).__name__}): the file is damaged"
+            ) from None
+        if len(data) != size:
+            raise InputError(
+                f"{path}: {name} holds {len(data)} bytes, its archive's directory says {size}: "
+                "the file is damaged"
+            )
+        loader = _Loader(path, archive, prefix, max_array_bytes, st.st_size)
         unpickler = _Unpickler(io.BytesIO(data), loader)
         try:
             obj = unpickler.load()
+            _check_shape(obj, size)  # before anything recurses into it (repr, _finish)
             # NumPy objects are placeholders until their state is set: swap in the values
             return _finish(obj) if loader.numpy_named else obj
         except _Refused as e:
             raise InputError(f"{path}: refused: {e}; grpo-cli runs no code from a pickle") from None
-        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError) as e:
+        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError,
+                RecursionError) as e:  # fmt: skip
             raise InputError(f"{path}: {name} is not a readable pickle ({e})") from None
 
 
@@ -428,6 +473,54 @@ def _numpy_scalar(dtype: Any, raw: Any = None) -> Any:
     if dt is None or not isinstance(raw, bytes) or len(raw) != dt.itemsize:
         raise _Refused(f"a NumPy scalar of {_short(dtype)}")
     return np.frombuffer(raw, dtype=dt, count=1)[0]
+
+
+_CONTAINERS = (dict, list, tuple, set, frozenset)
+
+
+def _kids(v: Any) -> list[Any]:
+    if isinstance(v, dict):
+        return [x for kv in v.items() for x in kv if isinstance(x, _CONTAINERS)]
+    return [x for x in v if isinstance(x, _CONTAINERS)]
+
+
+def _check_shape(value: Any, pickled: int) -> None:
+    """Refuse what no recursive walk (``repr``, :func:`_finish`, a reader) survives:
+    containers nested deeper than :data:`~grpo_cli.io.bounded.MAX_DEPTH` (200,000 nested
+    lists are 400 KB of pickle), a container holding itself, and containers shared so
+    often that, expanded, they hold over :data:`MAX_EXPANSION` times the pickle's bytes
+    (a "billion laughs": 60 levels of a list of two references to the next). One
+    depth-first walk with a stack, each container once."""
+    budget = MAX_EXPANSION * pickled + (1 << 20)
+    size: dict[int, int] = {}  # a finished container's elements, expanded
+    height: dict[int, int] = {}
+    open_: set[int] = set()  # the containers on the current path
+    stack: list[tuple[Any, bool]] = [(value, False)] if isinstance(value, _CONTAINERS) else []
+    while stack:
+        v, finished = stack.pop()
+        i = id(v)
+        if finished:
+            kids = _kids(v)
+            size[i] = len(v) + sum(size[id(k)] for k in kids)
+            height[i] = 1 + max((height[id(k)] for k in kids), default=0)
+            open_.discard(i)
+            if height[i] > MAX_DEPTH:
+                raise _Refused(
+                    f"containers nested deeper than {MAX_DEPTH} levels (grpo-cli's limit)"
+                )
+            if size[i] > budget:
+                raise _Refused(
+                    f"containers shared so often that they expand to over {budget} elements "
+                    f"({MAX_EXPANSION} times the pickle's bytes)"
+                )
+            continue
+        if i in size:
+            continue
+        if i in open_:
+            raise _Refused("a container holds itself")
+        open_.add(i)
+        stack.append((v, True))
+        stack.extend((k, False) for k in _kids(v) if id(k) not in size)
 
 
 def _finish(value: Any) -> Any:

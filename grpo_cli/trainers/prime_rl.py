@@ -138,6 +138,9 @@ RELEASES = (
 PRESETS = {"prime_rl": dict(PRESET), "prime-rl": dict(PRESET)}
 
 WHERE = "configs/trainer.json"
+# set by grpo-cli's prime-rl reader (io/readers/prime_rl.py), not a prime-rl key: the
+# names of the config's loss section, so that a key no loss here reads is named
+LOSS_KEYS = "trainer_config.loss_keys"
 # Every key this module reads: the trainer config's loss section (dotted), and the
 # micro-batch count the token-export reader adds
 CONFIG_KEYS: dict[str, Key] = {
@@ -148,11 +151,13 @@ CONFIG_KEYS: dict[str, Key] = {
     "loss.adv_tau": number(low=0),
     "loss.kl_tau": number(low=0),
     "token_export.micro_batches": integer(low=1),
+    LOSS_KEYS: Key(lambda v: isinstance(v, list) and all(isinstance(k, str) for k in v), "names"),
 }
 _PARAMS = {
     "default": ("dppo_mask_low", "dppo_mask_high", "adv_tau", "kl_tau"),
     "ipo": ("ipo_threshold", "adv_tau", "kl_tau"),
 }
+VERSION = "0.8.0"
 _DEFAULTS = "dppo_mask_low 0.2, dppo_mask_high 0.2, adv_tau 1.0, kl_tau 0.001"
 
 
@@ -180,6 +185,12 @@ def from_config(c: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     for key in _PARAMS[kind]:
         if f"loss.{key}" in c:
             out[key] = float(c[f"loss.{key}"])
+    known = {"type", *_PARAMS[kind]}
+    unread = [f"loss.{k}" for k in c.get(LOSS_KEYS, []) if k not in known]
+    if unread:  # never dropped silently: a key of another release's loss would change it
+        shown = ", ".join(f"{k} = {c.get(k)!r}"[:60] for k in unread[:5])
+        notes.append(f"{WHERE}: {shown}: not a parameter of prime-rl {VERSION}'s {kind!r} loss, "
+                     "not applied (the loss recomputed here leaves it out)")  # fmt: skip
     if "token_export.micro_batches" in c:
         out["micro_batches"] = int(c["token_export.micro_batches"])
     return out, notes

@@ -49,22 +49,17 @@ import hashlib
 import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
 
-from ...batch import BatchError, RawBatch
 from ...errors import InputError
 from ..bounded import MAX_LINE, loads, mib, read_document, regular
-from ..fields import ANSWER_FIELDS
-from ..lists import answer_table, list_array, raw_record_batch
+from ..lists import list_array
 from ..paths import InputPath
 from ..run import FORMAT, RecordedRun, RecordedStep, step_of_dir
-from .base import AnswerColumns, ReadColumns, Unit
-
-if TYPE_CHECKING:
-    from .base import Source
+from ._tables import TableReader
 
 __all__ = ["LAYOUT", "PrimeRLReader", "PrimeRLRun", "PrimeRLStep", "read_step"]
 
@@ -84,7 +79,11 @@ COLUMNS = {
     "entropy": "entropy",
 }
 MICRO_BATCHES = "token_export.micro_batches"  # grpo-cli's count, in the run's config
+LOSS_KEYS = "trainer_config.loss_keys"  # the loss section's key names (trainers/prime_rl.py)
 _SHOWN = 5  # records named in a note
+# a rank, micro-step or sequence index beyond this is no count prime-rl makes (its int32
+# tensors): refused, so the micro-batch count for loss/mean stays bounded
+_MAX_INDEX = 2**31
 
 
 def traces_path(root: Path, step: int) -> Path:
@@ -136,14 +135,19 @@ class PrimeRLStep(RecordedStep):
             )
 
     def require_readable(self) -> None:
+        """A ``STABLE`` step with rank files whose every record reads (a line cut while
+        written, a wrong field): else one line naming the file and the line, and ``trend``
+        skips the step. The step read is kept (:func:`read_step`): it is read once."""
         self.require_done()
         if not self.files:
             raise InputError(f"{self.directory}: a STABLE step without a rank_R.jsonl file")
+        read_step(self.files)
 
 
 def _read_config(root: Path) -> dict[str, Any]:
-    """The loss section of ``configs/trainer.json`` as dotted keys (``loss.type``, ...);
-    empty without the file (the trainer module names prime-rl's defaults in a note)."""
+    """The loss section of ``configs/trainer.json`` as dotted keys (``loss.type``, ...)
+    and the section's key names (:data:`LOSS_KEYS`); empty without the file (the trainer
+    module names prime-rl's defaults in a note)."""
     path = root / "configs" / "trainer.json"
     if not path.exists():
         return {}
@@ -153,7 +157,7 @@ def _read_config(root: Path) -> dict[str, Any]:
     loss = doc.get("loss", {})
     if not isinstance(loss, dict):
         raise InputError(f"{path}: 'loss' is a {type(loss).__name__}: expected an object")
-    return {f"loss.{k}": v for k, v in loss.items()}
+    return {**{f"loss.{k}": v for k, v in loss.items()}, LOSS_KEYS: sorted(map(str, loss))}
 
 
 def _run(root: Path, micro_batches: int | None = None) -> PrimeRLRun:
@@ -167,7 +171,9 @@ def _run(root: Path, micro_batches: int | None = None) -> PrimeRLRun:
 
 def _step(run: RecordedRun, d: Path, n: int) -> PrimeRLStep:
     files = [(int(m.group(1)), p) for p in d.iterdir() if (m := _RANK.search(p.name))]
-    ranked = tuple(p for _, p in sorted(files) if p.is_file())
+    # every rank file: one that is a FIFO, a device or a directory is named when it is
+    # read, never left out (the step would be read without that rank's records)
+    ranked = tuple(p for _, p in sorted(files))
     return PrimeRLStep(run, n, d, ranked, (d / STABLE).exists())
 
 
@@ -258,16 +264,30 @@ def _numbers(rec: dict[str, Any], key: str, where: str, n: int, mask: np.ndarray
         got = f"{len(v)} values" if isinstance(v, list) else repr(type(v).__name__)
         raise InputError(f"{where}: field {key!r} has {got}: expected a list of {n} numbers "
                          "(one per token_ids)")  # fmt: skip
+    wrong = next((i for i, x in enumerate(v) if x is not None and not _number(x)), None)
+    if wrong is not None:  # a string "1.5" or true would otherwise be read as a number
+        raise InputError(f"{where}: field {key!r} holds {_shown(v[wrong])} at position "
+                         f"{wrong}: expected a number (or null)")  # fmt: skip
     nulls = np.array([x is None for x in v], dtype=np.bool_)
-    bad = np.flatnonzero(nulls & mask)
-    if bad.size:
-        raise InputError(f"{where}: field {key!r} is null (a non-finite value) at loss token "
+    out = np.array([0.0 if x is None else x for x in v], dtype=np.float64)
+    bad = np.flatnonzero((nulls | ~np.isfinite(out)) & mask)
+    if bad.size:  # prime-rl writes a non-finite value as null; NaN is not JSON
+        raise InputError(f"{where}: field {key!r} is null or non-finite at loss token "
                          f"position {int(bad[0])}: the loss cannot be recomputed")  # fmt: skip
-    try:
-        out = np.array([0.0 if x is None else x for x in v], dtype=np.float64)
-    except (TypeError, ValueError):
-        raise InputError(f"{where}: field {key!r} holds a value that is not a number") from None
     return out
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
+
+
+def _token_ids(ids: list[Any]) -> bool:
+    return all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**63 for t in ids)
+
+
+def _shown(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _record(rec: Any, where: str, step: int) -> _Record:
@@ -281,14 +301,19 @@ def _record(rec: Any, where: str, step: int) -> _Record:
     if rec.get("step") != step:
         raise InputError(f"{where}: 'step' is {rec.get('step')!r} in the directory of step {step}")
     ids, lm = rec.get("token_ids"), rec.get("loss_mask")
-    if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
-        raise InputError(f"{where}: field 'token_ids' is not a list of integers")
+    if not isinstance(ids, list) or not _token_ids(ids):
+        raise InputError(f"{where}: field 'token_ids' is not a list of token ids (integers "
+                         "from 0 to 2**63 - 1)")  # fmt: skip
     if not isinstance(lm, list) or len(lm) != len(ids) or not all(isinstance(b, bool) for b in lm):
         raise InputError(f"{where}: field 'loss_mask' is not a list of {len(ids)} booleans "
                          "(one per token_ids)")  # fmt: skip
-    for key in ("rank", "micro_step"):
-        if not isinstance(rec.get(key), int) or isinstance(rec.get(key), bool):
-            raise InputError(f"{where}: field {key!r} is {rec.get(key)!r}: expected an integer")
+    for key in ("rank", "micro_step", "micro_sequence_idx"):
+        v = rec.get(key)
+        if key == "micro_sequence_idx" and v is None:
+            continue  # optional: a sequence of unknown index
+        if not _number(v) or not isinstance(v, int) or not 0 <= v < _MAX_INDEX:
+            raise InputError(f"{where}: field {key!r} is {_shown(v)}: expected an integer "
+                             f"from 0 to {_MAX_INDEX - 1}")  # fmt: skip
     mask = np.array(lm, dtype=np.bool_)
     if not mask.any():
         raise InputError(f"{where}: no loss_mask token (prime-rl exports only sequences that "
@@ -368,7 +393,13 @@ def _node_arrays(node: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     if not isinstance(node, dict):
         raise ValueError("a node is not an object")
     ids, mask, lp = node.get("token_ids") or [], node.get("mask") or [], node.get("logprobs") or []
-    if len(mask) != len(ids) or not all(isinstance(t, int) for t in ids):
+    if not all(isinstance(x, list) for x in (ids, mask, lp)):
+        raise ValueError("a node's token_ids, mask or logprobs is not a list")
+    if not _token_ids(ids):
+        raise ValueError("a node's token_ids are not token ids")
+    if not all(isinstance(b, bool | int) for b in mask) or not all(_number(x) for x in lp):
+        raise ValueError("a node's mask is not booleans, or its logprobs not numbers")
+    if len(mask) != len(ids):
         raise ValueError("a node's token_ids and mask differ in length")
     m = np.array(mask, dtype=np.bool_)
     if len(lp) != int(m.sum()):
@@ -515,7 +546,7 @@ def _read_step(stamp: tuple[tuple[str, int, int], ...]) -> Step:
             records.append(r)
             seq = rec.get("micro_sequence_idx")
             got = batches.setdefault((rec["rank"], rec["micro_step"]), set())
-            got.add(seq if isinstance(seq, int) and not isinstance(seq, bool) else -1 - len(got))
+            got.add(seq if seq is not None else -1 - len(got))
             weighted += r.weighted
     if not records:
         raise InputError(f"{d}: no token record in its rank files (a STABLE step exports every "
@@ -525,6 +556,10 @@ def _read_step(stamp: tuple[tuple[str, int, int], ...]) -> Step:
         notes.append(f"{weighted} record(s) carry rl_weights: prime-rl multiplies their loss "
                      "tokens by them, which grpo-cli does not (their loss differs)")  # fmt: skip
     counts = tuple(np.diff([*per_file, len(records)]).tolist())
+    empty = [p.name for p, k in zip(files, counts, strict=True) if not k]
+    if empty:
+        notes.append(f"{', '.join(empty)} of {d} hold no record: their ranks' micro-batches "
+                     "are not seen, so loss/mean counts none of them")  # fmt: skip
     ranks: dict[int, int] = {}
     for rank, micro in batches:  # a micro-batch below a rank's last one exported nothing
         ranks[rank] = max(ranks.get(rank, -1), micro)
@@ -546,12 +581,13 @@ def _read_step(stamp: tuple[tuple[str, int, int], ...]) -> Step:
 
 # ------------------------------------------------------------------------- the reader
 @dataclasses.dataclass(frozen=True)
-class PrimeRLReader:
-    """The rank files of one prime-rl ``token_exports/step_N`` (one step)."""
+class PrimeRLReader(TableReader):
+    """The rank files of one prime-rl ``token_exports/step_N`` (one step), its joined
+    table held in memory (:class:`~grpo_cli.io.readers._tables.TableReader`)."""
 
     format: ClassVar[str] = "prime-rl"
     suffixes: ClassVar[tuple[str, ...]] = (".jsonl",)
-    what: ClassVar[str] = "field"
+    token_column: ClassVar[str] = "logp"
     unit: ClassVar[str] = "record"
     datasets: ClassVar[bool] = False
     remote: ClassVar[bool] = False
@@ -577,12 +613,14 @@ class PrimeRLReader:
         local = [Path(str(p)) for p in paths]
         return cls(tuple(paths), read_step(local))
 
-    @property
+    def held(self) -> pa.Table:
+        return self.step.table
+
     def label(self) -> str:
         return str(Path(str(self.paths[0])).parent)
 
-    def names(self) -> list[str]:
-        return list(self.step.table.column_names)
+    def held_notes(self) -> tuple[str, ...]:
+        return self.step.notes
 
     def default_name(self, field: str) -> str:
         return field
@@ -590,48 +628,3 @@ class PrimeRLReader:
     def rows_per_file(self) -> list[int] | None:
         """Each rank file's records (read when the step was opened)."""
         return list(self.step.per_file)
-
-    def _answer_names(self, src: Source) -> dict[str, str]:
-        return {f: src.name(f) for f in ANSWER_FIELDS if src.has(f)}
-
-    def read_file_columns(self, src: Source, i: int, cols: list[str]) -> pa.Table:
-        del i, cols
-        return answer_table(self.step.table, self._answer_names(src), None, self.label, 0,
-                            what=self.what)  # fmt: skip
-
-    def answer_columns(
-        self, src: Source, need_rewards: bool, allow_nonfinite: bool, read: ReadColumns | None
-    ) -> AnswerColumns:
-        """The step's records, read once when it was opened, with the join's notes."""
-        del need_rewards, allow_nonfinite, read
-        table = self.read_file_columns(src, 0, [])
-        names = self._answer_names(src)
-        return AnswerColumns([table], names, table.num_rows, notes=self.step.notes)
-
-    def units(self, src: Source) -> list[Unit]:
-        t = self.step.table
-        return [Unit(0, -1, 0, t.num_rows, len(t.column("logp").combine_chunks().values))]
-
-    def raw_batches(
-        self, src: Source, units: Sequence[Unit] | None, fields: Sequence[str], batch_tokens: int
-    ) -> Iterator[RawBatch]:
-        """The step's records in order, about ``batch_tokens`` loss tokens a batch."""
-        del units
-        wanted = [f for f in fields if src.has(f)]
-        if not wanted:
-            return
-        names = [src.name(f) for f in wanted]
-        answer = self._answer_names(src)
-        t = self.step.table
-        lengths = np.diff(np.asarray(t.column("logp").combine_chunks().offsets))
-        row = 0
-        while row < t.num_rows:
-            end = row + max(1, int(np.searchsorted(np.cumsum(lengths[row:]), batch_tokens)))
-            rb = t.slice(row, end - row).combine_chunks().to_batches()[0]
-            try:
-                raw = raw_record_batch(rb, wanted, names, None, row, self.label, answer, 0,
-                                       what=self.what)  # fmt: skip
-            except InputError as exc:
-                raise BatchError(row, exc) from None
-            yield raw
-            row = end

@@ -45,27 +45,22 @@ files at a time.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import re
 import zipfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import pyarrow as pa
 
 from ...errors import InputError
-from ..bounded import loads, read_document
-from ..fields import ANSWER_FIELDS
-from ..lists import answer_table, raw_record_batch
+from ..bounded import loads, read_document, regular
 from ..paths import InputPath
 from ..run import RecordedRun, RecordedStep
 from ..torch_pickle import load
-from .base import AnswerColumns, ReadColumns, Unit, token_columns
-
-if TYPE_CHECKING:
-    from ...batch import RawBatch
-    from .base import Source
+from ._tables import TableReader
 
 __all__ = ["LAYOUT", "SlimeReader", "SlimeRun", "SlimeStep", "dump_files", "dump_run"]
 
@@ -101,7 +96,8 @@ def dump_files(p: Path) -> list[Path] | None:
     d = p / TRAIN
     if not p.is_dir() or not d.is_dir():
         return None
-    files = [q for q in d.iterdir() if q.is_file() and _ID.match(q.name)]
+    # every {id}.pt: one that is a FIFO, a device or a directory is its step's to name
+    files = [q for q in d.iterdir() if _ID.match(q.name)]
     if not files:
         raise InputError(f"{d}: no {{rollout_id}}.pt file: not a slime --dump-details directory")
     return sorted(files, key=lambda q: int(q.stem))
@@ -150,21 +146,25 @@ class SlimeStep(RecordedStep):
         return None
 
     def require_readable(self) -> None:
-        """The train file is a zip archive (torch.save's) with its rollout dump beside it
-        (checked before anything is read: ``trend`` and ``check`` skip such a rollout,
-        naming why)."""
+        """The train file and its rollout dump beside it are regular files and zip
+        archives (torch.save's; a file cut while written is not): checked before anything
+        is read, ``trend`` and ``check`` skip such a rollout, naming why."""
         f = self.directory
-        if not f.is_file():
-            raise InputError(f"{f}: not a file (slime writes one .pt a rollout)")
-        if not (f.parent.parent / ROLLOUT / f.name).is_file():
+        regular(f, "train dump")
+        r = f.parent.parent / ROLLOUT / f.name
+        if r.exists() or r.is_symlink():
+            regular(r, "rollout dump")
+        else:
             raise InputError(
                 f"{f}: no {ROLLOUT}/{f.name} beside it: the groups and rewards are in "
                 "slime's rollout dump (--dump-details writes both)"
             )
-        if not zipfile.is_zipfile(f):
-            raise InputError(
-                f"{f}: not a zip archive as torch.save writes (cut while written, or another file)"
-            )
+        for p in (f, r):
+            if not zipfile.is_zipfile(p):
+                raise InputError(
+                    f"{p}: not a zip archive as torch.save writes (cut while written, or "
+                    "another file)"
+                )
 
 
 def _has_rollout(files: Sequence[Path]) -> bool:
@@ -194,7 +194,7 @@ def dump_run(p: Path, has_rollout: bool | None = None) -> SlimeRun | None:
         return None
     args = root / ARGS
     config: dict[str, Any] = {}
-    if args.exists():
+    if args.exists() or args.is_symlink():  # a dangling link is named, not the defaults
         got = loads(read_document(args, ARGS), str(args))
         if not isinstance(got, dict):
             raise InputError(
@@ -247,6 +247,8 @@ def _step0(train: Mapping[str, Any], label: str) -> tuple[list[int], int, int]:
     for r, sh in enumerate(shards):
         at = f"{label}: dp_shards[{r}]"
         part = _field(sh, "partition", at, list)
+        if not all(isinstance(x, int) and not isinstance(x, bool) for x in part):
+            raise InputError(f"{at}: partition holds a value that is not a rollout position")
         mbs = _field(sh, "micro_batch_indices", at, list)
         nmb = _field(sh, "num_microbatches", at, list)
         sizes = _field(sh, "global_batch_sizes", at, list)
@@ -260,21 +262,51 @@ def _step0(train: Mapping[str, Any], label: str) -> tuple[list[int], int, int]:
                 raise InputError(
                     f"{at}: micro_batch_indices holds {mb!r}: not indices into partition"
                 )
-            positions += [int(part[i]) for i in mb]
+            positions += [part[i] for i in mb]
     return positions, gbs, steps
 
 
+def _asarray(v: Any, key: str, where: str) -> np.ndarray:
+    """``v`` as one array; ragged or mixed lists are named."""
+    try:
+        return np.asarray(v)
+    except (ValueError, TypeError, OverflowError):
+        raise InputError(
+            f"{where}: field {key!r} is not one list of numbers (ragged or mixed values)"
+        ) from None
+
+
 def _tokens(row: Mapping[str, Any], key: str, n: int, where: str) -> np.ndarray | None:
+    """A per-token field: ``n`` real numbers (as many as the sample's loss mask)."""
     v = row.get(key)
     if v is None:
         return None
-    a = np.asarray(v)
-    if a.ndim != 1 or a.shape[0] != n or not np.issubdtype(a.dtype, np.number):
+    a = _asarray(v, key, where)
+    if a.ndim != 1 or a.shape[0] != n or a.dtype.kind not in "iuf":
         raise InputError(
-            f"{where}: field {key!r} has shape {a.shape} ({a.dtype}), expected {n} numbers "
-            "(response_lengths)"
+            f"{where}: field {key!r} has shape {a.shape} ({a.dtype}), expected {n} real "
+            "numbers (one per loss_masks token)"
         )
     return a
+
+
+def _mask(row: Mapping[str, Any], where: str) -> np.ndarray:
+    """``loss_masks``: one list of 0/1 (slime writes int32), as int64."""
+    v = row.get("loss_masks")
+    mask = None if v is None else _asarray(v, "loss_masks", where)
+    if mask is None or mask.ndim != 1 or mask.dtype.kind not in "biuf":
+        raise InputError(f"{where}: field 'loss_masks' is missing or not one list of 0/1")
+    bad = np.flatnonzero((mask != 0) & (mask != 1))
+    if bad.size:
+        raise InputError(
+            f"{where}: field 'loss_masks' holds {mask[bad[0]]!r} at token {int(bad[0])}: "
+            "expected 0 or 1 per token"
+        )
+    return mask.astype(np.int64)
+
+
+def _real(v: Any) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool | np.bool_)
 
 
 def _join(
@@ -283,16 +315,20 @@ def _join(
     """Each train row with its rollout sample, by ``rollout_position`` (or ``sample_index``
     ↔ ``index``); a row that joins nothing or twice is named."""
     rows = _field(train, "samples", label, list)
-    by_index = {s.get("index"): i for i, s in enumerate(rollout) if isinstance(s, dict)}
+    by_index = {
+        s["index"]: i
+        for i, s in enumerate(rollout)
+        if isinstance(s, dict) and isinstance(s.get("index"), int)
+    }
     out: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
     for j, row in enumerate(rows):
         at = f"{label}: samples[{j}]"
         if not isinstance(row, dict):
             raise InputError(f"{at}: is {type(row).__name__}, not a sample dict")
         pos = row.get("rollout_position")
-        if pos is None and row.get("sample_index") is not None:
+        if pos is None and isinstance(row.get("sample_index"), int):
             pos = by_index.get(row["sample_index"])
-        if not isinstance(pos, int) or not 0 <= pos < len(rollout):
+        if not isinstance(pos, int) or isinstance(pos, bool) or not 0 <= pos < len(rollout):
             raise InputError(
                 f"{at}: joins no sample of {rlabel} (rollout_position "
                 f"{row.get('rollout_position')!r}, sample_index {row.get('sample_index')!r}; "
@@ -309,22 +345,21 @@ def _answer(
 ) -> dict[str, Any]:
     """One training sample's columns (see the module's table)."""
     at = f"{label}: sample at rollout position {pos}"
-    mask = np.asarray(row.get("loss_masks"))
-    if row.get("loss_masks") is None or mask.ndim != 1:
-        raise InputError(f"{at}: field 'loss_masks' is missing or not one list of 0/1")
+    mask = _mask(row, at)
     n = int(mask.shape[0])
-    out: dict[str, Any] = {"loss_masks": mask.astype(np.int64)}
+    out: dict[str, Any] = {"loss_masks": mask}
     for key in TOKEN_KEYS:
         v = _tokens(row, key, n, at)
         if v is None and key in ("log_probs", "advantages"):
             raise InputError(f"{at}: field {key!r} is missing: slime writes it for every sample")
         out[key] = None if v is None else v.astype(np.float64)
     sums = row.get("rollout_mask_sums")
-    if sums is None or np.asarray(sums).size != 1:
+    got = None if sums is None else _asarray(sums, "rollout_mask_sums", at)
+    if got is None or got.size != 1 or got.dtype.kind not in "iuf":
         raise InputError(f"{at}: field 'rollout_mask_sums' is missing or not one number")
-    if float(np.asarray(sums)) != float(mask.sum()):
+    if float(got.reshape(-1)[0]) != float(mask.sum()):
         raise InputError(
-            f"{at}: rollout_mask_sums is {float(np.asarray(sums))} but the sample has "
+            f"{at}: rollout_mask_sums is {float(got.reshape(-1)[0])} but the sample has "
             f"{int(mask.sum())} loss tokens: samples share a rollout id (slime's reducer then "
             "divides by the rollout's tokens), which no grpo-cli aggregation computes"
         )
@@ -337,12 +372,21 @@ def _answer(
             f"{rat}: reward is a dict ({', '.join(map(str, reward))}): the run used --reward-key; "
             "grpo-cli reads one number a sample"
         )
-    if not isinstance(reward, int | float) or isinstance(reward, bool):
-        raise InputError(f"{rat}: reward is {reward!r}, not a number")
-    if not isinstance(group, int) or isinstance(group, bool):
-        raise InputError(f"{rat}: group_index is {group!r}: slime's dump names each sample's group")
-    out["reward"], out["group_index"] = float(reward), group
+    if not _real(reward):
+        raise InputError(f"{rat}: reward is {_shown(reward)}, not a number")
+    integral = isinstance(group, numbers.Integral) and not isinstance(group, bool | np.bool_)
+    if not integral or not -(2**63) <= int(cast(int, group)) < 2**63:
+        raise InputError(
+            f"{rat}: group_index is {_shown(group)}: slime's dump names each sample's group "
+            "by an integer (int64)"
+        )
+    out["reward"], out["group_index"] = float(cast(float, reward)), int(cast(int, group))
     return out
+
+
+def _shown(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _table(path: Path, rollout_old: bool = False) -> tuple[pa.Table, tuple[str, ...]]:
@@ -354,12 +398,17 @@ def _table(path: Path, rollout_old: bool = False) -> tuple[pa.Table, tuple[str, 
     if not isinstance(train, dict):
         raise InputError(f"{label}: holds {type(train).__name__}, not slime's train dump dict")
     version = train.get("format_version")
-    if version != FORMAT_VERSION:
+    if type(version) is not int or version != FORMAT_VERSION:  # an array compares by element
         raise InputError(
-            f"{label}: format_version is {version!r}; grpo-cli reads slime's train dump "
+            f"{label}: format_version is {_shown(version)}; grpo-cli reads slime's train dump "
             f"format {FORMAT_VERSION} (slime {COMMIT})"
         )
     rid = _field(train, "rollout_id", label, int)
+    if rid != int(path.stem):
+        raise InputError(
+            f"{label}: rollout_id is {rid}, the file's name says {path.stem}: slime names each "
+            "train dump by its rollout id (renamed or copied from another dump?)"
+        )
     rpath = path.parent.parent / ROLLOUT / f"{rid}.pt"
     if not rpath.exists():
         raise InputError(
@@ -424,12 +473,13 @@ def _later(steps: int) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class SlimeReader:
-    """One slime ``train_data/{rollout_id}.pt`` (one rollout: one step)."""
+class SlimeReader(TableReader):
+    """One slime ``train_data/{rollout_id}.pt`` (one rollout: one step), its joined table
+    held in memory (:class:`~grpo_cli.io.readers._tables.TableReader`)."""
 
     format: ClassVar[str] = "slime"
     suffixes: ClassVar[tuple[str, ...]] = (".pt",)
-    what: ClassVar[str] = "field"
+    token_column: ClassVar[str] = "loss_masks"
     unit: ClassVar[str] = "sample"
     datasets: ClassVar[bool] = False
     remote: ClassVar[bool] = False
@@ -476,53 +526,17 @@ class SlimeReader:
             )
         return cls(tuple(paths), table, notes, run)
 
-    def names(self) -> list[str]:
-        return list(self.table.column_names)
+    def held(self) -> pa.Table:
+        return self.table
+
+    def label(self) -> str:
+        return str(self.paths[0])
+
+    def held_notes(self) -> tuple[str, ...]:
+        return self.notes
 
     def default_name(self, field: str) -> str:
         return NAMES.get(field, field)
 
     def rows_per_file(self) -> list[int] | None:
         return [self.table.num_rows]
-
-    def _answers(self, src: Source) -> tuple[pa.Table, dict[str, str]]:
-        names = {f: src.name(f) for f in ANSWER_FIELDS if src.has(f)}
-        mname = src.name("mask") if src.has("mask") else None
-        return answer_table(self.table, names, mname, str(self.paths[0]), 0, what=self.what), names
-
-    def read_file_columns(self, src: Source, i: int, cols: list[str]) -> pa.Table:
-        del i, cols
-        return self._answers(src)[0]
-
-    def answer_columns(
-        self, src: Source, need_rewards: bool, allow_nonfinite: bool, read: ReadColumns | None
-    ) -> AnswerColumns:
-        del need_rewards, allow_nonfinite, read
-        table, names = self._answers(src)
-        return AnswerColumns([table], names, table.num_rows, notes=self.notes)
-
-    def units(self, src: Source) -> list[Unit]:
-        n = self.table.num_rows
-        tokens = int(sum(len(m) for m in self.table.column("loss_masks").to_pylist()))
-        return [Unit(0, -1, 0, n, tokens)]
-
-    def raw_batches(
-        self, src: Source, units: Sequence[Unit] | None, fields: Sequence[str], batch_tokens: int
-    ) -> Iterator[RawBatch]:
-        """The step's samples in rollout order, about ``batch_tokens`` tokens a batch."""
-        del units
-        wanted = [f for f in fields if src.has(f)]
-        if not wanted:
-            return
-        names, mname, cols, answer = token_columns(src, wanted)
-        n = self.table.num_rows
-        per_row = max(1, self.units(src)[0].tokens // max(n, 1))
-        rows = max(1, batch_tokens // per_row)
-        start = 0
-        for rb in self.table.select(cols).to_batches(max_chunksize=rows):
-            if not rb.num_rows:
-                continue
-            yield raw_record_batch(
-                rb, wanted, names, mname, start, str(self.paths[0]), answer, 0, what=self.what
-            )
-            start += rb.num_rows
