@@ -29,6 +29,7 @@ before anything is allocated.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +69,7 @@ CODECS = {
 }
 HEADER_READ = 1 << 16  # bytes read for a page header first (more if it needs them)
 HEADER_MAX = 1 << 24  # a page header longer than this is corrupt
+BLOCK = 1 << 20  # dictionary indices unpacked at once
 
 
 class NotHandled(Exception):
@@ -184,14 +186,6 @@ class Runs:
         parts.sort(key=lambda p: p[0])
         return np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.int64)
 
-    def dense(self) -> NDArray[np.int64]:
-        out = np.empty(self.n, np.int64)  # dictionary indices of one page
-        for start, count, v in self.constant:
-            out[start : start + count] = v
-        for start, vals in self.packed:
-            out[start : start + len(vals)] = vals
-        return out
-
 
 def unpack(raw: NDArray[np.uint8], width: int, count: int) -> np.ndarray:
     """``count`` values of ``width`` bits packed LSB first (the hybrid's bit-packed run),
@@ -209,43 +203,91 @@ def u8(buf: Any) -> memoryview:
     return memoryview(np.frombuffer(buf, np.uint8))
 
 
-def hybrid(buf: memoryview, width: int, n: int) -> Runs:
-    """The first ``n`` values of a hybrid stream of ``width``-bit values in ``buf``."""
-    if width == 0:
-        return Runs(n, [(0, n, 0)], [])
+def runs(buf: memoryview, width: int, n: int) -> Iterator[tuple[int, int, int, int]]:
+    """The runs of the first ``n`` values of a hybrid stream of ``width``-bit values in
+    ``buf``: ``(start, count, value, -1)`` for an RLE run, ``(start, count, byte, bytes)``
+    for a bit-packed one."""
     if width > 32:
         raise Corrupt(f"a bit width of {width}")
     t = Thrift(buf)  # type: ignore[arg-type]
     nbytes = (width + 7) // 8
-    constant, packed, pieces = [], [], []
     got = 0
     while got < n:
         head = t.varint()
         if head & 1:
-            groups = head >> 1
-            size = groups * width
-            if t.pos + size > len(buf) or groups == 0:
+            size = (head >> 1) * width
+            if t.pos + size > len(buf) or size == 0:
                 raise Corrupt("a bit-packed run past the end of its levels or values")
-            take = min(groups * 8, n - got)
-            pieces.append((got, take, t.pos, size))
+            take = min((head >> 1) * 8, n - got)
+            yield got, take, t.pos, size
             t.pos += size
         else:
             take = min(head >> 1, n - got)
-            if t.pos + nbytes > len(buf) or head >> 1 == 0:
+            if t.pos + nbytes > len(buf) or take == 0:
                 raise Corrupt("an RLE run past the end of its levels or values")
-            v = int.from_bytes(buf[t.pos : t.pos + nbytes], "little")
+            yield got, take, int.from_bytes(buf[t.pos : t.pos + nbytes], "little"), -1
             t.pos += nbytes
-            constant.append((got, take, v))
         got += take
-    if pieces:  # one unpacking for all bit-packed runs: their bytes joined
-        raw = np.frombuffer(buf, np.uint8)
-        joined = np.concatenate([raw[p : p + s] for _, _, p, s in pieces])
-        vals = unpack(joined, width, len(joined) * 8 // width)
-        at = 0
+
+
+def unpacked(buf: memoryview, width: int, pieces: list[tuple[int, int, int, int]]) -> np.ndarray:
+    """The bit-packed runs ``pieces`` of ``buf`` unpacked at once (their bytes joined)."""
+    raw = np.frombuffer(buf, np.uint8)
+    joined = np.concatenate([raw[p : p + s] for _, _, p, s in pieces])
+    return unpack(joined, width, len(joined) * 8 // width)
+
+
+def hybrid(buf: memoryview, width: int, n: int) -> Runs:
+    """The first ``n`` values of a hybrid stream (levels) as runs."""
+    if width == 0:
+        return Runs(n, [(0, n, 0)], [])
+    constant, pieces = [], []
+    for r in runs(buf, width, n):
+        (pieces if r[3] >= 0 else constant).append(r)
+    packed = []
+    if pieces:
+        vals, at = unpacked(buf, width, pieces), 0
         for start, take, _, size in pieces:
             packed.append((start, vals[at : at + take]))
             at += size * 8 // width
-    return Runs(n, constant, packed)
+    return Runs(n, [(s, c, v) for s, c, v, _ in constant], packed)
+
+
+def hybrid_take(buf: memoryview, width: int, dictionary: np.ndarray, out: np.ndarray) -> None:
+    """``out[i] = dictionary[index i]`` for the hybrid stream of indices in ``buf``, a
+    block of about :data:`BLOCK` indices at a time (an index is never held a page)."""
+    size = dictionary.size
+
+    def flush(pieces: list[tuple[int, int, int, int]]) -> None:
+        vals, at = unpacked(buf, width, pieces), 0
+        for start, take, _, nb in pieces:
+            idx = vals[at : at + take]
+            if take and int(idx.max()) >= size:
+                raise Corrupt(f"a dictionary index beyond its {size} values")
+            np.take(dictionary, idx, out=out[start : start + take])
+            at += nb * 8 // width
+
+    if width == 0:
+        if out.size and not size:
+            raise Corrupt("dictionary indices into an empty dictionary")
+        out[:] = dictionary[0] if out.size else 0
+        return
+    pieces: list[tuple[int, int, int, int]] = []
+    held = 0
+    for r in runs(buf, width, out.size):
+        start, take, v, nb = r
+        if nb < 0:
+            if v >= size:
+                raise Corrupt(f"a dictionary index beyond its {size} values")
+            out[start : start + take] = dictionary[v]
+            continue
+        pieces.append(r)
+        held += take
+        if held >= BLOCK:
+            flush(pieces)
+            pieces, held = [], 0
+    if pieces:
+        flush(pieces)
 
 
 def bit_width(n: int) -> int:
@@ -268,10 +310,12 @@ class PageColumn:
         vals = pa.array(self.values)
         if vals.type != self.type.value_type:
             vals = vals.cast(self.type.value_type)
-        n = int(self.offsets[-1])
-        if pa.types.is_large_list(self.type) or n > np.iinfo(np.int32).max:
+        if pa.types.is_large_list(self.type):
+            return pa.LargeListArray.from_arrays(pa.array(self.offsets), vals, type=self.type)
+        if int(self.offsets[-1]) > np.iinfo(np.int32).max:
             return pa.LargeListArray.from_arrays(pa.array(self.offsets), vals)
-        return pa.ListArray.from_arrays(pa.array(self.offsets.astype(np.int32)), vals)
+        offsets = pa.array(self.offsets.astype(np.int32))
+        return pa.ListArray.from_arrays(offsets, vals, type=self.type)
 
 
 @dataclass(frozen=True)
@@ -415,7 +459,7 @@ def dictionary_page(chunk: Chunk, h: dict[int, Any], lay: Layout, into: Into) ->
     _, buf = chunk.body(h)
     if not 0 <= n <= len(buf):
         raise Corrupt(f"a dictionary of {n} values in {len(buf)} bytes")
-    into.dictionary = plain(buf, 0, lay.dtype, n).copy()
+    into.dictionary = plain(buf, 0, lay.dtype, n)  # a view of the page
 
 
 def data_page(chunk: Chunk, h: dict[int, Any], lay: Layout, into: Into) -> None:
@@ -448,7 +492,9 @@ def data_page(chunk: Chunk, h: dict[int, Any], lay: Layout, into: Into) -> None:
         raise NotHandled("null lists or null elements")
     kv = k - holes.size
     into.starts.append(into.n + starts - np.searchsorted(holes, starts))
-    into.values[into.n : into.n + kv] = page_values(buf, at, enc, lay, into, kv)
+    got = page_values(buf, at, enc, lay, into, kv)
+    if got.base is not into.values:  # dictionary indices write in place
+        into.values[into.n : into.n + kv] = got
     into.levels += k
     into.n += kv
 
@@ -473,13 +519,12 @@ def page_values(buf: Any, at: int, enc: int, lay: Layout, into: Into, k: int) ->
     if into.dictionary is None:
         raise Corrupt("dictionary indices without a dictionary page")
     bm = u8(buf)
-    if at >= len(bm) and k:
-        raise Corrupt("dictionary indices past the end of the page")
-    width = bm[at] if k else 0
-    idx = hybrid(bm[at + 1 :], width, k).dense() if k else np.zeros(0, np.int64)
-    if idx.size and (idx.max() >= into.dictionary.size or idx.min() < 0):
-        raise Corrupt(f"a dictionary index beyond its {into.dictionary.size} values")
-    return into.dictionary[idx]
+    out = into.values[into.n : into.n + k]
+    if k:
+        if at >= len(bm):
+            raise Corrupt("dictionary indices past the end of the page")
+        hybrid_take(bm[at + 1 :], bm[at], into.dictionary, out)
+    return out
 
 
 def column_chunk(f: Any, md: Any, lay: Layout, rows: int) -> tuple[I64, np.ndarray]:
@@ -540,8 +585,7 @@ def read_list_columns(
                 offsets, values = column_chunk(f, rgm.column(lay.leaf), lay, rgm.num_rows)
             except Corrupt as exc:
                 raise InputError(
-                    f"{p}: column {name!r}, row group {rg}: corrupt pages ({exc}); "
-                    "rewrite the file"
+                    f"{p}: column {name!r}, row group {rg}: corrupt pages ({exc}); rewrite the file"
                 ) from None
             except (OSError, pa.ArrowException) as exc:
                 raise InputError(
