@@ -514,6 +514,8 @@ def page_values(buf: Any, at: int, enc: int, lay: Layout, into: Into, k: int) ->
         return plain(buf, at, lay.dtype, k)
     if enc == BYTE_STREAM_SPLIT:
         return split(buf, at, lay.dtype, k)
+    if enc == RLE and lay.dtype == np.bool_:
+        return rle_booleans(u8(buf), at, k)
     if enc not in (PLAIN_DICTIONARY, RLE_DICTIONARY):
         raise NotHandled(f"encoding {enc}")
     if into.dictionary is None:
@@ -524,6 +526,18 @@ def page_values(buf: Any, at: int, enc: int, lay: Layout, into: Into, k: int) ->
         if at >= len(bm):
             raise Corrupt("dictionary indices past the end of the page")
         hybrid_take(bm[at + 1 :], bm[at], into.dictionary, out)
+    return out
+
+
+def rle_booleans(buf: memoryview, at: int, k: int) -> np.ndarray:
+    """``k`` booleans RLE-encoded (bit width 1, a 4-byte length first: V2 pages)."""
+    stream, _ = prefixed(buf, at)
+    out = np.empty(k, np.bool_)
+    r = hybrid(stream, 1, k)
+    for start, count, v in r.constant:
+        out[start : start + count] = bool(v)
+    for start, vals in r.packed:
+        out[start : start + len(vals)] = vals.astype(np.bool_)
     return out
 
 
