@@ -52,7 +52,7 @@ I64 = NDArray[np.int64]
 # PageType and Encoding of parquet.thrift
 DATA_PAGE, INDEX_PAGE, DICTIONARY_PAGE, DATA_PAGE_V2 = 0, 1, 2, 3
 PLAIN, PLAIN_DICTIONARY, RLE, RLE_DICTIONARY, BYTE_STREAM_SPLIT = 0, 2, 3, 8, 9
-PHYSICAL = {
+PHYSICAL: dict[str, np.dtype] = {
     "FLOAT": np.dtype("<f4"),
     "DOUBLE": np.dtype("<f8"),
     "INT32": np.dtype("<i4"),
@@ -194,13 +194,13 @@ def unpack(raw: NDArray[np.uint8], width: int, count: int) -> np.ndarray:
     dtype = np.uint8 if width <= 8 else np.uint16 if width <= 16 else np.uint32
     out = bits[:, 0].astype(dtype)
     for j in range(1, width):
-        out |= bits[:, j].astype(dtype) << dtype(j)
+        out |= bits[:, j].astype(dtype) << dtype(j)  # type: ignore[misc, operator]
     return out
 
 
 def u8(buf: Any) -> memoryview:
     """Bytes of a buffer as unsigned (a pyarrow buffer's memoryview is signed)."""
-    return memoryview(np.frombuffer(buf, np.uint8))
+    return memoryview(np.frombuffer(buf, np.uint8))  # type: ignore[arg-type]
 
 
 def runs(buf: memoryview, width: int, n: int) -> Iterator[tuple[int, int, int, int]]:
@@ -241,7 +241,8 @@ def hybrid(buf: memoryview, width: int, n: int) -> Runs:
     """The first ``n`` values of a hybrid stream (levels) as runs."""
     if width == 0:
         return Runs(n, [(0, n, 0)], [])
-    constant, pieces = [], []
+    constant: list[tuple[int, int, int, int]] = []
+    pieces: list[tuple[int, int, int, int]] = []
     for r in runs(buf, width, n):
         (pieces if r[3] >= 0 else constant).append(r)
     packed = []
@@ -353,7 +354,7 @@ def layout(pf: pq.ParquetFile, name: str) -> Layout:
     empty = max_def - 1 - int(t.value_field.nullable)
     if empty < 0:
         raise NotHandled("levels")
-    return Layout(leaves[0], dtype, max_def, empty, vt, t)
+    return Layout(leaves[0], np.dtype(dtype), max_def, empty, vt, t)
 
 
 class Chunk:
@@ -399,13 +400,15 @@ class Chunk:
             return head, rest
         if usize - plain > 1024 * max(csize, 1 << 10):
             raise Corrupt(f"a page of {usize} bytes decompressed from {csize}")
+        levels = head.to_pybytes()  # small: the compressed page is freed at once
+        del head, raw
         try:
             out = self.codec.decompress(rest, decompressed_size=usize - plain)
         except (OSError, ValueError, pa.ArrowException) as exc:
             if self.lz4:
                 raise NotHandled("LZ4 (hadoop framing)") from None
             raise Corrupt(f"cannot decompress a page ({why(exc)})") from None
-        return head, out
+        return levels, out
 
     def skip(self, h: dict[int, Any]) -> None:
         csize = h.get(3, -1)
