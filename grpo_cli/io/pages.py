@@ -389,21 +389,26 @@ class Chunk:
         if not 0 <= plain <= min(csize, usize):
             raise Corrupt(f"levels of {plain} bytes in a page of {csize}")
         self.f.seek(self.pos)
-        raw = self.f.read_buffer(csize)
+        # numpy's memory (malloc), not pyarrow's pool: a freed page goes back to the system
+        # at once, where jemalloc would keep it (a page of 200 MB held after its column)
+        raw = np.empty(csize, np.uint8)
+        got = self.f.readinto(raw) if csize else 0
         self.pos += csize
-        if len(raw) != csize:
+        if got != csize:
             raise Corrupt("the file ends inside a page")
-        head, rest = raw.slice(0, plain), raw.slice(plain)
+        head, rest = raw[:plain], raw[plain:]
         if self.codec is None or not compressed:
             if usize != csize:
                 raise Corrupt(f"an uncompressed page of {csize} bytes says {usize}")
             return head, rest
         if usize - plain > 1024 * max(csize, 1 << 10):
             raise Corrupt(f"a page of {usize} bytes decompressed from {csize}")
-        levels = head.to_pybytes()  # small: the compressed page is freed at once
+        levels = head.tobytes()  # small: the compressed page is freed at once
         del head, raw
         try:
-            out = self.codec.decompress(rest, decompressed_size=usize - plain)
+            out = self.codec.decompress(
+                rest, decompressed_size=usize - plain, memory_pool=pa.system_memory_pool()
+            )
         except (OSError, ValueError, pa.ArrowException) as exc:
             if self.lz4:
                 raise NotHandled("LZ4 (hadoop framing)") from None
