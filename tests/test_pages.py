@@ -284,3 +284,20 @@ def test_a_long_row_costs_its_values_plus_a_page(tmp_path: Path) -> None:
     ours = grown("pages")
     assert ours <= values + 2 * page + (8 << 20), (ours, values, page)
     assert ours < grown("pyarrow")
+
+
+def test_a_file_on_a_filesystem(tmp_path: Path) -> None:
+    """A file on a pyarrow filesystem (s3://, gs://, ...) is read through ``fs``: the
+    same columns."""
+    from pyarrow import fs
+
+    from grpo_cli.io.paths import RemoteFile
+
+    path = long_file(tmp_path / "t.parquet", 5000, data_page_size=500)
+    remote = RemoteFile(fs.LocalFileSystem(), str(path), f"mem://{path.name}")
+    pf = pq.ParquetFile(path)
+    local = pages.read_list_columns(path, pf, 0, ["logp", "ref_logp"])
+    there = pages.read_list_columns(remote, pf, 0, ["logp", "ref_logp"])
+    for name in local:
+        assert local[name].array().equals(there[name].array())
+    assert same(path, ["logp", "ref_logp"]) == 0
