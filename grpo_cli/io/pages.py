@@ -188,14 +188,18 @@ class Runs:
 
 
 def unpack(raw: NDArray[np.uint8], width: int, count: int) -> np.ndarray:
-    """``count`` values of ``width`` bits packed LSB first (the hybrid's bit-packed run),
-    in the smallest unsigned type that holds them, one shift a bit, no loop a value."""
-    bits = np.unpackbits(raw, bitorder="little")[: count * width].reshape(count, width)
-    dtype = np.uint8 if width <= 8 else np.uint16 if width <= 16 else np.uint32
-    out = bits[:, 0].astype(dtype)
-    for j in range(1, width):
-        out |= bits[:, j].astype(dtype) << dtype(j)  # type: ignore[misc, operator]
-    return out
+    """``count`` values of ``width`` (<= 32) bits packed LSB first (the hybrid's bit-packed
+    runs): value ``i`` is bits ``i·width ...`` of the little-endian bytes, gathered from
+    the five bytes it can span, vectorised (no loop a value)."""
+    pad = np.zeros(raw.size + 8, np.uint8)
+    pad[: raw.size] = raw
+    bit = np.arange(count, dtype=np.int64) * width
+    at, shift = bit >> 3, (bit & 7).astype(np.uint64)
+    word = pad[at].astype(np.uint64)
+    for j in range(1, (width + 7 + 7) // 8):
+        word |= pad[at + j].astype(np.uint64) << np.uint64(8 * j)
+    vals = (word >> shift) & np.uint64((1 << width) - 1)
+    return vals.astype(np.uint8 if width <= 8 else np.uint16 if width <= 16 else np.uint32)
 
 
 def u8(buf: Any) -> memoryview:
@@ -260,13 +264,21 @@ def hybrid_take(buf: memoryview, width: int, dictionary: np.ndarray, out: np.nda
     size = dictionary.size
 
     def flush(pieces: list[tuple[int, int, int, int]]) -> None:
-        vals, at = unpacked(buf, width, pieces), 0
+        vals = unpacked(buf, width, pieces)
+        keep, ends, at = [], [], 0
         for start, take, _, nb in pieces:
-            idx = vals[at : at + take]
-            if take and int(idx.max()) >= size:
-                raise Corrupt(f"a dictionary index beyond its {size} values")
-            np.take(dictionary, idx, out=out[start : start + take])
+            keep.append(vals[at : at + take])
+            ends.append((start, take))
             at += nb * 8 // width
+        idx = np.concatenate(keep) if len(keep) > 1 else keep[0]
+        if idx.size and int(idx.max()) >= size:
+            raise Corrupt(f"a dictionary index beyond its {size} values")
+        first, last = ends[0][0], ends[-1][0] + ends[-1][1]
+        if last - first == idx.size:  # the runs are consecutive: one take
+            np.take(dictionary, idx, out=out[first:last])
+        else:
+            where = np.concatenate([np.arange(s0, s0 + t0) for s0, t0 in ends])
+            out[where] = dictionary[idx]
 
     if width == 0:
         if out.size and not size:
