@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 
 from ...batch import BatchError, RawBatch
 from ...errors import InputError
+from .. import pages
 from ..arrow import why
 from ..fields import ANSWER_FIELDS, PER_TOKEN, TOKEN_VALUES
 from ..lists import answer_table, is_list, joined, raw_record_batch
@@ -233,6 +234,12 @@ class ParquetReader:
         """``(file, input row of the first, record batches)`` per file (``units`` None: the
         whole input) or per row group, joined up to ``batch_tokens`` values of the first
         column."""
+        if (
+            units is None
+            and pages.ENABLED
+            and any(self._long(u, batch_tokens) for u in src.units())
+        ):
+            units = src.units()  # a row group of long answers read from its pages
         if units is None:
             for i, p in enumerate(self.paths):
                 pf = self.file(i)
@@ -254,10 +261,48 @@ class ParquetReader:
                 )
             _, pf, rows = current
             p = self.paths[u.file]
+            paged = self._paged(pf, u, cols, batch_tokens) if self._long(u, batch_tokens) else None
+            if paged is not None:
+                yield u.file, u.start, paged
+                continue
             it = pf.iter_batches(
                 batch_size=rows, row_groups=[u.part], columns=cols, use_threads=False
             )
             yield u.file, u.start, joined(read_batches(p, it, cols), cols[0], batch_tokens)
+
+    @staticmethod
+    def _long(u: Unit, batch_tokens: int) -> bool:
+        """Row group ``u``'s average answer holds more than a batch of tokens."""
+        return pages.ENABLED and u.rows > 0 and u.tokens > batch_tokens * u.rows
+
+    def _paged(
+        self, pf: pq.ParquetFile, u: Unit, cols: list[str], batch_tokens: int
+    ) -> Iterator[pa.RecordBatch] | None:
+        """Row group ``u`` with its list columns decoded page by page
+        (:mod:`grpo_cli.io.pages`: their values at once, plus a page, not pyarrow's
+        several times an answer), its other columns by pyarrow; record batches of
+        consecutive rows up to ``batch_tokens`` tokens of ``cols[0]`` (one row at least).
+        None: a layout the decoder does not read (pyarrow reads it)."""
+        p = self.paths[u.file]
+        schema = pf.schema_arrow
+        listed = [c for c in cols if is_list(schema.field(c).type)]
+        if cols[0] not in listed:
+            return None
+        try:
+            decoded = pages.read_list_columns(p, pf, u.part, listed)
+        except pages.NotHandled:
+            return None
+        rest = [c for c in cols if c not in listed]
+        try:
+            small = pf.read_row_group(u.part, columns=rest, use_threads=False) if rest else None
+        except Exception as exc:
+            raise InputError(f"{p}: cannot read columns {rest} ({why(exc)})") from None
+        arrays = [
+            decoded[c].array() if c in decoded else small.column(c).combine_chunks()  # type: ignore[union-attr]
+            for c in cols
+        ]
+        rb = pa.RecordBatch.from_arrays(arrays, names=cols)
+        return _row_slices(rb, decoded[cols[0]].offsets, batch_tokens)
 
     # ---- steps in a column (trend --step-column)
     def split_by_column(
@@ -317,3 +362,16 @@ class ParquetReader:
                 for w in writers.values():
                     w.close()
         return [(step, out / f"{step}.parquet") for step in steps]
+
+
+def _row_slices(
+    rb: pa.RecordBatch, offsets: np.ndarray, batch_tokens: int
+) -> Iterator[pa.RecordBatch]:
+    """Consecutive rows of ``rb`` (zero-copy slices) holding at most ``batch_tokens``
+    tokens by ``offsets``, one row at least."""
+    r, n = 0, rb.num_rows
+    while r < n:
+        end = int(np.searchsorted(offsets, offsets[r] + batch_tokens, side="right")) - 1
+        end = min(max(end, r + 1), n)
+        yield rb.slice(r, end - r)
+        r = end
