@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ..batch import Batch, RawBatch, drop_empty, validate
+from ..batch import Batch
 from ..core import difference
 from ..engine.options import EngineOptions, Ran
 from ..engine.plan import plan
@@ -152,16 +152,9 @@ def objective_report(
         p1 = objective_pass1(
             src, settings, recompute_advantages=recompute_advantages, engine=engine
         )
-        fold_tokens = p1.fold(src.label)
-
-        def fold(part: Counted, raw: RawBatch) -> None:
-            kept, empty = drop_empty(raw)
-            part.empty += empty
-            if kept.n:
-                fold_tokens(part.tokens, validate(kept))
-
         counted, ran = run(
-            plan(src, fields, engine), lambda: Counted(new()), fold, validated=False,
+            plan(src, fields, engine), lambda: Counted(new()),
+            Counted.folding(p1.fold(src.label)), validated=False,
             progress=progress,
         )  # fmt: skip
         return objective_record(

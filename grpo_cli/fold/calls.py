@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from ..batch import RawBatch, drop_empty, validate
+from ..batch import Batch, RawBatch, drop_empty, validate
 from ..engine.options import DEFAULT_BATCH_TOKENS, EngineOptions, Ran
 from ..engine.plan import plan
 from ..engine.run import run
@@ -63,6 +63,22 @@ class Counted:
         self.tokens.merge(o.tokens)
         self.empty += o.empty
         return self
+
+    @staticmethod
+    def folding(
+        fold_tokens: Callable[[TokenPartial, Batch], None],
+    ) -> Callable[[Counted, RawBatch], None]:
+        """The engine's fold of a recorded step's raw batches: the answers the trainer
+        masked whole (no valid token) left out and counted, the rest validated and folded
+        by ``fold_tokens``."""
+
+        def fold(part: Counted, raw: RawBatch) -> None:
+            kept, empty = drop_empty(raw)
+            part.empty += empty
+            if kept.n:
+                fold_tokens(part.tokens, validate(kept))
+
+        return fold
 
 
 def step_info(path: Any) -> dict[str, Any]:
@@ -116,13 +132,7 @@ def fold_calls(
     keys = getattr(t.from_config, "keys", None)
     if keys is not None:  # the call rules read the config too (settings from --preset)
         check_config(keys, config)
-    fold_tokens = p1.fold(src.label)
-
-    def fold(part: Counted, raw: RawBatch) -> None:
-        kept, empty = drop_empty(raw)
-        part.empty += empty
-        if kept.n:
-            fold_tokens(part.tokens, validate(kept))
+    fold = Counted.folding(p1.fold(src.label))
 
     empty_total = 0
     ran = Ran()
