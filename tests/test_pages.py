@@ -229,11 +229,12 @@ def test_objective_is_the_same_with_the_decoder_off(
         return real(*a)
 
     monkeypatch.setattr(pages, "read_list_columns", counted)
-    for cmd in (
+    commands: list[list[str | Path]] = [
         ["objective", path, "--json"],
         ["kl", path, "--json"],
         ["check", path, "--format", "json"],
-    ):
+    ]
+    for cmd in commands:
         on = run(cli, *cmd)
         assert calls, cmd
         monkeypatch.setattr(pages, "ENABLED", False)
