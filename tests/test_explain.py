@@ -113,5 +113,21 @@ def test_length_bias_and_truncation(cli: Cli, tmp_path: Path) -> None:
     assert "length-bias" not in _findings(cli, path, "--agg", "token-mean")
 
 
+def test_truncation_of_answers_longer_than_the_dense_counts(cli: Cli, tmp_path: Path) -> None:
+    """Answer lengths of 65,536 tokens or more are counted apart (IntCounts.large): explain
+    read only the dense counts, so a file whose answers are all that long ended in an
+    IndexError traceback, and --max-len at such a length found no answer at it."""
+    n, L = 4, 70_000
+    logp = pa.array(np.full(n * L, -1.0))
+    lists = pa.ListArray.from_arrays(pa.array(np.arange(0, (n + 1) * L, L, dtype=np.int32)), logp)
+    path = tmp_path / "long.parquet"
+    pq.write_table(pa.table({"group": ["p"] * n, "reward": [0.0, 1.0, 0.0, 1.0], "logp": lists,
+                             "old_logp": lists, "ref_logp": lists}), path)  # fmt: skip
+    f = _findings(cli, path)  # every answer one length: no pile-up to report
+    assert "truncation" not in f
+    g = _findings(cli, path, "--max-len", str(L))
+    assert g["truncation"]["evidence"] == {"at_max_len": n, "answers": n, "max_len": L}
+
+
 def test_bad_input_is_exit_2(cli: Cli, tmp_path: Path) -> None:
     cli.error(["explain", str(tmp_path / "missing.parquet")], "missing.parquet")

@@ -464,9 +464,10 @@ def _length_findings(r: ObjectiveReport, max_len: int | None) -> list[Finding]:
             {"p10_length": short, "p90_length": long_, "weight_ratio": ratio},
         ))  # fmt: skip
     n = counts.n
-    longest = int(np.flatnonzero(counts.counts)[-1])
+    longest = counts.largest()
+    assert longest is not None  # counts.n > 0
     if max_len is not None:
-        at = int(counts.counts[max_len]) if max_len < counts.counts.shape[0] else 0
+        at = counts.count_of(max_len)
         if at / n >= 0.01:
             out.append(Finding(
                 "truncation", "warn",
@@ -476,7 +477,7 @@ def _length_findings(r: ObjectiveReport, max_len: int | None) -> list[Finding]:
                 {"at_max_len": at, "answers": n, "max_len": max_len},
             ))  # fmt: skip
     else:
-        at = int(counts.counts[longest])
+        at = counts.count_of(longest)
         if at >= 3 and at / n >= 0.02 and at < n:  # all one length: nothing piles up
             out.append(Finding(
                 "truncation", "warn",

@@ -441,6 +441,19 @@ class IntCounts:
     def n(self) -> int:
         return int(self.counts.sum()) + sum(self.large.values())
 
+    def count_of(self, v: int) -> int:
+        """How many times ``v`` was counted (in the dense counts or among the large)."""
+        if v >= self.counts.shape[0]:
+            return self.large.get(v, 0)
+        return int(self.counts[v])
+
+    def largest(self) -> int | None:
+        """The largest counted integer (None: nothing counted)."""
+        if self.large:
+            return max(self.large)
+        nz = np.flatnonzero(self.counts)
+        return int(nz[-1]) if nz.size else None
+
     def quantiles(self, qs: F64) -> F64 | None:
         if self.n == 0:
             return None
