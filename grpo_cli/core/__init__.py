@@ -38,6 +38,7 @@ from .aggregate import (
 from .objective import grpo_objective
 from .ragged import (
     COUNT_CHUNK,
+    answer_runs,
     dot,
     flatten_padded,
     segment_count,
@@ -119,6 +120,7 @@ __all__ = [
     "annotations",
     "answer_clip_counts",
     "answer_clip_tokens",
+    "answer_runs",
     "check_offsets",
     "clip_counts",
     "clip_counts_of",

@@ -25,6 +25,23 @@ def dot(x: F64, y: F64) -> float:
     return float(np.einsum("i,i->", x, y))
 
 
+def answer_runs(offsets: I64, tokens: int) -> list[tuple[int, int]]:
+    """Consecutive answers ``[i, j)`` in runs of at most ``tokens`` tokens each (an answer
+    longer than that a run of its own).
+
+    Example:
+        >>> answer_runs(np.array([0, 3, 5, 12, 13]), 5)
+        [(0, 2), (2, 3), (3, 4)]
+    """
+    n, out, i = offsets.shape[0] - 1, [], 0
+    while i < n:
+        j = int(np.searchsorted(offsets, offsets[i] + tokens, side="right")) - 1
+        j = min(max(j, i + 1), n)
+        out.append((i, j))
+        i = j
+    return out
+
+
 def segment_sum(values: F64, offsets: I64) -> F64:
     """Per-answer sums of a ragged token field: ``out[i] = Σ values[offsets[i]:offsets[i+1]]``.
 

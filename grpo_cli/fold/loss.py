@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from ..core import aggregation_rule, answer_clip_counts, token_terms
+from ..core import aggregation_rule, answer_clip_counts, answer_runs, token_terms
 from ..errors import InputError
 from ..losses import CORRECTIONS, NONE
 from ..losses.registry import (
@@ -252,17 +252,6 @@ class LossPolicy:
     weight: F64 | None = None
 
 
-def _runs(offsets: I64, tokens: int) -> list[tuple[int, int]]:
-    """Answers ``[i, j)`` in runs of at most ``tokens`` tokens (or one answer)."""
-    n, out, i = offsets.shape[0] - 1, [], 0
-    while i < n:
-        j = int(np.searchsorted(offsets, offsets[i] + tokens, side="right")) - 1
-        j = min(max(j, i + 1), n)
-        out.append((i, j))
-        i = j
-    return out
-
-
 def _cut(c: Correction | None, t0: int, t1: int) -> Correction | None:
     if c is None:
         return None
@@ -284,7 +273,7 @@ def _loss_runs(
     count: the caller's)."""
     n, T = offsets.shape[0] - 1, int(offsets[-1])
     whole = s.loss_row.whole_batch is not None
-    runs = [(0, n)] if whole else _runs(offsets, LOSS_RUN_TOKENS)
+    runs = [(0, n)] if whole else answer_runs(offsets, LOSS_RUN_TOKENS)
     policy = np.empty(T)
     grad = np.empty(T) if gradient else None
     for i, j in runs:
@@ -313,7 +302,7 @@ def _mask_runs(
         return None
     n = offsets.shape[0] - 1
     out = np.empty(int(offsets[-1]))
-    for i, j in _runs(offsets, LOSS_RUN_TOKENS):
+    for i, j in answer_runs(offsets, LOSS_RUN_TOKENS):
         t0, t1 = int(offsets[i]), int(offsets[j])
         sub = {k: v[t0:t1] for k, v in fields.items()}
         a = adv[i:j] if adv.shape == (n,) else adv[t0:t1]
@@ -346,7 +335,7 @@ def _own_runs(
     (:data:`LOSS_RUN_TOKENS`), the correction's and the loss's metrics of each run folded
     and the batch counted once."""
     n, T = offsets.shape[0] - 1, int(offsets[-1])
-    runs = _runs(offsets, LOSS_RUN_TOKENS) if not _own_whole(s) else [(0, n)]
+    runs = answer_runs(offsets, LOSS_RUN_TOKENS) if not _own_whole(s) else [(0, n)]
     if len(runs) == 1:
         own = own_correction_of(s, fields, adv, offsets)
         metrics.add(None, own.correction, offsets)

@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ...batch import BatchError, RawBatch
+from ...core import answer_runs
 from ...errors import InputError
 from .. import pages
 from ..arrow import why
@@ -369,9 +370,5 @@ def _row_slices(
 ) -> Iterator[pa.RecordBatch]:
     """Consecutive rows of ``rb`` (zero-copy slices) holding at most ``batch_tokens``
     tokens by ``offsets``, one row at least."""
-    r, n = 0, rb.num_rows
-    while r < n:
-        end = int(np.searchsorted(offsets, offsets[r] + batch_tokens, side="right")) - 1
-        end = min(max(end, r + 1), n)
-        yield rb.slice(r, end - r)
-        r = end
+    for i, j in answer_runs(offsets, batch_tokens):
+        yield rb.slice(i, j - i)
