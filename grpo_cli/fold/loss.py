@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -258,6 +259,33 @@ def _cut(c: Correction | None, t0: int, t1: int) -> Correction | None:
     return Correction(weight=c.weight[t0:t1], keep=c.keep[t0:t1], metrics={})
 
 
+class _Run(NamedTuple):
+    """One run of whole answers of a batch: its tokens ``t0 .. t1-1``, its offsets from 0,
+    its token fields and its advantages (per answer or per token, as the batch's)."""
+
+    t0: int
+    t1: int
+    offsets: I64
+    fields: dict[str, NDArray[np.floating]]
+    adv: F64
+
+
+def _each_run(
+    fields: Mapping[str, NDArray[np.floating]],
+    adv: F64,
+    offsets: I64,
+    runs: list[tuple[int, int]] | None = None,
+) -> Iterator[_Run]:
+    """The batch's runs (``runs``: answers ``[i, j)``; default :data:`LOSS_RUN_TOKENS`
+    tokens at most), each as views of its fields and advantages."""
+    n = offsets.shape[0] - 1
+    for i, j in answer_runs(offsets, LOSS_RUN_TOKENS) if runs is None else runs:
+        t0, t1 = int(offsets[i]), int(offsets[j])
+        sub = {k: v[t0:t1] for k, v in fields.items()}
+        a = adv[i:j] if adv.shape == (n,) else adv[t0:t1]
+        yield _Run(t0, t1, offsets[i : j + 1] - t0, sub, a)
+
+
 def _loss_runs(
     s: Settings,
     fields: Mapping[str, NDArray[np.floating]],
@@ -273,23 +301,18 @@ def _loss_runs(
     count: the caller's)."""
     n, T = offsets.shape[0] - 1, int(offsets[-1])
     whole = s.loss_row.whole_batch is not None
-    runs = [(0, n)] if whole else answer_runs(offsets, LOSS_RUN_TOKENS)
     policy = np.empty(T)
     grad = np.empty(T) if gradient else None
-    for i, j in runs:
-        t0, t1 = int(offsets[i]), int(offsets[j])
-        off = offsets[i : j + 1] - t0
-        sub = {k: v[t0:t1] for k, v in fields.items()}
-        a = adv[i:j] if adv.shape == (n,) else adv[t0:t1]
-        pt = policy_terms(s, sub, a, off, _cut(corr, t0, t1))
-        metrics.add(pt, None, off, batch=False)
-        mask = mask_of(s, sub, a, off)
-        policy[t0:t1] = pt.term if mask is None else _times(pt.term, mask)
+    for r in _each_run(fields, adv, offsets, [(0, n)] if whole else None):
+        pt = policy_terms(s, r.fields, r.adv, r.offsets, _cut(corr, r.t0, r.t1))
+        metrics.add(pt, None, r.offsets, batch=False)
+        mask = mask_of(s, r.fields, r.adv, r.offsets)
+        policy[r.t0 : r.t1] = pt.term if mask is None else _times(pt.term, mask)
         g = pt.grad
         if g is None:
             grad = None
         elif grad is not None:
-            grad[t0:t1] = g if mask is None else _times(g, mask)
+            grad[r.t0 : r.t1] = g if mask is None else _times(g, mask)
     return policy, grad
 
 
@@ -300,15 +323,11 @@ def _mask_runs(
     answers'); None when no mask applies."""
     if not s.mask_rows:
         return None
-    n = offsets.shape[0] - 1
     out = np.empty(int(offsets[-1]))
-    for i, j in answer_runs(offsets, LOSS_RUN_TOKENS):
-        t0, t1 = int(offsets[i]), int(offsets[j])
-        sub = {k: v[t0:t1] for k, v in fields.items()}
-        a = adv[i:j] if adv.shape == (n,) else adv[t0:t1]
-        m = mask_of(s, sub, a, offsets[i : j + 1] - t0)
+    for r in _each_run(fields, adv, offsets):
+        m = mask_of(s, r.fields, r.adv, r.offsets)
         assert m is not None
-        out[t0:t1] = m
+        out[r.t0 : r.t1] = m
     return out
 
 
@@ -341,22 +360,18 @@ def _own_runs(
         metrics.add(None, own.correction, offsets)
         metrics.add(own.kept, None, own.kept_offsets, batch=False)
         return LossPolicy(own.terms.term, own.terms.grad)
-    policy: F64 | None = np.empty(T)
+    policy = np.empty(T)
     grad: F64 | None = np.empty(T)
-    for i, j in runs:
-        t0, t1 = int(offsets[i]), int(offsets[j])
-        off = offsets[i : j + 1] - t0
-        sub = {k: v[t0:t1] for k, v in fields.items()}
-        own = own_correction_of(s, sub, adv[i:j] if adv.shape == (n,) else adv[t0:t1], off)
-        metrics.add(None, own.correction, off, batch=False)
+    for r in _each_run(fields, adv, offsets, runs):
+        own = own_correction_of(s, r.fields, r.adv, r.offsets)
+        metrics.add(None, own.correction, r.offsets, batch=False)
         metrics.add(own.kept, None, own.kept_offsets, batch=False)
-        assert policy is not None
-        policy[t0:t1] = own.terms.term
+        policy[r.t0 : r.t1] = own.terms.term
         g = own.terms.grad
         if g is None:
             grad = None
         elif grad is not None:
-            grad[t0:t1] = g
+            grad[r.t0 : r.t1] = g
     metrics.add(None, None, offsets)  # the batch and its answers, once
     return LossPolicy(policy, grad)
 
