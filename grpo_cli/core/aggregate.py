@@ -10,7 +10,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from ..errors import InputError
-from .ragged import segment_count, segment_sum
+from .ragged import dot, segment_count, segment_sum
 from .types import (
     F64,
     I64,
@@ -168,7 +168,7 @@ def ratio_moments(delta: F64) -> tuple[float, float, int]:
         r = np.exp(delta)
     total = float(np.sum(r))
     n_inf = int(np.count_nonzero(np.isinf(r))) if math.isinf(total) else 0
-    return total, float(np.einsum("i,i->", r, r)), n_inf
+    return total, dot(r, r), n_inf
 
 
 def aggregation_weights(

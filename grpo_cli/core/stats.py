@@ -24,6 +24,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..errors import MergeError
+from .ragged import dot
 
 F64 = NDArray[np.float64]
 
@@ -75,7 +76,7 @@ class Moments:
         if nf and self.fast:
             s1 = float(np.sum(xf)) if other.n_inf else other.total
             other.mean_f = s1 / nf
-            other.m2 = max(float(np.einsum("i,i->", xf, xf)) - s1 * s1 / nf, 0.0)
+            other.m2 = max(dot(xf, xf) - s1 * s1 / nf, 0.0)
         elif nf:
             # Shifted sums: one subtraction, a sum and a square; exact enough because the
             # shift (the first value) is of the data's own magnitude.

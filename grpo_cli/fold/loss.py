@@ -20,7 +20,7 @@ from typing import NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
-from ..core import aggregation_rule, answer_clip_counts, answer_runs, token_terms
+from ..core import aggregation_rule, answer_clip_counts, answer_runs, dot, token_terms
 from ..errors import InputError
 from ..losses import CORRECTIONS, NONE
 from ..losses.registry import (
@@ -598,10 +598,7 @@ class LossMetrics:
         assert self.is_upper is not None
         wc = np.clip(w, 0.0, self.is_upper)
         seq = np.add.reduceat(w, offsets[:-1]) / (np.diff(offsets) + _EPS)
-        # Σx² by einsum, not np.dot: BLAS's threads cost ~6 ms of CPU a call on a busy
-        # machine, and verl's bypass mode adds one run of 65,536 tokens at a time
-        sq = (np.einsum("i,i->", wc, wc), np.einsum("i,i->", seq, seq))
-        sums = (np.sum(wc), sq[0], w.shape[0], np.sum(seq), sq[1], seq.shape[0])
+        sums = (np.sum(wc), dot(wc, wc), w.shape[0], np.sum(seq), dot(seq, seq), seq.shape[0])
         for i, v in enumerate(sums):
             self.spread[i] += float(v)
 

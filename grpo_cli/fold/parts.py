@@ -98,19 +98,18 @@ class RolloutPartial:
         self.abs_sum += float(np.sum(a))
         self.abs_max = max(self.abs_max, float(np.max(a)))
         self.d_sum += float(np.sum(delta))
-        with np.errstate(over="ignore", invalid="ignore"):
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             r = _fast.exp(delta)
             k3 = r - delta
             k3 -= 1.0
             self.k3_sum += float(np.sum(k3))
             self.r_sum += float(np.sum(r))
-            self.r2_sum += float(np.einsum("i,i->", r, r))
+            self.r2_sum += dot(r, r)
             # probabilities: a difference, not a ratio, of exponentials is the metric itself
             lo, lr = np.asarray(old, dtype=np.float64), np.asarray(rollout, dtype=np.float64)
             p_old, p_rollout = _fast.exp(lo), _fast.exp(lr)
             pdiff = p_old - p_rollout
             self.p_sum += float(np.sum(np.abs(pdiff)))
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             inv = 1.0 / r  # e^{−δ}; e^{|δ|} and e^{−|δ|} are the larger and the smaller
             self.tok["exp_abs"] += float(np.sum(np.maximum(r, inv)))
             self.tok["reverse_k3"] += float(np.sum(inv + delta - 1.0))

@@ -391,8 +391,7 @@ def trl_vllm_is_correction(
     d = np.where(np.isnan(d), 0.0, d)
     seq = mode.startswith("sequence")
     log_rho = segment_sum(d, off) if seq else d
-    with np.errstate(over="ignore"):
-        rho = _exp(log_rho)
+    rho = _exp(log_rho)
     if mode.endswith("truncate"):
         w = np.clip(rho, clip_min, clip_max)
     else:

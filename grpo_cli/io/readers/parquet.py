@@ -235,11 +235,7 @@ class ParquetReader:
         """``(file, input row of the first, record batches)`` per file (``units`` None: the
         whole input) or per row group, joined up to ``batch_tokens`` values of the first
         column."""
-        if (
-            units is None
-            and pages.ENABLED
-            and any(self._long(u, batch_tokens) for u in src.units())
-        ):
+        if units is None and any(self._long(u, batch_tokens) for u in src.units()):
             units = src.units()  # a row group of long answers read from its pages
         if units is None:
             for i, p in enumerate(self.paths):
