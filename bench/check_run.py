@@ -13,7 +13,6 @@ Usage: python bench/check_run.py [--steps 100] [--answers 256] [--width 400] [--
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -60,18 +59,10 @@ def whole_run(root: Path) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=100)
-    ap.add_argument("--answers", type=int, default=256)
-    ap.add_argument("--width", type=int, default=400)
-    ap.add_argument("--repeat", type=int, default=3)
-    a = ap.parse_args()
     sys.path.insert(0, str(HERE))
-    from run_report import write_run
+    from run_report import bench_run
 
-    root = HERE / "data" / f"run-{a.steps}x{a.answers}x{a.width}"
-    if not root.exists():
-        write_run(root, steps=a.steps, answers=a.answers, width=a.width, bad=a.steps * 2 // 3)
+    a, root = bench_run()
     one, whole = [], []
     for _ in range(a.repeat):
         one.append(single_steps(root))

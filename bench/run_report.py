@@ -90,7 +90,9 @@ def paired(a: list[str], b: list[str], n: int) -> tuple[float, float, float]:
     return statistics.median(ta), statistics.median(tb), statistics.median(ratios)
 
 
-def main() -> None:
+def bench_run() -> tuple[argparse.Namespace, Path]:
+    """The arguments of a benchmark on a recorded run (``--steps`` × ``--answers`` ×
+    ``--width``, ``--repeat``) and the run, written under ``data/`` the first time."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--answers", type=int, default=256)
@@ -100,6 +102,11 @@ def main() -> None:
     root = HERE / "data" / f"run-{a.steps}x{a.answers}x{a.width}"
     if not root.exists():
         write_run(root, steps=a.steps, answers=a.answers, width=a.width, bad=a.steps * 2 // 3)
+    return a, root
+
+
+def main() -> None:
+    a, root = bench_run()
     out = HERE / "out"
     out.mkdir(exist_ok=True)
     cli = [sys.executable, "-m", "grpo_cli"]
