@@ -425,6 +425,18 @@ def test_nemo_rl_fields_of_one_length_read(cli: Cli, tmp_path: Path) -> None:
     assert doc["counts"]["answers"] == 4 and doc["counts"]["tokens"] == 12  # 3 loss tokens each
 
 
+def test_a_nemo_rl_field_of_nulls_alone_reads(cli: Cli, tmp_path: Path) -> None:
+    """Found by test_fuzz_surfaces: a list holding only nulls has Arrow's null type, and
+    filling its nulls with 0 raised ArrowInvalid, a traceback, where a list of numbers
+    with nulls reads. It reads the same way now."""
+    line = {"token_loss_mask": [[0, 1]], "sample_loss_mask": [1], "prev_logprobs": [[0.0, 0.0]],
+            "rewards": [0.0], "token_ids": [[0, 0]], "idx": [[None]]}  # fmt: skip
+    p = tmp_path / "train_data_step3.jsonl"
+    p.write_text(json.dumps(line) + "\n")
+    doc = cli.json("objective", p, "--beta", "0")
+    assert doc["counts"]["answers"] == 1 and doc["counts"]["tokens"] == 1
+
+
 # ------------------------------------------------------------------------------- memory
 def gz_line(path: Path, size: int) -> Path:
     """One JSONL answer of ``size`` bytes of text (``-0.5`` log-probs), gzipped."""

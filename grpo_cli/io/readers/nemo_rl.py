@@ -447,9 +447,12 @@ def _unwrap(arr: pa.Array, label: str, name: str, row0: int) -> pa.Array:
 
 
 def _flat(arr: pa.Array) -> tuple[I64, np.ndarray]:
-    """A list array's offsets (from 0) and values."""
+    """A list array's offsets (from 0) and values (nulls as 0, as a list of nulls alone
+    is: JSON gives it Arrow's null type, whose nulls no number fills)."""
     off = numpy_of(arr.offsets).astype(np.int64)
     values = arr.values.slice(int(off[0]), int(off[-1] - off[0]))
+    if pa.types.is_null(values.type):
+        values = values.cast(pa.float64())
     return off - off[0], numpy_of(values.fill_null(0)) if values.null_count else numpy_of(values)
 
 
